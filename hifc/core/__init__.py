@@ -1,0 +1,1 @@
+"""Torch-free bookkeeping: sequences, the GPU block pool, the KV manager and the scheduler."""

@@ -1,0 +1,73 @@
+"""A request's token sequence and its life-cycle state."""
+from __future__ import annotations
+
+import enum
+
+from hifc.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+
+    @property
+    def is_finished(self) -> bool:
+        return self in (SequenceStatus.FINISHED_STOPPED, SequenceStatus.FINISHED_LENGTH,
+                        SequenceStatus.FINISHED_ABORTED)
+
+
+class Sequence:
+    """Prompt and generated tokens of one request; the source of truth for its KV cache."""
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int],
+                 sampling_params: SamplingParams, eos_token_ids: frozenset[int], arrival: int):
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.sampling_params = sampling_params
+        self.eos_token_ids = eos_token_ids
+        self.arrival = arrival
+        self.status = SequenceStatus.WAITING
+        self.num_computed_tokens = 0  # tokens whose K/V are in the cache
+        self.generation = 0  # bumped at every preemption; tags the sequence's stored KV
+        self.num_preemptions = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    def token_ids(self, start: int = 0, end: int | None = None) -> list[int]:
+        """Tokens [start, end) of prompt + output."""
+        n_prompt = len(self.prompt_token_ids)
+        end = self.num_tokens if end is None else end
+        if end <= n_prompt:
+            return self.prompt_token_ids[start:end]
+        if start >= n_prompt:
+            return self.output_token_ids[start - n_prompt:end - n_prompt]
+        return self.prompt_token_ids[start:] + self.output_token_ids[:end - n_prompt]
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.status.value if self.status.is_finished else None
+
+    def append_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+
+    def stop_reason_after_append(self, max_model_len: int) -> SequenceStatus | None:
+        """Token-based stop conditions checked after a new token was appended."""
+        params = self.sampling_params
+        last = self.output_token_ids[-1]
+        if not params.ignore_eos and last in self.eos_token_ids:
+            return SequenceStatus.FINISHED_STOPPED
+        if last in params.stop_token_ids:
+            return SequenceStatus.FINISHED_STOPPED
+        if len(self.output_token_ids) >= params.max_tokens or self.num_tokens >= max_model_len:
+            return SequenceStatus.FINISHED_LENGTH
+        return None

@@ -1,0 +1,1 @@
+"""The step-wise LLMEngine and the batch LLM front end."""

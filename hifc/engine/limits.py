@@ -1,0 +1,92 @@
+"""Resolves the values that depend on the model and device: device, dtype, KV pool, lengths."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from hifc.config import EngineConfig
+from hifc.models.config import ModelArchConfig
+from hifc.runtime.kv_cache import kv_bytes_per_block
+
+logger = logging.getLogger(__name__)
+
+CPU_DEFAULT_KV_GIB = 1.0
+_GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class ResolvedLimits:
+    num_gpu_blocks: int
+    max_model_len: int
+    max_num_batched_tokens: int
+    block_bytes: int  # one block id across all layers, K and V
+
+
+def resolve_device(config: EngineConfig) -> torch.device:
+    if config.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if config.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {config.device!r} requested but CUDA is not available")
+    return torch.device(config.device)
+
+
+def resolve_dtype(config: EngineConfig, device: torch.device) -> torch.dtype:
+    if config.dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"float32": torch.float32, "float16": torch.float16,
+            "bfloat16": torch.bfloat16}[config.dtype]
+
+
+def _activation_reserve_bytes(arch: ModelArchConfig, num_tokens: int, max_num_seqs: int,
+                              itemsize: int) -> int:
+    """Upper estimate of a step's activation memory: the widest live tensors per token."""
+    q_kv = (arch.num_attention_heads + 2 * arch.num_key_value_heads) * arch.head_dim
+    per_token = (4 * arch.hidden_size + 2 * q_kv + 3 * arch.intermediate_size) * itemsize
+    logits = max_num_seqs * arch.vocab_size * 4 * 3
+    return int(1.5 * num_tokens * per_token) + logits + 512 * (1 << 20)
+
+
+def resolve_limits(config: EngineConfig, arch: ModelArchConfig, dtype: torch.dtype,
+                   device: torch.device) -> ResolvedLimits:
+    block_bytes = kv_bytes_per_block(arch, config.block_size, dtype)
+    model_len = arch.max_position_embeddings
+    if arch.sliding_window is not None and arch.sliding_window < model_len:
+        model_len = arch.sliding_window  # attention here is full-context: stay inside the window
+    if config.max_model_len is not None:
+        if config.max_model_len > model_len:
+            raise ValueError(f"max_model_len {config.max_model_len} exceeds the model's context "
+                             f"length {model_len}")
+        model_len = config.max_model_len
+
+    if config.num_gpu_blocks is not None:
+        num_blocks = config.num_gpu_blocks
+    elif config.kv_cache_gib is not None:
+        num_blocks = int(config.kv_cache_gib * _GIB // block_bytes)
+    elif device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        batch_tokens = config.max_num_batched_tokens or max(8192, model_len)
+        reserve = _activation_reserve_bytes(arch, batch_tokens, config.max_num_seqs,
+                                            dtype.itemsize)
+        budget = total * config.gpu_memory_utilization - (total - free) - reserve
+        num_blocks = int(budget // block_bytes)
+    else:
+        num_blocks = int(CPU_DEFAULT_KV_GIB * _GIB // block_bytes)
+    if num_blocks < 1:
+        raise ValueError(f"the KV cache budget holds no block of {block_bytes} bytes; "
+                         "raise kv_cache_gib / num_gpu_blocks / gpu_memory_utilization")
+
+    capacity = num_blocks * config.block_size
+    if model_len > capacity:
+        if config.max_model_len is not None:
+            raise ValueError(f"max_model_len {config.max_model_len} needs more KV cache than the "
+                             f"pool holds ({num_blocks} blocks x {config.block_size} tokens = "
+                             f"{capacity} tokens)")
+        model_len = capacity
+        logger.info("max_model_len capped to the KV pool capacity: %d tokens", capacity)
+    batched = config.max_num_batched_tokens or max(8192, model_len)
+    if batched < model_len:
+        raise ValueError(f"max_num_batched_tokens ({batched}) must be at least max_model_len "
+                         f"({model_len}): prompts are prefilled in one step")
+    return ResolvedLimits(num_blocks, model_len, batched, block_bytes)

@@ -1,0 +1,29 @@
+"""``hifc`` command line: generate, bench, and the analysis tools."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from hifc.entrypoints import generate
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hifc", description="LLM inference with flash KV swap")
+    sub = parser.add_subparsers(dest="command", required=True)
+    generate.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ValueError as e:  # bad input found past argparse (model path, prompt length, ...)
+        print(f"hifc {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""Engine options on the command line (shared by generate, serve and the benchmarks)."""
+from __future__ import annotations
+
+import argparse
+
+from hifc.config import ATTENTION_BACKENDS, BLOCK_SIZES, DTYPES, EngineConfig
+
+
+def add_engine_args(parser: argparse.ArgumentParser, model_default: str = "smollm2-135m") -> None:
+    g = parser.add_argument_group("engine")
+    g.add_argument("--model", default=model_default,
+                   help="HF model directory, .gguf file, alias (smollm2-135m) or random:<preset>")
+    g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    g.add_argument("--dtype", default="auto", choices=DTYPES)
+    g.add_argument("--block-size", type=int, default=64, choices=BLOCK_SIZES)
+    g.add_argument("--max-model-len", type=int)
+    g.add_argument("--max-num-seqs", type=int, default=256)
+    g.add_argument("--max-num-batched-tokens", type=int)
+    g.add_argument("--num-gpu-blocks", type=int, help="explicit KV pool size in blocks")
+    g.add_argument("--kv-cache-gib", type=float, help="KV pool budget in GiB")
+    g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS)
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        model=args.model, device=args.device, dtype=args.dtype, block_size=args.block_size,
+        max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, num_gpu_blocks=args.num_gpu_blocks,
+        kv_cache_gib=args.kv_cache_gib, gpu_memory_utilization=args.gpu_memory_utilization,
+        seed=args.seed, attention_backend=args.attention_backend)

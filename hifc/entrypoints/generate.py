@@ -1,0 +1,46 @@
+"""``hifc generate``: one-shot generation from the command line."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from hifc.entrypoints.engine_args import add_engine_args, engine_config_from_args
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("generate", help="generate text for one or more prompts")
+    p.add_argument("--prompt", action="append", required=True,
+                   help="prompt text (repeat for a batch)")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=-1)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--chat", action="store_true", help="apply the model's chat template")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_engine_args(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from hifc.engine.llm import LLM
+    from hifc.sampling_params import SamplingParams
+
+    try:
+        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                                top_p=args.top_p, top_k=args.top_k, stop=tuple(args.stop))
+        config = engine_config_from_args(args)
+    except ValueError as e:
+        print(f"hifc generate: error: {e}", file=sys.stderr)
+        return 2
+    llm = LLM(**vars(config))
+    if args.chat:
+        convs = [[{"role": "user", "content": p}] for p in args.prompt]
+        outputs = llm.chat(convs, params, use_tqdm=not args.no_progress)
+    else:
+        outputs = llm.generate(args.prompt, params, use_tqdm=not args.no_progress)
+    for prompt, out in zip(args.prompt, outputs):
+        if len(outputs) > 1:
+            print(f"--- prompt: {prompt!r} (finish: {out.finish_reason})")
+        print(out.text)
+    return 0

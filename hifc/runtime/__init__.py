@@ -1,0 +1,1 @@
+"""Device-side state and execution: KV tensors, step inputs, the model runner."""
