@@ -5,6 +5,7 @@ import argparse
 import logging
 import sys
 
+from hifc.bench import cli as bench_cli
 from hifc.entrypoints import generate
 
 
@@ -12,6 +13,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hifc", description="LLM inference with flash KV swap")
     sub = parser.add_subparsers(dest="command", required=True)
     generate.register(sub)
+    bench_cli.register(sub)
     return parser
 
 

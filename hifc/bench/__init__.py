@@ -1,0 +1,1 @@
+"""Benchmarks: decode throughput, flash tier I/O and initialisation."""
