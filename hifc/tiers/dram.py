@@ -1,0 +1,80 @@
+"""``DramTier``: the baseline the paper compares with, vLLM-style swap space in host DRAM.
+
+One tensor ``[num_layers, 2, num_blocks, block_size, kv_heads, head_dim]`` (the same layout as
+the engine's KV cache), pinned when the KV cache is on a GPU, zero-filled at start as vLLM does (that
+allocation time grows with the size, the paper's Table 6). Swaps are gathers and scatters along
+the block dimension, run on the tier's worker thread on its own CUDA stream; the job interface,
+reservation and statistics are the same as the flash tier's. DRAM is not torn or stale, so no
+records or checksums are kept.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import threading
+import time
+
+import torch
+
+from hifc.tiers.layout import KVGeometry
+from hifc.tiers.swapper import TORCH_DTYPES
+from hifc.tiers.tier import SWAP_OUT, KVTier
+
+
+class DramTier(KVTier):
+    kind = "dram"
+
+    def __init__(self, geometry: KVGeometry, num_blocks: int, *, policy: str = "append",
+                 device="cpu", pin: bool | None = None):
+        super().__init__(geometry, num_blocks, policy, io_threads=1)
+        g = geometry
+        pin = torch.device(device).type == "cuda" if pin is None else pin
+        if pin and not torch.cuda.is_available():
+            raise ValueError("a pinned DRAM tier needs CUDA")
+        start = time.perf_counter()
+        self.pool = torch.zeros((g.num_layers, 2, num_blocks, g.block_size, g.num_kv_heads,
+                                 g.head_dim), dtype=TORCH_DTYPES[g.dtype], pin_memory=pin)
+        self.init_seconds = time.perf_counter() - start
+        self.pinned = pin
+        self._local = threading.local()
+
+    def _stream(self, device: torch.device):
+        if device.type != "cuda":
+            return None
+        stream = getattr(self._local, "stream", None)
+        if stream is None or stream.device != device:
+            stream = self._local.stream = torch.cuda.Stream(device)
+        return stream
+
+    def _copy(self, op: str, kv: torch.Tensor, pairs, ready) -> int:
+        stream = self._stream(kv.device)
+        ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+        src_ids = [s for s, _ in pairs]
+        dst_ids = [d for _, d in pairs]
+        with ctx:
+            if ready is not None:
+                stream.wait_event(ready)
+            if op == SWAP_OUT:
+                index = torch.tensor(src_ids, dtype=torch.long, device=kv.device)
+                blocks = kv.index_select(2, index).to("cpu")
+                self.pool.index_copy_(2, torch.tensor(dst_ids, dtype=torch.long), blocks)
+            else:
+                blocks = self.pool.index_select(2, torch.tensor(src_ids, dtype=torch.long))
+                if kv.is_cuda:
+                    blocks = blocks.pin_memory() if self.pinned else blocks
+                    blocks = blocks.to(kv.device, non_blocking=True)
+                index = torch.tensor(dst_ids, dtype=torch.long, device=kv.device)
+                kv.index_copy_(2, index, blocks)
+        if stream is not None:
+            stream.synchronize()
+        return len(pairs) * self.geometry.block_bytes
+
+    def _launch(self, op, kv_cache, pairs, owner, ready) -> list[cf.Future]:
+        return [self._pool.submit(self._copy, op, kv_cache, pairs, ready)]
+
+    def _extra_stats(self) -> dict:
+        return {"pinned": self.pinned, "pool_bytes": self.pool.numel() * self.pool.element_size(),
+                "init_seconds": self.init_seconds}
+
+    def _shutdown(self) -> None:
+        self.pool = None

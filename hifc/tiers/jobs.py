@@ -1,0 +1,89 @@
+"""Swap jobs: what ``submit_swap_out``/``submit_swap_in`` return and ``poll``/``wait`` report."""
+from __future__ import annotations
+
+import enum
+import errno as errno_mod
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from hifc.tiers.records import IntegrityError
+
+
+class JobStatus(enum.Enum):
+    PENDING = "pending"
+    OK = "ok"
+    FAILED = "failed"
+
+
+class ErrorKind(enum.Enum):
+    IO_ERROR = "io_error"  # EIO and other OS errors
+    NO_SPACE = "no_space"  # ENOSPC from the file system
+    SHORT_READ = "short_read"
+    INTEGRITY = "integrity"  # bad magic/epoch/block id/owner/checksum: stale, torn or corrupt
+    TIER_FULL = "tier_full"  # not enough free tier blocks
+    BUSY = "busy"  # a block still has I/O in flight
+    INTERNAL = "internal"  # an unexpected exception inside the tier (a bug; still not raised)
+
+
+class ShortReadError(OSError):
+    pass
+
+
+@dataclass(eq=False)
+class Job:
+    """One asynchronous swap. Fields are written by the tier only.
+
+    ``pairs`` are (src, dst) ids: (GPU block, tier block) for swap-out, (tier block, GPU block)
+    for swap-in. ``status`` is PENDING until ``poll``/``wait`` reports the job; then ``ok`` or
+    ``error``/``error_kind``/``errno`` say how it ended. ``nbytes`` counts KV payload moved.
+    """
+
+    job_id: int
+    op: str  # "swap_out" | "swap_in"
+    pairs: tuple[tuple[int, int], ...]
+    owner: tuple[int, int]
+    status: JobStatus = JobStatus.PENDING
+    error: str | None = None
+    error_kind: ErrorKind | None = None
+    errno: int | None = None
+    nbytes: int = 0
+    submitted_at: float = field(default_factory=time.perf_counter)
+    finished_at: float | None = None
+    _futures: list[Future] = field(default_factory=list, repr=False)
+    _pinned: tuple[int, ...] = field(default=(), repr=False)  # tier blocks held in flight
+
+    @property
+    def done(self) -> bool:
+        return self.status is not JobStatus.PENDING
+
+    @property
+    def ok(self) -> bool:
+        return self.status is JobStatus.OK
+
+    @property
+    def tier_blocks(self) -> list[int]:
+        return [dst for _, dst in self.pairs] if self.op == "swap_out" else \
+            [src for src, _ in self.pairs]
+
+    @property
+    def latency_s(self) -> float | None:
+        return None if self.finished_at is None else self.finished_at - self.submitted_at
+
+    def fail(self, kind: ErrorKind, message: str, code: int | None = None) -> None:
+        if self.error is None:  # keep the first error
+            self.error, self.error_kind, self.errno = message, kind, code
+        self.status = JobStatus.FAILED
+
+
+def classify(exc: BaseException) -> tuple[ErrorKind, str, int | None]:
+    """Map an exception raised inside an I/O task to (kind, message, errno)."""
+    if isinstance(exc, IntegrityError):
+        return ErrorKind.INTEGRITY, str(exc), None
+    if isinstance(exc, ShortReadError):
+        return ErrorKind.SHORT_READ, exc.strerror or str(exc), exc.errno
+    if isinstance(exc, OSError):
+        kind = ErrorKind.NO_SPACE if exc.errno == errno_mod.ENOSPC else ErrorKind.IO_ERROR
+        name = errno_mod.errorcode.get(exc.errno or 0, "OSError")
+        return kind, f"{name}: {exc.strerror or exc}", exc.errno
+    return ErrorKind.INTERNAL, f"{type(exc).__name__}: {exc}", None

@@ -1,0 +1,244 @@
+"""``KVTier``: the object the engine holds for one swap tier (flash or pinned DRAM).
+
+Bookkeeping shared by every tier lives here: the block allocator, reservation and deferred
+freeing, pinning of blocks with I/O in flight, job submission checks, polling and statistics.
+Subclasses only start the data movement (``_launch``) and say how they are built. All methods
+are meant to be called from one thread (the engine's); the data moves in the tier's worker
+threads.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import time
+from abc import ABC, abstractmethod
+from collections import Counter
+from dataclasses import asdict
+
+import torch
+
+from hifc.tiers.allocator import FCBlockAllocator
+from hifc.tiers.jobs import ErrorKind, Job, JobStatus, classify
+from hifc.tiers.layout import KVGeometry
+from hifc.tiers.records import check_owner
+
+SWAP_OUT = "swap_out"
+SWAP_IN = "swap_in"
+
+
+class KVTier(ABC):
+    kind = ""
+
+    def __init__(self, geometry: KVGeometry, num_blocks: int, policy: str, io_threads: int):
+        if not isinstance(io_threads, int) or io_threads < 1:
+            raise ValueError(f"io_threads must be a positive int, got {io_threads!r}")
+        self.geometry = geometry
+        self.allocator = FCBlockAllocator(num_blocks, policy)
+        self._pool = cf.ThreadPoolExecutor(io_threads, thread_name_prefix=f"hifc-{self.kind}-io")
+        self._pending: list[Job] = []
+        self._inflight: Counter[int] = Counter()  # tier block -> jobs touching it
+        self._free_after_io: set[int] = set()
+        self._next_job_id = 0
+        self._counts: Counter[str] = Counter()
+        self._closed = False
+
+    # -- capacity ----------------------------------------------------------------------------
+    @property
+    def num_blocks(self) -> int:
+        return self.allocator.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.allocator.num_free_blocks
+
+    def can_reserve(self, n: int) -> bool:
+        """Whether ``reserve(n)`` would succeed now (changes nothing)."""
+        return self.allocator.can_allocate(n)
+
+    def reserve(self, n: int) -> list[int]:
+        """Reserve ``n`` tier blocks in policy order. ValueError if fewer are free."""
+        self._check_open()
+        return self.allocator.allocate(n)
+
+    def free(self, tier_block_ids) -> None:
+        """Give blocks back. Blocks with I/O in flight are freed when that I/O completes."""
+        ids = list(tier_block_ids)
+        for block in ids:
+            if not self.allocator.is_allocated(block) or block in self._free_after_io:
+                raise ValueError(f"tier block {block!r} is not reserved (double free?)")
+        if len(set(ids)) != len(ids):
+            raise ValueError("free() got the same tier block twice")
+        now = [b for b in ids if not self._inflight[b]]
+        self._free_after_io.update(b for b in ids if self._inflight[b])
+        self.allocator.free(now)
+
+    # -- submission --------------------------------------------------------------------------
+    def submit_swap_out(self, kv_cache: torch.Tensor, pairs, owner) -> Job:
+        """Copy KV blocks ``kv_cache[:, :, gpu]`` to reserved tier blocks; pairs are
+        (gpu_block, tier_block). Returns at once; the job reports the outcome."""
+        return self._submit(SWAP_OUT, kv_cache, pairs, owner)
+
+    def submit_swap_in(self, kv_cache: torch.Tensor, pairs, owner) -> Job:
+        """Copy tier blocks back into ``kv_cache``; pairs are (tier_block, gpu_block). The
+        records are verified first; a failed job leaves the destination contents undefined."""
+        return self._submit(SWAP_IN, kv_cache, pairs, owner)
+
+    def swap_out_blocks(self, kv_cache: torch.Tensor, gpu_block_ids, owner) -> Job:
+        """Reserve tier blocks and swap out to them; a TIER_FULL job if they are not free.
+        On failure the caller frees ``job.tier_blocks`` (if any), as for any swap-out."""
+        ids = list(gpu_block_ids)
+        if not self.can_reserve(len(ids)):
+            job = self._new_job(SWAP_OUT, (), check_owner(owner))
+            job.fail(ErrorKind.TIER_FULL, f"tier full: {len(ids)} blocks needed, "
+                     f"{self.num_free_blocks} of {self.num_blocks} free")
+            return job
+        return self.submit_swap_out(kv_cache, list(zip(ids, self.reserve(len(ids)))), owner)
+
+    def _new_job(self, op: str, pairs, owner) -> Job:
+        self._next_job_id += 1
+        job = Job(self._next_job_id, op, tuple(pairs), owner)
+        self._pending.append(job)
+        return job
+
+    def _submit(self, op: str, kv_cache: torch.Tensor, pairs, owner) -> Job:
+        self._check_open()
+        owner = check_owner(owner)
+        pairs = self._check_pairs(op, kv_cache, pairs)
+        job = self._new_job(op, pairs, owner)
+        tier_ids = job.tier_blocks
+        busy = [b for b in tier_ids if self._inflight[b]]
+        if busy:
+            job.fail(ErrorKind.BUSY, f"tier blocks {busy[:8]} still have I/O in flight")
+            return job
+        if not pairs:
+            return job
+        ready = None
+        if kv_cache.is_cuda:  # order the copy after work already queued on the caller's stream
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(kv_cache.device))
+        if op == SWAP_OUT:
+            self.allocator.mark_written(tier_ids)
+        self._inflight.update(tier_ids)
+        job._pinned = tuple(tier_ids)
+        try:
+            job._futures = self._launch(op, kv_cache, list(pairs), owner, ready)
+        except Exception as exc:  # never raise I/O trouble into the engine
+            job.fail(*classify(exc))
+        return job
+
+    def _check_pairs(self, op: str, kv: torch.Tensor, pairs) -> list[tuple[int, int]]:
+        g = self.geometry
+        if not isinstance(kv, torch.Tensor) or kv.dim() != 6:
+            raise ValueError("kv_cache must be a 6-D tensor [layers, 2, blocks, block_size, "
+                             "kv_heads, head_dim]")
+        want = (g.num_layers, 2, g.block_size, g.num_kv_heads, g.head_dim)
+        have = (kv.shape[0], kv.shape[1], *kv.shape[3:])
+        if have != want:
+            raise ValueError(f"kv_cache shape {tuple(kv.shape)} does not match the tier geometry "
+                             f"[{g.num_layers}, 2, *, {g.block_size}, {g.num_kv_heads}, "
+                             f"{g.head_dim}]")
+        if str(kv.dtype).removeprefix("torch.") != g.dtype:
+            raise ValueError(f"kv_cache dtype {kv.dtype} does not match the tier dtype {g.dtype}")
+        out = []
+        for pair in pairs:
+            if (not isinstance(pair, (tuple, list)) or len(pair) != 2
+                    or not all(isinstance(x, int) and not isinstance(x, bool) for x in pair)):
+                raise ValueError(f"swap pairs must be (src, dst) int pairs, got {pair!r}")
+            out.append((pair[0], pair[1]))
+        tier_ids = [p[1] for p in out] if op == SWAP_OUT else [p[0] for p in out]
+        gpu_ids = [p[0] for p in out] if op == SWAP_OUT else [p[1] for p in out]
+        for block in tier_ids:
+            if not self.allocator.is_allocated(block) or block in self._free_after_io:
+                raise ValueError(f"tier block {block} is not reserved")
+        for block in gpu_ids:
+            if not 0 <= block < kv.shape[2]:
+                raise ValueError(f"KV cache block {block} out of range [0, {kv.shape[2]})")
+        if len(set(tier_ids)) != len(tier_ids) or len(set(gpu_ids)) != len(gpu_ids):
+            raise ValueError("swap pairs repeat a block id")
+        return out
+
+    # -- completion --------------------------------------------------------------------------
+    def poll(self) -> list[Job]:
+        """Jobs that finished since the last poll (never blocks). Each job is reported once,
+        by ``poll`` or by ``wait``."""
+        finished = [j for j in self._pending if all(f.done() for f in j._futures)]
+        for job in finished:
+            self._finish(job)
+        return finished
+
+    def wait(self, job: Job, timeout: float | None = None) -> Job:
+        """Block until ``job`` finishes (or ``timeout`` seconds pass: then it is still
+        PENDING). A job finished here is not reported again by ``poll``."""
+        if job in self._pending:
+            cf.wait(job._futures, timeout=timeout)
+            if all(f.done() for f in job._futures):
+                self._finish(job)
+        return job
+
+    def wait_all(self) -> list[Job]:
+        jobs = list(self._pending)
+        for job in jobs:
+            self.wait(job)
+        return jobs
+
+    def _finish(self, job: Job) -> None:
+        self._pending.remove(job)
+        for future in job._futures:
+            exc = future.exception()
+            if exc is not None:
+                job.fail(*classify(exc))
+            else:
+                job.nbytes += future.result()
+        job._futures = []
+        if job.status is JobStatus.PENDING:
+            job.status = JobStatus.OK
+        self._inflight.subtract(job._pinned)
+        self._inflight = +self._inflight  # drop zero counts
+        release = [b for b in job._pinned if b in self._free_after_io and not self._inflight[b]]
+        self._free_after_io.difference_update(release)
+        self.allocator.free(release)
+        self._counts[f"{job.op}_{'ok' if job.ok else 'failed'}"] += 1
+        self._counts[f"{job.op}_bytes"] += job.nbytes if job.ok else 0
+        if job.error_kind is not None:
+            self._counts[f"error_{job.error_kind.value}"] += 1
+        job.finished_at = time.perf_counter()
+
+    # -- statistics and shutdown ---------------------------------------------------------------
+    def stats(self) -> dict:
+        alloc = self.allocator.stats()
+        out = {"kind": self.kind, "num_blocks": self.num_blocks,
+               "num_free_blocks": self.num_free_blocks, "block_bytes": self.geometry.block_bytes,
+               "inflight_blocks": len(self._inflight), "pending_jobs": len(self._pending),
+               "allocator": {**asdict(alloc), "mean_run_blocks": alloc.mean_run_blocks}}
+        out.update(self._counts)
+        out.update(self._extra_stats())
+        return out
+
+    def _extra_stats(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        """Wait for jobs in flight, stop the workers and release files and memory."""
+        if self._closed:
+            return
+        self.wait_all()
+        self._pool.shutdown(wait=True)
+        self._closed = True
+        self._shutdown()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"this {self.kind} tier is closed")
+
+    def __enter__(self) -> "KVTier":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @abstractmethod
+    def _launch(self, op: str, kv_cache: torch.Tensor, pairs: list[tuple[int, int]],
+                owner: tuple[int, int], ready) -> list[cf.Future]:
+        """Start moving the data; one future per independent piece of work."""
+
+    def _shutdown(self) -> None:
+        pass
