@@ -4,7 +4,8 @@ A trace is the flash tier's block ids in write order, grouped by swap-out (one g
 blocks of one evicted sequence). File formats:
   text  one swap-out per line, block ids separated by spaces or commas; `#` starts a comment;
         blank lines are skipped. One id per line (the tier allocator's export) is the same as a
-        swap-out of one block per line.
+        swap-out of one block per line. A comment holding `num_blocks=N` (the allocator's header,
+        `# hifc FC block write trace: policy=append num_blocks=N`) gives the tier capacity.
   JSON  a list of ints (one write each), a list of lists of ints (one list per swap-out), or an
         object holding either under the key "block_ids".
 Ids are non-negative integers.
@@ -23,6 +24,7 @@ Allocation policies:
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +39,7 @@ POLICIES = ("append", "left-append")
 class SwapTrace:
     swap_outs: tuple[np.ndarray, ...]   # each: int64 tier block ids in write order
     source: str
+    tier_blocks: int | None = None      # tier capacity in blocks, when the source knows it
 
     @property
     def block_ids(self) -> np.ndarray:
@@ -114,7 +117,8 @@ def generate(workload: SwapWorkload, policy: str) -> SwapTrace:
         num_resident += size
         resident.append(blocks)
         swap_outs.append(blocks.astype(np.int64))
-    return SwapTrace(tuple(swap_outs), source=f"synthetic:{policy}")
+    return SwapTrace(tuple(swap_outs), source=f"synthetic:{policy}",
+                     tier_blocks=workload.tier_blocks)
 
 
 def _groups_from_json(data, source: str) -> list[list[int]]:
@@ -125,6 +129,11 @@ def _groups_from_json(data, source: str) -> list[list[int]]:
     if not isinstance(data, list):
         raise InputError(f"{source}: expected a JSON list of block ids")
     return [item if isinstance(item, list) else [item] for item in data]
+
+
+def _capacity_from_comments(text: str) -> int | None:
+    match = re.search(r"^\s*#.*\bnum_blocks=(\d+)", text, flags=re.MULTILINE)
+    return int(match.group(1)) if match else None
 
 
 def _groups_from_text(text: str, source: str) -> list[list[int]]:
@@ -149,7 +158,7 @@ def load_trace(path: str | Path) -> SwapTrace:
         raise InputError(f"{path}: no such file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: cannot read ({exc})") from None
-    source = str(path)
+    source, tier_blocks = str(path), None
     if text.lstrip().startswith(("[", "{")):
         try:
             groups = _groups_from_json(json.loads(text), source)
@@ -157,6 +166,7 @@ def load_trace(path: str | Path) -> SwapTrace:
             raise InputError(f"{path}: malformed JSON ({exc.msg} at line {exc.lineno})") from None
     else:
         groups = _groups_from_text(text, source)
+        tier_blocks = _capacity_from_comments(text)
     for group in groups:
         for block_id in group:
             if isinstance(block_id, bool) or not isinstance(block_id, int) or block_id < 0:
@@ -165,14 +175,17 @@ def load_trace(path: str | Path) -> SwapTrace:
     groups = [group for group in groups if group]
     if not groups:
         raise InputError(f"{path}: the trace is empty")
-    return SwapTrace(tuple(np.asarray(g, dtype=np.int64) for g in groups), source=f"file:{path}")
+    return SwapTrace(tuple(np.asarray(g, dtype=np.int64) for g in groups), source=f"file:{path}",
+                     tier_blocks=tier_blocks or None)
 
 
 def save_trace(trace: SwapTrace, path: str | Path) -> None:
-    """Write the text format: one swap-out per line."""
+    """Write the text format: one swap-out per line, capacity in a header comment."""
     path = Path(path)
+    header = f"# hifc swap trace: source={trace.source}"
+    header += f" num_blocks={trace.tier_blocks}\n" if trace.tier_blocks else "\n"
     try:
-        path.write_text("".join(" ".join(map(str, group.tolist())) + "\n"
+        path.write_text(header + "".join(" ".join(map(str, group.tolist())) + "\n"
                                 for group in trace.swap_outs))
     except OSError as exc:
         raise InputError(f"{path}: cannot write ({exc.strerror or exc})") from None

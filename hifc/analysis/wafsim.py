@@ -138,7 +138,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     ssd = parser.add_argument_group("simulated drive")
     ssd.add_argument("--tier-blocks", type=positive_int,
                      help=f"tier capacity in blocks (default: {SwapWorkload.tier_blocks} for "
-                          "--policy, largest id + 1 for --trace)")
+                          "--policy; for --trace its num_blocks= header, else largest id + 1)")
     ssd.add_argument("--block-bytes", type=positive_int, default=WafSimConfig.block_bytes)
     ssd.add_argument("--page-bytes", type=positive_int, default=WafSimConfig.page_bytes)
     ssd.add_argument("--pages-per-erase-block", type=positive_int,
@@ -158,7 +158,7 @@ def _trace_from_args(args: argparse.Namespace) -> tuple[SwapTrace, int]:
         if args.save_trace:
             raise InputError("--save-trace needs --policy (the trace file is already saved)")
         trace = load_trace(args.trace)
-        return trace, args.tier_blocks or int(trace.block_ids.max()) + 1
+        return trace, args.tier_blocks or trace.tier_blocks or int(trace.block_ids.max()) + 1
     tier_blocks = args.tier_blocks or SwapWorkload.tier_blocks
     try:
         workload = SwapWorkload(tier_blocks=tier_blocks, swap_outs=args.swap_outs,
@@ -184,8 +184,9 @@ def run(args: argparse.Namespace) -> int:
             result = replay(trace, config)
         except ValueError as exc:
             raise InputError(str(exc)) from None
-        print(f"trace    {trace.source}: {result.swap_outs} swap-outs, "
-              f"{result.host_block_writes} block writes into {tier_blocks} tier blocks")
+        groups = f"{result.swap_outs} swap-outs, " if trace.grouped else ""
+        print(f"trace    {trace.source}: {groups}{result.host_block_writes} block writes into "
+              f"{tier_blocks} tier blocks")
         print(f"drive    {config.pages_per_tier_block} pages/block of {config.page_bytes} B, "
               f"{config.pages_per_erase_block} pages/erase block, OP {config.over_provisioning:g}"
               f"{', preconditioned' if config.precondition else ''}")

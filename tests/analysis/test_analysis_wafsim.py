@@ -61,11 +61,22 @@ def test_trace_formats(tmp_path, text, expected):
     assert [g.tolist() for g in load_trace(path).swap_outs] == expected
 
 
+def test_allocator_export_header_gives_the_tier_capacity(cli, tmp_path):
+    path, out = tmp_path / "fc_trace.txt", tmp_path / "w.json"
+    path.write_text("# hifc FC block write trace: policy=append num_blocks=256\n"
+                    + "".join(f"{i % 256}\n" for i in range(1024)))
+    trace = load_trace(path)
+    assert trace.tier_blocks == 256 and trace.num_block_writes == 1024 and not trace.grouped
+    assert cli("wafsim", "--trace", path, "--pages-per-erase-block", 256, "--json", out) == 0
+    data = json.loads(out.read_text())
+    assert data["tier_blocks"] == 256 and data["waf"] == 1.0
+
+
 def test_cli_synthetic_round_trips_through_a_trace_file(cli, tmp_path, capsys, assert_png):
     out, png, saved = tmp_path / "w.json", tmp_path / "w.png", tmp_path / "trace.txt"
-    common = ["--tier-blocks", 1024, "--pages-per-erase-block", 512]
     assert cli("wafsim", "--policy", "left-append", "--swap-outs", 300, "--json", out,
-               "--plot", png, "--save-trace", saved, *common) == 0
+               "--plot", png, "--save-trace", saved, "--tier-blocks", 1024,
+               "--pages-per-erase-block", 512) == 0
     assert "WAF" in capsys.readouterr().out
     data = json.loads(out.read_text())
     for key in ("waf", "host_page_writes", "nand_page_writes", "gc_count", "gc_relocated_pages",
@@ -75,8 +86,9 @@ def test_cli_synthetic_round_trips_through_a_trace_file(cli, tmp_path, capsys, a
     assert data["waf"] == pytest.approx(data["nand_page_writes"] / data["host_page_writes"])
     assert_png(png)
     replayed = tmp_path / "w2.json"
-    assert cli("wafsim", "--trace", saved, "--json", replayed, *common) == 0
+    assert cli("wafsim", "--trace", saved, "--json", replayed, "--pages-per-erase-block", 512) == 0
     again = json.loads(replayed.read_text())
+    assert again["tier_blocks"] == 1024                                # from the header
     assert again["waf"] == data["waf"] and again["host_block_writes"] == data["host_block_writes"]
 
 
@@ -123,3 +135,25 @@ def test_cli_rejects_bad_traces(cli, tmp_path, capsys, content, argv, message):
 def test_cli_rejects_bad_flags(cli, capsys, argv, message):
     assert cli("wafsim", *argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_tier_allocator_export_matches_the_synthetic_generator(tmp_path):
+    """The flash tier's allocator and our generator agree on both policies' block choice."""
+    allocator_module = pytest.importorskip("hifc.tiers.allocator")
+    workload = SwapWorkload(tier_blocks=512, swap_outs=300, churn=0.3, seed=3)
+    for policy in ("append", "left-append"):
+        allocator = allocator_module.FCBlockAllocator(workload.tier_blocks, policy)
+        rng, resident = np.random.default_rng(workload.seed), []
+        for _ in range(workload.swap_outs):   # the generator's loop, driving the real allocator
+            size = int(rng.integers(workload.min_seq_blocks, workload.max_seq_blocks + 1))
+            while sum(map(len, resident)) + size > workload.resident_limit:
+                pick = int(rng.integers(len(resident))) if rng.random() < workload.churn else 0
+                allocator.free(resident.pop(pick))
+            blocks = allocator.allocate(size)
+            allocator.mark_written(blocks)
+            resident.append(blocks)
+        path = tmp_path / f"{policy}.txt"
+        allocator.export_trace(path)
+        exported = load_trace(path)
+        assert exported.tier_blocks == workload.tier_blocks
+        assert exported.block_ids.tolist() == generate(workload, policy).block_ids.tolist()
