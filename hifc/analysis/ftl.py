@@ -44,9 +44,10 @@ class FtlConfig:
         spare = self.num_erase_blocks - math.ceil(self.logical_pages / self.pages_per_erase_block)
         if spare < MIN_SPARE_ERASE_BLOCKS:
             raise ValueError(
-                f"over-provisioning {self.over_provisioning:g} of {self.logical_pages} pages leaves "
-                f"{spare} spare erase blocks of {self.pages_per_erase_block} pages; greedy GC needs "
-                f"at least {MIN_SPARE_ERASE_BLOCKS} (more over-provisioning, more capacity or smaller erase blocks)")
+                f"over-provisioning {self.over_provisioning:g} of {self.logical_pages} pages "
+                f"leaves {spare} spare erase blocks of {self.pages_per_erase_block} pages; "
+                f"greedy GC needs at least {MIN_SPARE_ERASE_BLOCKS} (more over-provisioning, "
+                "more capacity or smaller erase blocks)")
 
     @property
     def num_erase_blocks(self) -> int:

@@ -32,6 +32,7 @@ from hifc.analysis.swaptrace import (
 )
 
 MAX_PAGES_PER_WRITE = 1 << 16
+MAX_LOGICAL_PAGES = 1 << 26   # 1 TiB of 16 KiB pages; the maps then take about 1 GiB of RAM
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,10 @@ class WafSimConfig:
         if self.block_bytes % self.page_bytes:
             raise ValueError(f"block_bytes ({self.block_bytes}) must be a multiple of "
                              f"page_bytes ({self.page_bytes})")
+        if self.tier_blocks * self.pages_per_tier_block > MAX_LOGICAL_PAGES:
+            raise ValueError(f"{self.tier_blocks} tier blocks of {self.pages_per_tier_block} "
+                             f"pages exceed the simulator's {MAX_LOGICAL_PAGES} logical pages "
+                             "(use larger pages or fewer tier blocks)")
 
     @property
     def pages_per_tier_block(self) -> int:

@@ -113,6 +113,7 @@ def test_cli_json_list_trace_and_plot(cli, tmp_path, assert_png):
     ("0\n1\n", ["--block-bytes", 10000], "must be a multiple of page_bytes"),
     ("0\n1\n", [], "spare erase blocks"),
     ("0\n1\n", ["--save-trace", "x.txt"], "--save-trace needs --policy"),
+    ("0\n123456789012\n", [], "exceed the simulator's"),
 ])
 def test_cli_rejects_bad_traces(cli, tmp_path, capsys, content, argv, message):
     path = tmp_path / "trace.txt"
