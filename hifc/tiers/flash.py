@@ -75,7 +75,8 @@ class FlashTier(KVTier):
         self.faults = FaultInjector() if fault_injection else None
         self.io = FaultyIO(io, self.faults) if self.faults is not None else io
         chunk_blocks = max(1, (chunk_mib << 20) // self.layout.per_block_file_bytes)
-        self.swapper = ChunkSwapper(self.layout, self.io, self.cache_file.epoch, chunk_blocks)
+        self.swapper = ChunkSwapper(self.layout, self.io, self.cache_file.epoch, chunk_blocks,
+                                    num_buffers=io_threads, device=device)
 
     @property
     def epoch(self) -> int:
@@ -104,5 +105,6 @@ class FlashTier(KVTier):
                 "chunk_blocks": self.swapper.max_chunk_blocks}
 
     def _shutdown(self) -> None:
+        self.swapper.release()
         self.io.close()
         self.cache_file.close()

@@ -1,0 +1,115 @@
+"""``hifc bench init``: KV tier initialisation time, flash cache file vs pinned DRAM (Table 6).
+
+Times, for a tier of ``--size-gib``: creating the flash cache file (preallocated), reopening it
+(matching geometry: only a new epoch is written, so this is O(1) in the size), and allocating a
+zero-filled DRAM pool of the same size, pinned when the KV cache is on a GPU (what a vLLM-style
+DRAM swap space costs at start-up). ``--json`` writes ``flash_create_s``, ``flash_reopen_s``,
+``dram_alloc_s`` and the ratios.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+
+from hifc.bench.io import add_geometry_args, device_from_args, geometry_from_args
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    from hifc.tiers.layout import DEFAULT_LAYOUT, LAYOUTS
+
+    p = subparsers.add_parser("init", help="KV tier init time: flash file vs pinned DRAM "
+                              "(Table 6)", description=__doc__.split("\n\n")[0])
+    p.add_argument("--size-gib", type=float, required=True, help="tier size")
+    p.add_argument("--path", help="cache file to create (must not exist; default: a temporary "
+                   "file in the current directory, removed afterwards)")
+    p.add_argument("--json", dest="json_out", help="write results as JSON here")
+    p.add_argument("--layout", default=DEFAULT_LAYOUT, choices=LAYOUTS)
+    p.add_argument("--repeat", type=int, default=3, help="reopen timings to take the median of")
+    p.add_argument("--skip-dram", action="store_true", help="time the flash tier only")
+    add_geometry_args(p)
+    p.set_defaults(func=run)
+    return p
+
+
+def _timed(build) -> tuple[float, dict]:
+    start = time.perf_counter()
+    tier = build()
+    elapsed = time.perf_counter() - start
+    stats = tier.stats()
+    tier.close()
+    return elapsed, stats
+
+
+def measure(args, path: str) -> dict:
+    from hifc.tiers import TierConfig, make_tier
+
+    if args.repeat < 1:
+        raise ValueError("--repeat must be at least 1")
+    geometry = geometry_from_args(args)
+    device = device_from_args(args)
+    flash = TierConfig(kind="flash", path=path, size_gib=args.size_gib, layout=args.layout)
+    create_s, created = _timed(lambda: make_tier(flash, geometry, device))
+    reopen = [_timed(lambda: make_tier(flash, geometry, device)) for _ in range(args.repeat)]
+    result = {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "size_gib": args.size_gib, "device": device, "layout": args.layout,
+        "num_blocks": created["num_blocks"], "file_bytes": created["file_bytes"],
+        "flash_create_s": create_s,
+        "flash_reopen_s": statistics.median(t for t, _ in reopen),
+        "flash_reopen_all_s": [t for t, _ in reopen],
+        "reopen_reused_file": all(s["reused_file"] for _, s in reopen),
+        "epochs_distinct": len({created["epoch"], *(s["epoch"] for _, s in reopen)})
+        == 1 + len(reopen),
+    }
+    if not args.skip_dram:
+        dram = TierConfig(kind="dram", size_gib=args.size_gib)
+        dram_s, dstats = _timed(lambda: make_tier(dram, geometry, device))
+        result.update(dram_alloc_s=dram_s, dram_pinned=dstats["pinned"],
+                      dram_bytes=dstats["pool_bytes"],
+                      dram_vs_flash_reopen=dram_s / result["flash_reopen_s"],
+                      dram_vs_flash_create=dram_s / create_s)
+    return result
+
+
+def print_table(r: dict) -> None:
+    print(f"hifc bench init: {r['size_gib']} GiB tier ({r['num_blocks']} blocks, "
+          f"layout={r['layout']}, device={r['device']})")
+    print(f"{'tier':<30}{'seconds':>10}")
+    print(f"{'flash: create + preallocate':<30}{r['flash_create_s']:>10.4f}")
+    print(f"{'flash: reopen (new epoch)':<30}{r['flash_reopen_s']:>10.4f}")
+    if "dram_alloc_s" in r:
+        kind = "pinned" if r["dram_pinned"] else "pageable"
+        print(f"{'dram: allocate ' + kind:<30}{r['dram_alloc_s']:>10.4f}")
+        print(f"dram / flash reopen: {r['dram_vs_flash_reopen']:.1f}x   "
+              f"dram / flash create: {r['dram_vs_flash_create']:.2f}x")
+    print(f"reopen kept the file: {r['reopen_reused_file']}   "
+          f"new epoch each open: {r['epochs_distinct']}")
+
+
+def run(args) -> int:
+    made_dir = None
+    if args.path is None:
+        made_dir = tempfile.mkdtemp(prefix="hifc-bench-init-", dir=".")
+        path = os.path.join(made_dir, "kv.cache")
+    elif os.path.lexists(args.path):
+        raise ValueError(f"--path {args.path!r} exists; bench init measures creating a new file")
+    else:
+        path = args.path
+    try:
+        result = measure(args, path)
+    finally:
+        if os.path.isfile(path):
+            os.unlink(path)
+        if made_dir is not None:
+            shutil.rmtree(made_dir, ignore_errors=True)
+    print_table(result)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0 if result["reopen_reused_file"] and result["epochs_distinct"] else 1

@@ -1,0 +1,149 @@
+import random
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from hifc.tiers.allocator import APPEND, LEFT_APPEND, FCBlockAllocator
+
+
+def churn(policy: str, num_blocks: int = 64, steps: int = 600, seed: int = 1):
+    """Allocate sequences of 1-6 blocks, write them, free random ones; check each pick."""
+    rng = random.Random(seed)
+    alloc = FCBlockAllocator(num_blocks, policy)
+    live: list[list[int]] = []
+    in_use: set[int] = set()
+    picks = []  # (block, set of ids in use just before it was picked)
+    for _ in range(steps):
+        n = rng.randint(1, 6)
+        while not alloc.can_allocate(n):
+            victim = live.pop(rng.randrange(len(live)))  # random frees punch holes
+            alloc.free(victim)
+            in_use.difference_update(victim)
+        for block in (ids := alloc.allocate(n)):
+            picks.append((block, frozenset(in_use)))
+            in_use.add(block)
+        alloc.mark_written(ids)
+        live.append(ids)
+    return alloc, picks
+
+
+def test_append_is_sequential_modulo_wrap_under_churn():
+    num_blocks = 64
+    alloc, picks = churn(APPEND, num_blocks)
+    trace = alloc.trace()
+    assert trace == [b for b, _ in picks]
+    wraps = 0
+    for (prev, _), (cur, used) in zip(picks, picks[1:]):
+        # The head only moves forward: every id skipped between prev and cur was in use.
+        skipped = [(prev + d) % num_blocks for d in range(1, (cur - prev) % num_blocks)]
+        assert all(b in used for b in skipped), (prev, cur)
+        wraps += cur < prev
+    assert wraps > 5  # the churn really went round the file
+    stats = alloc.stats()
+    assert stats.backward_jumps == 0
+    assert stats.wraps == wraps
+    assert stats.blocks_written == len(trace)
+
+
+def test_left_append_is_not_sequential_under_churn():
+    num_blocks = 64
+    alloc, picks = churn(LEFT_APPEND, num_blocks)
+    for block, used in picks:  # always the lowest free id
+        assert block == min(set(range(num_blocks)) - used)
+    back = 0
+    for (prev, _), (cur, used) in zip(picks, picks[1:]):
+        skipped = [(prev + d) % num_blocks for d in range(1, (cur - prev) % num_blocks)]
+        back += not all(b in used for b in skipped)
+    assert back > 50  # jumps back over free blocks: random I/O
+    assert alloc.stats().backward_jumps > 50
+    append_runs = churn(APPEND, num_blocks)[0].stats().sequential_runs
+    assert alloc.stats().sequential_runs > append_runs
+
+
+def test_append_wraps_to_reclaim_freed_blocks():
+    alloc = FCBlockAllocator(4, APPEND)
+    assert alloc.allocate(3) == [0, 1, 2]
+    alloc.free([0])
+    assert alloc.allocate(2) == [3, 0]  # after the last one, then round to the freed block
+    alloc.free([1, 2])
+    assert alloc.allocate(2) == [1, 2]
+    assert not alloc.can_allocate(1)
+
+
+def test_left_append_takes_lowest():
+    alloc = FCBlockAllocator(5, LEFT_APPEND)
+    assert alloc.allocate(3) == [0, 1, 2]
+    alloc.free([1])
+    assert alloc.allocate(2) == [1, 3]
+
+
+def test_stats_and_trace_export(tmp_path):
+    alloc = FCBlockAllocator(8, APPEND)
+    first = alloc.allocate(3)
+    alloc.mark_written(first)
+    second = alloc.allocate(2)
+    alloc.mark_written(second)
+    stats = alloc.stats()
+    assert (stats.blocks_written, stats.sequential_runs, stats.wraps) == (5, 1, 0)
+    assert stats.num_free_blocks == 3 and stats.mean_run_blocks == 5.0
+    path = tmp_path / "trace.txt"
+    assert alloc.export_trace(path) == 5
+    lines = path.read_text().splitlines()
+    assert lines[0] == "# hifc FC block write trace: policy=append num_blocks=8"
+    assert lines[1:] == ["0 1 2", "3 4"]  # one swap-out per line
+
+
+def test_exported_trace_loads_in_wafsim(tmp_path):
+    swaptrace = pytest.importorskip("hifc.analysis.swaptrace")
+    alloc, _ = churn(APPEND, 32, steps=50)
+    path = tmp_path / "trace.txt"
+    alloc.export_trace(path)
+    trace = swaptrace.load_trace(str(path))
+    assert trace.block_ids.tolist() == alloc.trace()
+    assert trace.tier_blocks == 32
+
+
+def test_errors_are_clear():
+    with pytest.raises(ValueError, match="policy"):
+        FCBlockAllocator(4, "random")
+    with pytest.raises(ValueError, match="num_blocks"):
+        FCBlockAllocator(0)
+    alloc = FCBlockAllocator(4)
+    with pytest.raises(ValueError, match="only 4 of 4 are free"):
+        alloc.allocate(5)
+    ids = alloc.allocate(2)
+    alloc.free(ids[:1])
+    with pytest.raises(ValueError, match="double free"):
+        alloc.free(ids[:1])
+    with pytest.raises(ValueError, match="out of range"):
+        alloc.free([9])
+    with pytest.raises(ValueError, match="not allocated"):
+        alloc.mark_written([0])
+    assert alloc.can_allocate(3) and not alloc.can_allocate(4)
+    assert alloc.num_free_blocks == 3  # failed calls changed nothing
+
+
+def test_allocator_imports_without_torch():
+    code = textwrap.dedent("""
+        import sys
+        sys.modules['torch'] = None  # any 'import torch' now fails
+        from hifc.tiers.allocator import FCBlockAllocator
+        from hifc.tiers import FCBlockAllocator as again, KVGeometry
+        a = FCBlockAllocator(16, 'append')
+        a.mark_written(a.allocate(4))
+        assert a.trace() == [0, 1, 2, 3]
+        assert 'torch' not in [m for m, v in sys.modules.items() if v is not None]
+        print('ok')
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+def test_large_allocator_is_fast_enough():
+    alloc = FCBlockAllocator(200_000, APPEND)
+    ids = alloc.allocate(100_000)
+    alloc.free(ids[::2])
+    assert len(alloc.allocate(50_000)) == 50_000

@@ -1,0 +1,120 @@
+import os
+import stat
+
+import pytest
+
+from hifc.tiers import KVGeometry, TierConfig, make_tier
+from hifc.tiers.cache_file import CacheFile, read_superblock
+from hifc.tiers.layout import BLOCK_RECORD, make_layout
+
+from tests.tiers.tier_helpers import SMALL
+
+
+def test_created_preallocated_0600_with_superblock(flash, tmp_path):
+    old = os.umask(0)  # even a permissive umask gives 0600
+    try:
+        tier = flash(num_blocks=20)
+    finally:
+        os.umask(old)
+    path = tmp_path / "cache.kvc"
+    info = os.stat(path)
+    assert stat.S_IMODE(info.st_mode) == 0o600
+    assert info.st_size == tier.layout.file_bytes
+    assert info.st_blocks * 512 >= tier.layout.file_bytes  # really allocated, not sparse
+    sb = read_superblock(path)
+    assert sb["crc_ok"] and sb["epoch"] == tier.epoch
+    assert (sb["num_layers"], sb["num_kv_heads"], sb["head_dim"], sb["block_size"],
+            sb["dtype"], sb["num_blocks"], sb["layout"]) == (
+        SMALL.num_layers, SMALL.num_kv_heads, SMALL.head_dim, SMALL.block_size, SMALL.dtype,
+        20, tier.layout.name)
+    assert tier.stats()["reused_file"] is False
+
+
+def test_reopen_matching_geometry_keeps_file_and_changes_epoch(flash, tmp_path):
+    first = flash(num_blocks=20)
+    epoch = first.epoch
+    first.close()
+    path = tmp_path / "cache.kvc"
+    inode = os.stat(path).st_ino
+    with open(path, "r+b") as f:  # a marker in the data area survives a reopen
+        f.seek(first.layout.file_bytes - 4096)
+        f.write(b"marker")
+    again = flash(num_blocks=20)
+    assert again.stats()["reused_file"] is True
+    assert again.epoch != epoch
+    assert os.stat(path).st_ino == inode
+    with open(path, "rb") as f:
+        f.seek(first.layout.file_bytes - 4096)
+        assert f.read(6) == b"marker"
+    assert read_superblock(path)["epoch"] == again.epoch
+
+
+def test_geometry_mismatch_reinitialises(flash, tmp_path):
+    flash(num_blocks=20).close()
+    bigger = flash(num_blocks=30)
+    assert bigger.stats()["reused_file"] is False
+    assert os.path.getsize(tmp_path / "cache.kvc") == bigger.layout.file_bytes
+    bigger.close()
+    other = KVGeometry(2, 2, 32, 16, "bfloat16")
+    tier = flash(other, num_blocks=30)
+    assert tier.stats()["reused_file"] is False
+    assert read_superblock(tmp_path / "cache.kvc")["dtype"] == "bfloat16"
+
+
+def test_foreign_file_refused_unless_forced(tmp_path):
+    path = tmp_path / "precious.txt"
+    path.write_bytes(b"important data\n" * 100)
+    config = TierConfig(path=str(path), num_blocks=4)
+    with pytest.raises(ValueError, match="not an hifc cache file"):
+        make_tier(config, SMALL)
+    assert path.read_bytes() == b"important data\n" * 100  # untouched
+    with make_tier(TierConfig(path=str(path), num_blocks=4, force=True), SMALL) as tier:
+        assert tier.stats()["reused_file"] is False
+    assert read_superblock(path)["num_blocks"] == 4
+
+
+def test_symlink_refused(tmp_path):
+    target = tmp_path / "real.kvc"
+    make_tier(TierConfig(path=str(target), num_blocks=4), SMALL).close()
+    link = tmp_path / "link.kvc"
+    link.symlink_to(target)
+    with pytest.raises(ValueError, match="symbolic link"):
+        make_tier(TierConfig(path=str(link), num_blocks=4), SMALL)
+    dangling = tmp_path / "dangling.kvc"
+    dangling.symlink_to(tmp_path / "nowhere")
+    with pytest.raises(ValueError, match="symbolic link"):
+        make_tier(TierConfig(path=str(dangling), num_blocks=4), SMALL)
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_not_a_regular_file_refused(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # so opening for writing does not block
+    try:
+        with pytest.raises(ValueError, match="not a regular file"):
+            make_tier(TierConfig(path=str(fifo), num_blocks=4), SMALL)
+    finally:
+        os.close(fd)
+
+
+def test_second_opener_refused_while_in_use(flash, tmp_path):
+    flash(num_blocks=4)
+    with pytest.raises(ValueError, match="in use"):
+        make_tier(TierConfig(path=str(tmp_path / "cache.kvc"), num_blocks=4), SMALL)
+
+
+def test_reopen_time_does_not_depend_on_size(tmp_path):
+    layout = make_layout(BLOCK_RECORD, SMALL, 4096)  # ~70 MiB
+    path = tmp_path / "big.kvc"
+    CacheFile.open(path, layout).close()
+    reopened = CacheFile.open(path, layout)
+    assert reopened.reused  # O(1): only the superblock was rewritten
+    reopened.close()
+
+
+def test_empty_path_and_missing_dir(tmp_path):
+    with pytest.raises(ValueError, match="path"):
+        TierConfig(kind="flash", path="", num_blocks=4)
+    with pytest.raises(FileNotFoundError):
+        make_tier(TierConfig(path=str(tmp_path / "no" / "such.kvc"), num_blocks=4), SMALL)
