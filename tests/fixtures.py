@@ -109,24 +109,30 @@ def make_tiny_hf_model(path: Path, arch: str, dtype: str = "float32", sharded: b
     return path
 
 
-def hf_model_from_gguf(path: Path, dtype: torch.dtype = torch.float32):
+def hf_model_from_gguf(path: Path, dtype: torch.dtype = torch.float32, config=None):
     """transformers' own model for a llama-arch GGUF, weights through its GGUF loader
-    (``load_gguf_checkpoint``), without the accelerate package that ``from_pretrained(gguf_file=)``
-    requires. The config comes from the same transformers call."""
+    (``load_gguf_checkpoint``: dequantization and Q/K un-permutation are transformers'), without
+    the accelerate package that ``from_pretrained(gguf_file=)`` requires.
+
+    config: a transformers config to build the model from; None parses it from the file with
+    transformers (one more pass over the file, a few seconds). Returns (model, the config dict
+    transformers parsed from the file).
+    """
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    parsed = load_gguf_checkpoint(str(path), return_tensors=False)["config"]
-    config = AutoConfig.for_model(**parsed)
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
+    if config is None:
+        parsed = load_gguf_checkpoint(str(path), return_tensors=False)["config"]
+        config = AutoConfig.for_model(**parsed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    loaded = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)
     missing, unexpected = model.load_state_dict(
-        {name: torch.as_tensor(t) for name, t in tensors.items()}, strict=False)
+        {name: torch.as_tensor(t) for name, t in loaded["tensors"].items()}, strict=False)
     if unexpected or set(missing) - {"lm_head.weight"}:
         raise RuntimeError(f"GGUF reference load: missing {missing}, unexpected {unexpected}")
     if "lm_head.weight" in missing:
         model.tie_weights()
-    return model.to(dtype).eval()
+    return model.to(dtype).eval(), loaded["config"]
 
 
 def paged_metadata(block_tables: list[list[int]], start_positions: list[int],
