@@ -30,6 +30,8 @@ def resolve_backend(backend: str, device) -> str:
     if backend == "auto":
         on_gpu = torch.device(device).type == "cuda"
         return "kvikio" if on_gpu and kvikio_available() else "posix"
+    if backend == "kvikio" and not kvikio_available():
+        raise ValueError("backend 'kvikio' needs the kvikio package and a CUDA device")
     return backend
 
 

@@ -63,20 +63,22 @@ def pack_header(out: memoryview, *, epoch: int, block_id: int, owner: tuple[int,
     out[:HEADER_BYTES] = page
 
 
-def read_header(page: memoryview) -> dict:
+def read_header(page: memoryview, block_id: int | None = None) -> dict:
     """Decode a header page after checking its magic and crc (no expectations)."""
     page = bytes(page[:HEADER_BYTES])
+    where = "" if block_id is None else f"FC block {block_id}: "
     magic, version, _, stored_crc, epoch, block_id, seq_id, gen, nslices, sbytes = \
         _FIXED.unpack_from(page)
     if magic != RECORD_MAGIC:
-        raise IntegrityError(f"bad record magic {magic!r} (block never written, or overwritten)")
+        raise IntegrityError(f"{where}bad record magic {magic!r} (never written in this file, or "
+                             "overwritten)")
     zeroed = page[:_CRC_FIELD.start] + b"\0\0\0\0" + page[_CRC_FIELD.stop:]
     if crc32c.crc32c(zeroed) != stored_crc:
-        raise IntegrityError("record header checksum mismatch (torn or corrupted header)")
+        raise IntegrityError(f"{where}record header checksum mismatch (torn or corrupted header)")
     if version != RECORD_VERSION:
-        raise IntegrityError(f"record version {version} != {RECORD_VERSION}")
+        raise IntegrityError(f"{where}record version {version} != {RECORD_VERSION}")
     if nslices > MAX_SLICES:
-        raise IntegrityError(f"record claims {nslices} slices (max {MAX_SLICES})")
+        raise IntegrityError(f"{where}record claims {nslices} slices (max {MAX_SLICES})")
     crcs = list(struct.unpack_from(f"<{nslices}I", page, _FIXED.size))
     return {"epoch": epoch, "block_id": block_id, "owner": (seq_id, gen),
             "num_slices": nslices, "slice_bytes": sbytes, "crcs": crcs}
@@ -85,7 +87,7 @@ def read_header(page: memoryview) -> dict:
 def verify_header(page: memoryview, *, epoch: int, block_id: int, owner: tuple[int, int],
                   num_slices: int, slice_bytes: int) -> list[int]:
     """Check a header against what the tier expects; returns the stored slice crcs."""
-    header = read_header(page)
+    header = read_header(page, block_id)
     if header["epoch"] != epoch:
         raise IntegrityError(f"stale record for FC block {block_id}: epoch "
                              f"{header['epoch']:#x} is not the cache file's epoch {epoch:#x}")

@@ -1,0 +1,90 @@
+"""GPU KV caches through the tier: kvikio (cuFile), POSIX from pinned staging, pinned DRAM."""
+import os
+import random
+
+import pytest
+import torch
+
+from hifc.tiers import ErrorKind, KVGeometry, TierConfig, make_tier
+from hifc.tiers.kvikio_io import kvikio_available
+from tests.tiers.tier_helpers import random_kv
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+GEOMETRIES = [
+    KVGeometry(4, 8, 128, 16, "float16"),  # 32 KiB slices
+    KVGeometry(2, 2, 5, 3, "bfloat16"),  # padded slices
+    KVGeometry(3, 4, 64, 32, "float32"),
+]
+
+
+def gpu_tier(tmp_path, geometry, backend, **kw):
+    kw.setdefault("num_blocks", 48)
+    config = TierConfig(path=str(tmp_path / f"{backend}.kvc"), backend=backend, chunk_mib=1,
+                        io_threads=4, **kw)
+    return make_tier(config, geometry, device="cuda")
+
+
+def round_trip(tier, kv, owner=(2, 1), seed=0):
+    n = kv.shape[2]
+    rng = random.Random(seed)
+    src, dst = rng.sample(range(n), n), rng.sample(range(n), n)
+    ids = tier.reserve(n)
+    kv.mul_(-1)  # queued on the current stream just before the swap: must be seen by it
+    out = tier.submit_swap_out(kv, list(zip(src, ids)), owner)
+    assert tier.wait(out).ok, out.error
+    back = torch.full_like(kv, 5)
+    job = tier.wait(tier.submit_swap_in(back, list(zip(ids, dst)), owner))
+    assert job.ok, job.error
+    torch.cuda.synchronize()
+    assert torch.equal(back[:, :, dst].view(torch.uint8), kv[:, :, src].view(torch.uint8))
+    return ids
+
+
+@pytest.mark.parametrize("layout", ["block-record", "layer-kv"])
+@pytest.mark.parametrize("geometry", GEOMETRIES, ids=lambda g: g.dtype)
+@pytest.mark.parametrize("backend", ["kvikio", "posix"])
+def test_gpu_round_trip_bit_exact(tmp_path, backend, geometry, layout):
+    if backend == "kvikio" and not kvikio_available():
+        pytest.skip("kvikio not installed")
+    with gpu_tier(tmp_path, geometry, backend, layout=layout) as tier:
+        assert tier.stats()["backend"] == backend
+        kv = random_kv(geometry, 40, device="cuda")
+        ids = round_trip(tier, kv)
+        tier.free(ids)
+        round_trip(tier, kv, seed=1)
+
+
+def test_gpu_corruption_rejected_and_faults_reported(tmp_path):
+    if not kvikio_available():
+        pytest.skip("kvikio not installed")
+    geometry = GEOMETRIES[0]
+    with gpu_tier(tmp_path, geometry, "kvikio", fault_injection=True) as tier:
+        kv = random_kv(geometry, 4, device="cuda")
+        ids = tier.reserve(4)
+        assert tier.wait(tier.submit_swap_out(kv, list(zip(range(4), ids)), (1, 0))).ok
+        fd = os.open(tmp_path / "kvikio.kvc", os.O_RDWR)
+        at = tier.layout.data_file_offset(2, 1, ids[3]) + 77
+        byte = os.pread(fd, 1, at)
+        os.pwrite(fd, bytes([byte[0] ^ 1]), at)
+        back = torch.zeros_like(kv)
+        job = tier.wait(tier.submit_swap_in(back, list(zip(ids, range(4))), (1, 0)))
+        assert job.error_kind is ErrorKind.INTEGRITY and "layer 2 V" in job.error
+        assert (back[:, :, 3] == 0).all()
+        os.pwrite(fd, byte, at)
+        os.close(fd)
+        tier.faults.arm("read", "eio")
+        job = tier.wait(tier.submit_swap_in(back, list(zip(ids, range(4))), (1, 0)))
+        assert job.error_kind is ErrorKind.IO_ERROR
+        job = tier.wait(tier.submit_swap_in(back, list(zip(ids, range(4))), (1, 0)))
+        assert job.ok and torch.equal(back, kv)
+
+
+def test_pinned_dram_tier_on_gpu():
+    geometry = GEOMETRIES[0]
+    tier = make_tier(TierConfig(kind="dram", num_blocks=64), geometry, device="cuda")
+    assert tier.stats()["pinned"] is True
+    kv = random_kv(geometry, 32, device="cuda")
+    round_trip(tier, kv)
+    tier.close()
