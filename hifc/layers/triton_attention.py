@@ -1,0 +1,314 @@
+"""Triton paged attention: one kernel for prefill and decode, plus a split-KV (flash-decoding) path.
+
+The kernel follows vLLM's triton unified attention. A program owns one *q block* (BLOCK_Q new
+tokens of one sequence) and one KV head; the GROUP query heads that share that KV head are packed
+into the tile's M dimension (row m = token m // GROUP, head m % GROUP), so K/V is read once per
+group. Keys are gathered through the block table one KV tile (TILE keys) at a time, whatever the
+cache block size; the softmax is online, in fp32 and base 2. Query i of a sequence with n new
+tokens and context length S sits at position S - n + i and sees keys 0 .. S - n + i.
+
+Programs find their sequence by binary search over ``query_start_loc`` (sequence i's q blocks
+start at ``query_start_loc[i] // BLOCK_Q + i``), so the grid depends only on T and B and nothing is
+built on the host per step. With NUM_SEGMENTS > 1 each program also takes one slice of the KV
+tiles and writes unnormalised partials (acc, running max, running sum); a second kernel merges
+them. That helps decode batches with few sequences and long contexts, where one program per
+(sequence, KV head) leaves most of the GPU idle.
+
+Imports on machines without Triton or a GPU; the backend raises there when called.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hifc.layers.attention import AttentionMetadata, write_kv_cache
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only install: the module imports, the backend refuses to run
+    triton = None
+    tl = None
+
+
+def _jit(fn):
+    return triton.jit(fn) if triton is not None else fn
+
+
+LOG2E = 1.4426950408889634
+
+
+@_jit
+def _find_seq_idx(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr):
+    """Last sequence i whose first q block (query_start_loc[i] // BLOCK_Q + i) is <= q_block."""
+    left = 0
+    right = num_seqs
+    while left < right:
+        mid = (left + right) // 2
+        first_block = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
+        if first_block <= q_block:
+            left = mid + 1
+        else:
+            right = mid
+    return left - 1
+
+
+@_jit
+def _paged_attention_kernel(
+    out_ptr, segm_out_ptr, segm_max_ptr, segm_sum_ptr,
+    q_ptr, k_cache_ptr, v_cache_ptr,
+    block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
+    qk_scale, num_seqs,
+    stride_q_t, stride_q_h, stride_o_t, stride_o_h,
+    stride_k_blk, stride_k_off, stride_k_head,
+    stride_v_blk, stride_v_off, stride_v_head,
+    stride_bt,
+    NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
+    NUM_SEGMENTS: tl.constexpr,
+):
+    # Later q blocks of a sequence see more keys: hand them out first.
+    q_block = tl.num_programs(0) - 1 - tl.program_id(0)
+    kv_head = tl.program_id(1)
+    segment = tl.program_id(2)
+
+    seq = _find_seq_idx(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    q_block_local = q_block - (q_start // BLOCK_Q + seq)
+    if q_block_local * BLOCK_Q >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    context_len = seq_len - q_len
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    offs_t = tl.arange(0, TILE)
+    q_pos = q_block_local * BLOCK_Q + offs_m // GROUP  # [M] index among the sequence's new tokens
+    head = kv_head * GROUP + offs_m % GROUP  # [M] query head
+    row_valid = (offs_m < BLOCK_Q * GROUP) & (q_pos < q_len)
+    d_valid = offs_d < HEAD_DIM
+    token = (q_start + q_pos).to(tl.int64)  # [M] row in the batch
+
+    q_offs = token[:, None] * stride_q_t + head[:, None] * stride_q_h + offs_d[None, :]
+    q = tl.load(q_ptr + q_offs, mask=row_valid[:, None] & d_valid[None, :], other=0.0)  # [M, Dp]
+    last_key = context_len + q_pos  # [M] last key position each row may see
+
+    # Keys any row of this q block may see: 0 .. kv_end - 1.
+    kv_end = tl.minimum(seq_len, context_len + (q_block_local + 1) * BLOCK_Q)
+    num_tiles = tl.cdiv(kv_end, TILE)
+    if NUM_SEGMENTS > 1:
+        tiles_per_segment = tl.cdiv(num_tiles, NUM_SEGMENTS)
+        tile_lo = segment * tiles_per_segment
+        tile_hi = tl.minimum(tile_lo + tiles_per_segment, num_tiles)
+    else:
+        tile_lo = 0
+        tile_hi = num_tiles
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max (log2 units)
+    l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
+    block_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    k_base = k_cache_ptr + kv_head * stride_k_head
+    v_base = v_cache_ptr + kv_head * stride_v_head
+
+    for tile in range(tile_lo, tile_hi):
+        key_pos = tile * TILE + offs_t  # [TILE]
+        key_valid = key_pos < kv_end
+        block = tl.load(block_row + key_pos // BLOCK_SIZE, mask=key_valid, other=0).to(tl.int64)
+        in_block = key_pos % BLOCK_SIZE
+        k_offs = block[None, :] * stride_k_blk + in_block[None, :] * stride_k_off + offs_d[:, None]
+        k = tl.load(k_base + k_offs, mask=key_valid[None, :] & d_valid[:, None], other=0.0)  # [Dp, TILE]
+        v_offs = block[:, None] * stride_v_blk + in_block[:, None] * stride_v_off + offs_d[None, :]
+        v = tl.load(v_base + v_offs, mask=key_valid[:, None] & d_valid[None, :], other=0.0)  # [TILE, Dp]
+
+        s = tl.dot(q, k) * qk_scale  # [M, TILE] fp32, log2 units
+        visible = (key_pos[None, :] <= last_key[:, None]) & key_valid[None, :]
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)  # a row may see nothing yet
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    if NUM_SEGMENTS == 1:
+        out = acc / l_i[:, None]
+        o_offs = token[:, None] * stride_o_t + head[:, None] * stride_o_h + offs_d[None, :]
+        tl.store(out_ptr + o_offs, out.to(out_ptr.dtype.element_ty),
+                 mask=row_valid[:, None] & d_valid[None, :])
+    else:
+        part = (token * NUM_Q_HEADS + head) * NUM_SEGMENTS + segment  # [M]
+        tl.store(segm_max_ptr + part, m_i, mask=row_valid)
+        tl.store(segm_sum_ptr + part, l_i, mask=row_valid)
+        tl.store(segm_out_ptr + part[:, None] * HEAD_DIM_PAD + offs_d[None, :], acc,
+                 mask=row_valid[:, None])
+
+
+@_jit
+def _merge_segments_kernel(
+    out_ptr, segm_out_ptr, segm_max_ptr, segm_sum_ptr,
+    stride_o_t, stride_o_h,
+    NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    NUM_SEGMENTS: tl.constexpr, SEGMENTS_PAD: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    offs_s = tl.arange(0, SEGMENTS_PAD)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    s_valid = offs_s < NUM_SEGMENTS
+    d_valid = offs_d < HEAD_DIM
+    part = (token * NUM_Q_HEADS + head) * NUM_SEGMENTS + offs_s  # [S]
+    m = tl.load(segm_max_ptr + part, mask=s_valid, other=float("-inf"))
+    m_all = tl.max(m, axis=0)  # finite: the segment holding key 0 saw it
+    w = tl.exp2(m - m_all)  # empty segments (max -inf) weigh 0
+    total = tl.sum(tl.load(segm_sum_ptr + part, mask=s_valid, other=0.0) * w, axis=0)
+    acc = tl.load(segm_out_ptr + part[:, None] * HEAD_DIM_PAD + offs_d[None, :],
+                  mask=s_valid[:, None] & d_valid[None, :], other=0.0)  # [S, Dp]
+    out = tl.sum(acc * w[:, None], axis=0) / total
+    tl.store(out_ptr + token * stride_o_t + head * stride_o_h + offs_d,
+             out.to(out_ptr.dtype.element_ty), mask=d_valid)
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Tile shapes and split for one call (all compile-time constants of the kernel)."""
+
+    block_m: int  # rows of a program's tile: block_q tokens x group query heads (padded)
+    block_q: int  # new tokens per program
+    tile: int  # keys per KV tile
+    num_segments: int  # 1: one pass; >1: split-KV partials plus a merge kernel
+    num_warps: int
+    num_stages: int
+
+
+def plan_launch(max_query_len: int, max_seq_len: int, num_seqs: int, num_q_heads: int,
+                num_kv_heads: int, head_dim: int, elem_size: int, num_sms: int,
+                split_kv: bool | None = None) -> LaunchPlan:
+    """Choose tile shapes. split_kv: None = split decode-only batches that underfill the GPU."""
+    group = num_q_heads // num_kv_heads
+    head_dim_pad = _next_pow2(head_dim)
+    max_block_m = 128 if head_dim_pad <= 128 else 64
+    block_m = min(max_block_m, max(16, _next_pow2(max_query_len * group)))
+    block_m = max(block_m, 16, _next_pow2(group))
+    block_q = block_m // group
+    tile = 64 if elem_size <= 2 and head_dim_pad <= 128 else 32
+    if block_m >= 128:
+        num_warps, num_stages = 8, 2
+    else:
+        num_warps, num_stages = 4, 3 if elem_size <= 2 else 2
+    num_segments = 1
+    programs = num_seqs * num_kv_heads
+    if split_kv is None:
+        split_kv = max_query_len == 1 and programs < 2 * num_sms and max_seq_len >= 8 * tile
+    if split_kv:
+        # Aim at ~4 programs per SM, each with at least 2 KV tiles; a power of two bounds the
+        # number of compiled variants.
+        want = max(2, min(-(-4 * num_sms // programs), max_seq_len // (2 * tile), 64))
+        num_segments = 1 << (want.bit_length() - 1)
+    return LaunchPlan(block_m, block_q, tile, num_segments, num_warps, num_stages)
+
+
+class TritonAttentionBackend:
+    """Paged attention on CUDA through Triton; same contract as TorchAttentionBackend.
+
+    split_kv: None (default) splits the KV sequence across programs for decode-only batches that
+    would not fill the GPU; True/False force it on/off (any batch works either way).
+    triton_kv_write: scatter the new K/V with the fused Triton kernel instead of torch.
+    """
+
+    def __init__(self, split_kv: bool | None = None, triton_kv_write: bool = True):
+        if triton is None:
+            raise RuntimeError("TritonAttentionBackend needs the triton package (and a CUDA GPU)")
+        self.split_kv = split_kv
+        self.triton_kv_write = triton_kv_write
+        self._num_sms: dict[torch.device, int] = {}
+
+    def num_sms(self, device: torch.device) -> int:
+        if device not in self._num_sms:
+            self._num_sms[device] = (torch.cuda.get_device_properties(device).multi_processor_count
+                                     if device.type == "cuda" else 1)
+        return self._num_sms[device]
+
+    def plan(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> LaunchPlan:
+        return plan_launch(meta.max_query_len, meta.max_seq_len, meta.num_seqs, q.shape[1],
+                           kv_cache.shape[-2], q.shape[2], q.element_size(), self.num_sms(q.device),
+                           self.split_kv)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+                meta: AttentionMetadata, scale: float, out: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        """Write k, v ([T, Hkv, D]) into kv_cache, then return attention of q ([T, Hq, D])."""
+        if self.triton_kv_write:
+            from hifc.layers.triton_kv_write import triton_write_kv_cache
+            triton_write_kv_cache(k, v, kv_cache, meta.slot_mapping)
+        else:
+            write_kv_cache(k, v, kv_cache, meta.slot_mapping)
+        return paged_attention(q, kv_cache, meta, scale, self.plan(q, kv_cache, meta), out)
+
+
+def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+                    plan: LaunchPlan, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal attention of q ([T, Hq, D]) over the paged cache ([2, NB, BS, Hkv, D])."""
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads = kv_cache.shape[-2]
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"{num_q_heads} query heads are not a multiple of {num_kv_heads} KV heads")
+    if kv_cache.shape[-1] != head_dim or kv_cache.stride(-1) != 1:
+        raise ValueError("kv_cache must be [2, num_blocks, block_size, num_kv_heads, head_dim], "
+                         "contiguous in head_dim, with q's head_dim")
+    if meta.block_tables.stride(-1) != 1:
+        raise ValueError("block_tables must be contiguous along its last dimension")
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # [T, Hq, D]
+    if num_tokens == 0:
+        return out
+    group = num_q_heads // num_kv_heads
+    head_dim_pad = max(16, _next_pow2(head_dim))
+    num_seqs = meta.num_seqs
+    num_q_blocks = num_tokens // plan.block_q + num_seqs  # upper bound; spare programs exit
+    k_cache, v_cache = kv_cache[0], kv_cache[1]  # [NB, BS, Hkv, D]
+    split = plan.num_segments > 1
+    if split:
+        segm_out = torch.empty(num_tokens, num_q_heads, plan.num_segments, head_dim_pad,
+                               dtype=torch.float32, device=q.device)
+        segm_max = torch.empty(num_tokens, num_q_heads, plan.num_segments, dtype=torch.float32,
+                               device=q.device)
+        segm_sum = torch.empty_like(segm_max)
+    else:
+        segm_out = segm_max = segm_sum = out  # unused
+    _paged_attention_kernel[(num_q_blocks, num_kv_heads, plan.num_segments)](
+        out, segm_out, segm_max, segm_sum,
+        q, k_cache, v_cache,
+        meta.block_tables, meta.seq_lens, meta.query_start_loc,
+        scale * LOG2E, num_seqs,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        meta.block_tables.stride(0),
+        NUM_Q_HEADS=num_q_heads, GROUP=group,
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
+        BLOCK_SIZE=meta.block_size, TILE=plan.tile,
+        BLOCK_M=plan.block_m, BLOCK_Q=plan.block_q,
+        NUM_SEGMENTS=plan.num_segments,
+        num_warps=plan.num_warps, num_stages=plan.num_stages,
+    )
+    if split:
+        _merge_segments_kernel[(num_tokens, num_q_heads)](
+            out, segm_out, segm_max, segm_sum,
+            out.stride(0), out.stride(1),
+            NUM_Q_HEADS=num_q_heads, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
+            NUM_SEGMENTS=plan.num_segments, SEGMENTS_PAD=max(2, _next_pow2(plan.num_segments)),
+            num_warps=4,
+        )
+    return out

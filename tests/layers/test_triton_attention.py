@@ -1,0 +1,224 @@
+"""TritonAttentionBackend against the torch reference, on ragged batches mixing prefill and decode.
+
+Runs on a CUDA GPU. Without one, set TRITON_INTERPRET=1 (with triton installed) to run the same
+cases on the CPU through Triton's interpreter (slow: select a few with -k).
+"""
+import math
+import os
+import random
+
+import pytest
+import torch
+
+from hifc.layers.attention import (AttentionMetadata, TorchAttentionBackend,
+                                   reference_paged_attention, write_kv_cache)
+from hifc.layers.triton_attention import TritonAttentionBackend, plan_launch
+
+try:
+    import triton  # noqa: F401
+    HAS_TRITON = True
+except ImportError:
+    HAS_TRITON = False
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+if torch.cuda.is_available():
+    DEVICE = "cuda"
+elif INTERPRET:
+    DEVICE = "cpu"
+else:
+    DEVICE = None
+
+_needs_device = pytest.mark.skipif(DEVICE is None or not HAS_TRITON,
+                                   reason="needs CUDA and triton (or TRITON_INTERPRET=1)")
+
+
+def device_test(fn):
+    return pytest.mark.gpu(_needs_device(fn))
+
+TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-3}
+
+
+def make_step(query_lens, context_lens, num_q_heads, num_kv_heads, head_dim, block_size, dtype,
+              seed, cache_prefix=None):
+    """One step: q/k/v of the new tokens, a random cache and metadata with shuffled blocks.
+
+    query_lens[i] new tokens of sequence i follow context_lens[i] tokens already cached.
+    cache_prefix: if set, the cache is layer 1 of a [cache_prefix, 2, NB, BS, Hkv, D] tensor.
+    """
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    rng = random.Random(seed)
+    seq_lens = [c + n for c, n in zip(context_lens, query_lens)]
+    blocks_per_seq = [-(-s // block_size) for s in seq_lens]
+    num_blocks = sum(blocks_per_seq) + 5
+    free = list(range(num_blocks))
+    rng.shuffle(free)
+    max_blocks = max(blocks_per_seq) + 2
+    block_tables = torch.zeros(len(seq_lens), max_blocks, dtype=torch.int32)
+    tables = []
+    for i, n in enumerate(blocks_per_seq):
+        table = [free.pop() for _ in range(n)]
+        tables.append(table)
+        block_tables[i, :n] = torch.tensor(table, dtype=torch.int32)
+        block_tables[i, n:] = torch.randint(0, num_blocks, (max_blocks - n,), generator=gen)
+    slots = []
+    for table, c, s in zip(tables, context_lens, seq_lens):
+        slots += [table[p // block_size] * block_size + p % block_size for p in range(c, s)]
+    num_tokens = sum(query_lens)
+    qsl = [0]
+    for n in query_lens:
+        qsl.append(qsl[-1] + n)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen).to(dtype).to(DEVICE)
+
+    cache_shape = (2, num_blocks, block_size, num_kv_heads, head_dim)
+    if cache_prefix:
+        kv_cache = rand(cache_prefix, *cache_shape)[1]
+    else:
+        kv_cache = rand(*cache_shape)
+    q = rand(num_tokens, num_q_heads, head_dim) * 2  # sharper softmax than unit scores
+    k = rand(num_tokens, num_kv_heads, head_dim)
+    v = rand(num_tokens, num_kv_heads, head_dim)
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=DEVICE),
+        query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=DEVICE),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
+        block_tables=block_tables.to(DEVICE),
+        query_start_loc_cpu=qsl, seq_lens_cpu=seq_lens,
+        max_query_len=max(query_lens), max_seq_len=max(seq_lens), block_size=block_size)
+    return q, k, v, kv_cache, meta
+
+
+def check(backend, q, k, v, kv_cache, meta, dtype):
+    if DEVICE == "cpu" and dtype == torch.bfloat16:
+        pytest.skip("Triton's interpreter gets bf16 tl.dot wrong")
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    ref_cache = kv_cache.clone()
+    write_kv_cache(k, v, ref_cache, meta.slot_mapping)
+    ref = reference_paged_attention(q.float(), ref_cache.float(), meta, scale)
+    out = torch.full_like(q, float("nan"))  # poison: every element must be written
+    result = backend.forward(q, k, v, kv_cache, meta, scale, out=out)
+    assert result.data_ptr() == out.data_ptr()
+    assert torch.equal(kv_cache, ref_cache), "KV write differs from write_kv_cache"
+    assert not torch.isnan(out).any(), "output has NaN (unwritten or bad softmax)"
+    err = ((out.float() - ref).norm() / ref.norm()).item()
+    assert err < TOLERANCE[dtype], f"relative error {err:.2e}"
+    return err
+
+
+# A ragged mix: decodes (1 token), prefills (no context), recompute-style prefills with context,
+# chunked prefill continuing a context, in no particular order.
+MIXED_QUERY = [1, 37, 1, 130, 5, 1, 64, 1, 200]
+MIXED_CONTEXT = [300, 0, 17, 0, 90, 1000, 129, 0, 511]
+
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+BLOCK_SIZES = [16, 64, 256]
+
+
+@device_test
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+def test_mixed_batch_8b_shape(dtype, block_size):
+    # GQA group 4, head_dim 128 (Llama-3-8B per-GPU shape, fewer heads).
+    step = make_step(MIXED_QUERY, MIXED_CONTEXT, 16, 4, 128, block_size, dtype, seed=block_size)
+    check(TritonAttentionBackend(), *step, dtype)
+
+
+@device_test
+@pytest.mark.parametrize("num_q_heads,num_kv_heads,head_dim", [
+    (4, 4, 64),    # MHA
+    (8, 2, 64),    # group 4
+    (16, 2, 128),  # group 8
+    (10, 2, 128),  # group 5 (Qwen 40/8)
+    (8, 1, 80),    # head_dim not a power of two
+    (6, 2, 96),    # group 3, head_dim 96
+])
+@pytest.mark.parametrize("block_size", [16, 256])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_head_shapes(num_q_heads, num_kv_heads, head_dim, block_size, dtype):
+    step = make_step(MIXED_QUERY, MIXED_CONTEXT, num_q_heads, num_kv_heads, head_dim, block_size,
+                     dtype, seed=num_q_heads * 7 + head_dim)
+    check(TritonAttentionBackend(), *step, dtype)
+
+
+@device_test
+@pytest.mark.parametrize("split_kv", [False, True])
+@pytest.mark.parametrize("group,block_size,dtype", [(4, 64, torch.bfloat16), (5, 16, torch.float16),
+                                                    (8, 256, torch.float32)], ids=str)
+def test_decode_only(split_kv, group, block_size, dtype):
+    rng = random.Random(group)
+    contexts = [rng.randrange(0, 3000) for _ in range(6)] + [0, 4095]
+    step = make_step([1] * len(contexts), contexts, 2 * group, 2, 128, block_size, dtype,
+                     seed=3 * group)
+    backend = TritonAttentionBackend(split_kv=split_kv)
+    assert (backend.plan(step[0], step[3], step[4]).num_segments > 1) == split_kv
+    check(backend, *step, dtype)
+
+
+@device_test
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_split_kv_on_mixed_batch(dtype):
+    step = make_step(MIXED_QUERY, MIXED_CONTEXT, 8, 2, 128, 64, dtype, seed=11)
+    check(TritonAttentionBackend(split_kv=True), *step, dtype)
+
+
+@device_test
+def test_long_prefill_and_single_decode():
+    # One 2k-token prefill over a 1k context, then a lone decode: the tile loop's causal bound.
+    step = make_step([2048], [1000], 8, 2, 128, 64, torch.bfloat16, seed=5)
+    check(TritonAttentionBackend(), *step, torch.bfloat16)
+    step = make_step([1], [8000], 8, 2, 128, 16, torch.bfloat16, seed=6)
+    check(TritonAttentionBackend(), *step, torch.bfloat16)
+
+
+@device_test
+def test_strided_q_and_layer_slice_cache():
+    # q sliced out of a fused qkv projection; the cache is one layer of a [L, 2, ...] tensor.
+    q, k, v, kv_cache, meta = make_step(MIXED_QUERY, MIXED_CONTEXT, 8, 2, 64, 16,
+                                        torch.float16, seed=9, cache_prefix=3)
+    qkv = torch.cat([q, k, v], dim=1)  # [T, Hq + 2 Hkv, D]
+    q_view, k_view, v_view = qkv[:, :8], qkv[:, 8:10], qkv[:, 10:]
+    assert not q_view.is_contiguous()
+    check(TritonAttentionBackend(triton_kv_write=True), q_view, k_view, v_view, kv_cache, meta,
+          torch.float16)
+
+
+@device_test
+def test_torch_kv_write_option_matches():
+    step = make_step(MIXED_QUERY, MIXED_CONTEXT, 8, 2, 128, 64, torch.bfloat16, seed=12)
+    check(TritonAttentionBackend(triton_kv_write=False), *step, torch.bfloat16)
+
+
+@device_test
+def test_same_result_as_torch_backend():
+    q, k, v, kv_cache, meta = make_step(MIXED_QUERY, MIXED_CONTEXT, 8, 2, 64, 16,
+                                        torch.float32, seed=13)
+    torch_cache = kv_cache.clone()
+    scale = 0.125
+    ref = TorchAttentionBackend().forward(q, k, v, torch_cache, meta, scale)
+    out = TritonAttentionBackend().forward(q, k, v, kv_cache, meta, scale)
+    assert torch.equal(kv_cache, torch_cache)
+    assert ((out - ref).norm() / ref.norm()).item() < 1e-3
+
+
+def test_plan_splits_only_small_long_decodes():
+    common = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, elem_size=2, num_sms=132)
+    assert plan_launch(1, 4096, 1, **common).num_segments > 1
+    assert plan_launch(1, 4096, 128, **common).num_segments == 1
+    assert plan_launch(1, 100, 1, **common).num_segments == 1
+    assert plan_launch(512, 4096, 1, **common).num_segments == 1
+    prefill = plan_launch(8192, 8192, 1, **common)
+    assert prefill.block_m == 128 and prefill.block_q == 32
+
+
+@device_test
+def test_triton_kv_write_skips_negative_slots():
+    from hifc.layers.triton_kv_write import triton_write_kv_cache
+    _, k, v, kv_cache, meta = make_step([3, 1], [5, 20], 4, 2, 64, 16, torch.float16, seed=14)
+    slots = meta.slot_mapping.clone()
+    slots[1] = -1  # a padding token
+    expected = kv_cache.clone()
+    keep = slots >= 0
+    write_kv_cache(k[keep], v[keep], expected, slots[keep])
+    triton_write_kv_cache(k, v, kv_cache, slots)
+    assert torch.equal(kv_cache, expected)
