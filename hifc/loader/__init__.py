@@ -8,7 +8,6 @@ from types import MappingProxyType
 
 import torch
 
-from hifc.loader.gguf_file import gguf_arch, iter_gguf_weights, open_gguf
 from hifc.loader.hf import iter_safetensors, read_hf_arch, safetensors_files
 from hifc.loader.random_weights import init_random_weights
 from hifc.loader.tokenizer import Tokenizer, has_tokenizer
@@ -73,6 +72,9 @@ def _load_hf_dir(model_dir: Path, dtype: torch.dtype, device: torch.device) -> L
 
 
 def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device, name: str) -> LoadedModel:
+    # Imported here so that HF directories and random presets load without the gguf package.
+    from hifc.loader.gguf_file import gguf_arch, iter_gguf_weights, open_gguf
+
     reader = open_gguf(path)
     arch = gguf_arch(reader, path)
     model = LlamaForCausalLM(arch, dtype, device)
