@@ -112,6 +112,8 @@ class FaultyIO(FileIO):
         got = self.inner.read(buf, file_offset)
         pos = min(fault.byte_offset, buf.numel() - 1)
         buf[pos:pos + 1].bitwise_xor_(1)  # flip the lowest bit of one byte
+        if buf.is_cuda:  # done before the caller's stream reads the buffer
+            torch.cuda.current_stream(buf.device).synchronize()
         return got
 
     def close(self) -> None:

@@ -14,6 +14,7 @@ import os
 import torch
 
 from hifc.tiers.io_base import FileIO, host_view
+from hifc.tiers.posix_io import open_data_fd
 
 
 def kvikio_available() -> bool:
@@ -27,6 +28,14 @@ def kvikio_available() -> bool:
     return True
 
 
+def _gds_driver_present() -> bool:
+    try:
+        import kvikio.cufile_driver
+        return bool(kvikio.cufile_driver.get("is_gds_available"))
+    except Exception:  # cuFile library missing or driver not loadable
+        return False
+
+
 class KvikioIO(FileIO):
     name = "kvikio"
 
@@ -38,9 +47,11 @@ class KvikioIO(FileIO):
         import kvikio
         import kvikio.defaults
 
-        settings = {"num_threads": io_threads}
-        for key in ("auto_direct_io_read", "auto_direct_io_write"):
-            settings[key] = bool(want_direct)
+        # kvikio opens its own O_DIRECT descriptor; probe first whether the file system takes it.
+        fd, direct, note = open_data_fd(control_fd, path, want_direct)
+        os.close(fd)
+        settings = {"num_threads": io_threads, "auto_direct_io_read": direct,
+                    "auto_direct_io_write": direct}
         for key, value in settings.items():
             try:
                 kvikio.defaults.set(key, value)  # process-wide kvikio setting
@@ -49,12 +60,12 @@ class KvikioIO(FileIO):
         proc = f"/proc/self/fd/{control_fd}"
         self._file = kvikio.CuFile(proc if os.path.exists(proc) else path, "r+")
         compat = kvikio.defaults.is_compat_mode_preferred()
-        self.direct = bool(want_direct)
-        self.gds = not compat
-        self.notes.append(f"kvikio {kvikio.__version__}: "
-                          + ("compat mode (no GDS driver: POSIX I/O via kvikio bounce buffers)"
-                             if compat else "GPUDirect Storage")
-                          + f", {io_threads} threads, O_DIRECT {'on' if want_direct else 'off'}")
+        self.direct = direct
+        self.gds = not compat and _gds_driver_present()
+        mode = ("GPUDirect Storage (nvidia-fs driver present)" if self.gds else
+                "cuFile without the nvidia-fs driver (cuFile compat path)" if not compat else
+                "compat mode (no GDS: POSIX I/O through kvikio bounce buffers)")
+        self.notes.append(f"kvikio {kvikio.__version__}: {mode}, {io_threads} threads; {note}")
 
     def staging_device(self, kv_device: torch.device) -> torch.device:
         return torch.device(kv_device)

@@ -47,7 +47,8 @@ class _WorkerBuffers:
     def __init__(self, nbytes: int, kv_device: torch.device, io_device: torch.device):
         self.kv_device = kv_device
         on_gpu = kv_device.type == "cuda"
-        self.host = aligned_empty(nbytes, torch.device("cpu"), pin=on_gpu)
+        # zero-filled so that its pages are faulted in now, not during the first swaps
+        self.host = aligned_empty(nbytes, torch.device("cpu"), pin=on_gpu).zero_()
         self.device = aligned_empty(nbytes, kv_device) if on_gpu else None
         self.io = self.device if on_gpu and io_device.type == "cuda" else self.host
         self.stream = torch.cuda.Stream(kv_device) if on_gpu else None

@@ -58,6 +58,15 @@ def test_round_trip_across_wrap_and_chunks(flash, layout):
     assert stats["allocator"]["wraps"] == 1 and stats["allocator"]["backward_jumps"] == 0
 
 
+def test_scattered_blocks_in_one_chunk(flash):
+    """More runs of GPU ids in one chunk than slice copies are worth: one index kernel."""
+    geometry = KVGeometry(1, 1, 16, 16, "float32")  # 1 KiB slices
+    tier = flash(geometry, num_blocks=64, chunk_mib=1)
+    kv = random_kv(geometry, 48, seed=3)
+    perm = random.Random(3).sample(range(48), 48)
+    round_trip(tier, kv, perm, list(reversed(perm)))
+
+
 class RecordingIO(FileIO):
     """Wraps a backend and records every I/O's offset, length and buffer address."""
 

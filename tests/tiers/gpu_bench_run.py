@@ -1,0 +1,94 @@
+"""One-shot GPU-machine benchmark of the flash tier (not a test; run by hand on the device).
+
+    PYTHONPATH=. python3 tests/tiers/gpu_bench_run.py [--size-gib 4] [--dir DIR] [--out OUT]
+
+Runs ``hifc bench io`` for kvikio and POSIX backends, both layouts, on a GPU KV cache (and one
+CPU KV cache run), then ``hifc bench init`` at two sizes, and writes everything to
+``OUT/results.json`` with a summary table on stdout.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import time
+
+from hifc.bench import init as bench_init
+from hifc.bench import io as bench_io
+
+IO_RUNS = [
+    ("kvikio/block-record/cuda", ["--backend", "kvikio", "--layout", "block-record"]),
+    ("kvikio/layer-kv/cuda", ["--backend", "kvikio", "--layout", "layer-kv"]),
+    ("posix/block-record/cuda", ["--backend", "posix", "--layout", "block-record"]),
+    ("posix/layer-kv/cuda", ["--backend", "posix", "--layout", "layer-kv"]),
+    ("posix/block-record/cpu", ["--backend", "posix", "--layout", "block-record",
+                                "--device", "cpu"]),
+]
+
+
+def parse(argv):
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    bench_io.register(sub)
+    bench_init.register(sub)
+    return parser.parse_args(argv)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size-gib", default="4")
+    ap.add_argument("--init-sizes", default="8,32")
+    ap.add_argument("--threads", default="8")
+    ap.add_argument("--dir", default=".")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    opts = ap.parse_args()
+    print(subprocess.run(["df", "-hT", opts.dir], capture_output=True, text=True).stdout)
+    results = {"io": {}, "init": {}}
+    for name, extra in IO_RUNS:
+        print(f"== bench io {name}", flush=True)
+        start = time.perf_counter()
+        path = os.path.join(opts.dir, "hifc-bench-io.kvc")
+        argv = ["io", "--path", path, "--size-gib", opts.size_gib, "--threads", opts.threads,
+                "--json", os.path.join(opts.out, "last.json"), *extra]
+        if "--device" not in extra:
+            argv += ["--device", "cuda"]
+        try:
+            args = parse(argv)
+            args.func(args)
+            with open(os.path.join(opts.out, "last.json")) as f:
+                results["io"][name] = json.load(f)
+        except Exception as exc:  # keep going: one backend failing must not hide the others
+            print(f"   FAILED: {type(exc).__name__}: {exc}")
+            results["io"][name] = {"error": f"{type(exc).__name__}: {exc}"}
+        print(f"   ({time.perf_counter() - start:.1f} s)", flush=True)
+    for size in opts.init_sizes.split(","):
+        print(f"== bench init {size} GiB", flush=True)
+        path = os.path.join(opts.dir, "hifc-bench-init.kvc")
+        argv = ["init", "--size-gib", size, "--path", path, "--device", "cuda",
+                "--json", os.path.join(opts.out, "last.json")]
+        try:
+            args = parse(argv)
+            args.func(args)
+            with open(os.path.join(opts.out, "last.json")) as f:
+                results["init"][size] = json.load(f)
+        except Exception as exc:
+            print(f"   FAILED: {type(exc).__name__}: {exc}")
+            results["init"][size] = {"error": f"{type(exc).__name__}: {exc}"}
+    os.remove(os.path.join(opts.out, "last.json"))
+    with open(os.path.join(opts.out, "results.json"), "w") as f:
+        json.dump(results, f, indent=2)
+    print(f"\n{'run':<26}{'seqW':>7}{'seqR':>7}{'rndW':>7}{'rndR':>7}{'rawW':>7}{'rawR':>7}"
+          f"{'W/raw':>7}{'R/raw':>7}  exact")
+    for name, r in results["io"].items():
+        if "error" in r:
+            print(f"{name:<26} error")
+            continue
+        print(f"{name:<26}" + "".join(f"{r[k]:>7.2f}" for k in (
+            "seq_write_gibps", "seq_read_gibps", "rand_write_gibps", "rand_read_gibps",
+            "raw_seq_write_gibps", "raw_seq_read_gibps", "seq_write_vs_raw", "seq_read_vs_raw"))
+            + f"  {r['verified_bit_exact']}")
+
+
+if __name__ == "__main__":
+    main()
