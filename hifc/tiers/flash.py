@@ -77,6 +77,7 @@ class FlashTier(KVTier):
         self.faults = FaultInjector() if fault_injection else None
         self.io = FaultyIO(io, self.faults) if self.faults is not None else io
         chunk_blocks = max(1, (chunk_mib << 20) // self.layout.per_block_file_bytes)
+        chunk_blocks = min(chunk_blocks, num_blocks)  # no staging larger than the whole tier
         self.swapper = ChunkSwapper(self.layout, self.io, self.cache_file.epoch, chunk_blocks,
                                     num_buffers=io_threads, device=device)
 

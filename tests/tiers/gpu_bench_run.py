@@ -35,6 +35,11 @@ def parse(argv):
     return parser.parse_args(argv)
 
 
+def save(results: dict, out: str) -> None:
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(results, f, indent=2)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--size-gib", default="4")
@@ -43,7 +48,7 @@ def main() -> None:
     ap.add_argument("--dir", default=".")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     opts = ap.parse_args()
-    print(subprocess.run(["df", "-hT", opts.dir], capture_output=True, text=True).stdout)
+    print(subprocess.run(["df", "-hT", opts.dir, "/tmp"], capture_output=True, text=True).stdout)
     results = {"io": {}, "init": {}}
     for name, extra in IO_RUNS:
         print(f"== bench io {name}", flush=True)
@@ -62,6 +67,7 @@ def main() -> None:
             print(f"   FAILED: {type(exc).__name__}: {exc}")
             results["io"][name] = {"error": f"{type(exc).__name__}: {exc}"}
         print(f"   ({time.perf_counter() - start:.1f} s)", flush=True)
+        save(results, opts.out)
     for size in opts.init_sizes.split(","):
         print(f"== bench init {size} GiB", flush=True)
         path = os.path.join(opts.dir, "hifc-bench-init.kvc")
@@ -75,9 +81,8 @@ def main() -> None:
         except Exception as exc:
             print(f"   FAILED: {type(exc).__name__}: {exc}")
             results["init"][size] = {"error": f"{type(exc).__name__}: {exc}"}
+        save(results, opts.out)
     os.remove(os.path.join(opts.out, "last.json"))
-    with open(os.path.join(opts.out, "results.json"), "w") as f:
-        json.dump(results, f, indent=2)
     print(f"\n{'run':<26}{'seqW':>7}{'seqR':>7}{'rndW':>7}{'rndR':>7}{'rawW':>7}{'rawR':>7}"
           f"{'W/raw':>7}{'R/raw':>7}  exact")
     for name, r in results["io"].items():
