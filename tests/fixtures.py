@@ -5,9 +5,15 @@ fixed text, and random transformers models small enough (~0.5 MB) to write in mi
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
+
+# Tests never reach a hub; effective when this module is imported before huggingface_hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 TINY_ARCHS = ("llama", "llama3", "qwen2", "mistral")
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # ids 0, 1, 2
@@ -104,7 +110,7 @@ def make_tiny_hf_model(path: Path, arch: str, dtype: str = "float32", sharded: b
                 param.normal_(0.0, 0.2)
             elif "norm" in name:
                 param.uniform_(0.8, 1.2)
-    model.to(getattr(torch, dtype))
+    model.to(_DTYPES[dtype])
     model.save_pretrained(str(path), max_shard_size="150KB" if sharded else "1GB")
     return path
 
