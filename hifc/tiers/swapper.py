@@ -90,6 +90,9 @@ class ChunkSwapper:
 
     # -- buffers and tensor views ------------------------------------------------------------
     def _pool(self, kv_device: torch.device) -> queue.SimpleQueue:
+        kv_device = torch.device(kv_device)
+        if kv_device.type == "cuda" and kv_device.index is None:  # "cuda" means the current one
+            kv_device = torch.device("cuda", torch.cuda.current_device())
         with self._lock:
             pool = self._pools.get(kv_device)
             if pool is None:

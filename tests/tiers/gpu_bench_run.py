@@ -47,10 +47,14 @@ def main() -> None:
     ap.add_argument("--threads", default="8")
     ap.add_argument("--dir", default=".")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--runs", default="", help="comma-separated substrings selecting io runs")
     opts = ap.parse_args()
     print(subprocess.run(["df", "-hT", opts.dir, "/tmp"], capture_output=True, text=True).stdout)
     results = {"io": {}, "init": {}}
+    wanted = [w for w in opts.runs.split(",") if w]
     for name, extra in IO_RUNS:
+        if wanted and not any(w in name for w in wanted):
+            continue
         print(f"== bench io {name}", flush=True)
         start = time.perf_counter()
         path = os.path.join(opts.dir, "hifc-bench-io.kvc")
@@ -68,7 +72,7 @@ def main() -> None:
             results["io"][name] = {"error": f"{type(exc).__name__}: {exc}"}
         print(f"   ({time.perf_counter() - start:.1f} s)", flush=True)
         save(results, opts.out)
-    for size in opts.init_sizes.split(","):
+    for size in [x for x in opts.init_sizes.split(",") if x]:
         print(f"== bench init {size} GiB", flush=True)
         path = os.path.join(opts.dir, "hifc-bench-init.kvc")
         argv = ["init", "--size-gib", size, "--path", path, "--device", "cuda",
@@ -82,7 +86,8 @@ def main() -> None:
             print(f"   FAILED: {type(exc).__name__}: {exc}")
             results["init"][size] = {"error": f"{type(exc).__name__}: {exc}"}
         save(results, opts.out)
-    os.remove(os.path.join(opts.out, "last.json"))
+    if os.path.exists(os.path.join(opts.out, "last.json")):
+        os.remove(os.path.join(opts.out, "last.json"))
     print(f"\n{'run':<26}{'seqW':>7}{'seqR':>7}{'rndW':>7}{'rndR':>7}{'rawW':>7}{'rawR':>7}"
           f"{'W/raw':>7}{'R/raw':>7}  exact")
     for name, r in results["io"].items():
