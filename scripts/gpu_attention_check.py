@@ -38,16 +38,30 @@ DEVICE = "cuda"
 
 
 def run_tests() -> dict:
-    cmd = [sys.executable, "-m", "pytest", "tests/layers/test_triton_attention.py", "-q", "-rs",
-           "-p", "no:cacheprovider"]
+    cmd = [sys.executable, "-m", "pytest", "tests/layers/test_triton_attention.py", "-q", "-rfs",
+           "-p", "no:cacheprovider", "--tb=line"]
     if importlib.util.find_spec("xdist") is not None:
         cmd += ["-n", "8"]
+    errlog = os.path.abspath("attention_test_errors.txt")
+    if os.path.exists(errlog):
+        os.remove(errlog)
     start = time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    print(proc.stdout[-6000:], proc.stderr[-3000:], sep="\n")
+    proc = subprocess.run(cmd, capture_output=True, text=True,
+                          env={**os.environ, "HIFC_ATTN_ERRLOG": errlog})
+    print(proc.stdout[-6000:], proc.stderr[-2000:], sep="\n")
+    errors = {}
+    if os.path.exists(errlog):
+        with open(errlog) as f:
+            for line in f:
+                name, err = line.split()
+                errors[name.split("::")[-1]] = float(err)
+        os.remove(errlog)
+    print("relative error per test case (vs fp32 reference):")
+    for name in sorted(errors):
+        print(f"  {name:60s} {errors[name]:.2e}")
     return {"cmd": " ".join(cmd), "returncode": proc.returncode,
             "summary": proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else "",
-            "seconds": round(time.time() - start, 1)}
+            "seconds": round(time.time() - start, 1), "errors": errors}
 
 
 def make_step(batch: int, context_len: int, query_len: int, seed: int):
@@ -80,6 +94,20 @@ def bench_ms(fn) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
+def graph_ms(fn) -> float:
+    """fn captured in a CUDA graph and replayed: the kernels' time without Python launch gaps."""
+    fn()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return bench_ms(graph.replay)
+
+
 def copy_bandwidth_gbs() -> float:
     src = torch.randn(1 << 29, device=DEVICE, dtype=DTYPE)  # 1 GiB
     dst = torch.empty_like(src)
@@ -91,8 +119,9 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.float() - ref).norm() / ref.norm()).item()
 
 
-def time_variants(name, step, plans, extra_cols):
-    """Check each plan against the fp32 reference, then time it. Returns result rows."""
+def time_variants(name, step, plans, extra_cols, use_graph=False):
+    """Check each plan against the fp32 reference, then time it (eager, and replayed from a CUDA
+    graph if use_graph; extra_cols gets the graph time when there is one). Returns result rows."""
     q, _, _, kv_cache, meta = step
     scale = 1.0 / math.sqrt(HEAD_DIM)
     ref = reference_paged_attention(q.float(), kv_cache.float(), meta, scale)
@@ -102,12 +131,15 @@ def time_variants(name, step, plans, extra_cols):
         paged_attention(q, kv_cache, meta, scale, plan, out)
         err = rel_err(out, ref)
         bad = bool(torch.isnan(out).any()) or err > 1e-2
-        ms = bench_ms(lambda: paged_attention(q, kv_cache, meta, scale, plan, out))
+        call = lambda: paged_attention(q, kv_cache, meta, scale, plan, out)  # noqa: E731
+        ms = bench_ms(call)
+        g_ms = graph_ms(call) if use_graph else None
         row = {"case": name, "variant": label, "plan": dataclasses.asdict(plan), "ms": ms,
-               "rel_err": err, "ok": not bad}
-        row.update(extra_cols(ms))
+               "graph_ms": g_ms, "rel_err": err, "ok": not bad}
+        row.update(extra_cols(g_ms or ms))
         rows.append(row)
-        print(f"  {name:18s} {label:26s} {ms * 1e3:9.1f} us  err {err:.1e}"
+        print(f"  {name:18s} {label:26s} {ms * 1e3:9.1f} us  graph "
+              f"{(g_ms or 0) * 1e3:7.1f} us  err {err:.1e}"
               f"{'  FAILED' if bad else ''}", flush=True)
     return rows
 
@@ -119,18 +151,19 @@ def decode_rows(batch: int, copy_gbs: float) -> list[dict]:
     kv_bytes = 2 * batch * (context + 1) * NUM_KV_HEADS * HEAD_DIM * kv_cache.element_size()
     chosen = TritonAttentionBackend().plan(q, kv_cache, meta)
     base = dataclasses.replace(chosen, num_segments=1)
-    plans = [("auto " + (f"split{chosen.num_segments}" if chosen.num_segments > 1 else "2d"),
-              chosen)]
-    for tile, warps, stages in [(64, 4, 3), (32, 4, 4), (128, 4, 2), (64, 8, 3)]:
+    plans = [("auto " + (f"split{chosen.num_segments}" if chosen.num_segments > 1 else "2d")
+              + f" t{chosen.tile} w{chosen.num_warps} s{chosen.num_stages}", chosen)]
+    for tile, warps, stages in [(64, 4, 3), (128, 4, 2), (128, 4, 3), (128, 8, 2)]:
         plans.append((f"2d t{tile} w{warps} s{stages}",
                       dataclasses.replace(base, tile=tile, num_warps=warps, num_stages=stages)))
-    for segments in (4, 16, 32):
-        plans.append((f"split{segments} t64 w4 s3", dataclasses.replace(base, num_segments=segments)))
+    for segments in (2, 4, 8, 16, 32):
+        plans.append((f"split{segments} t{base.tile} w{base.num_warps} s{base.num_stages}",
+                      dataclasses.replace(base, num_segments=segments)))
 
     def cols(ms):
         gbs = kv_bytes / ms / 1e6
         return {"kv_gb": kv_bytes / 1e9, "gbs": gbs, "pct_copy": 100 * gbs / copy_gbs}
-    return time_variants(f"decode B={batch} 4k", step, plans, cols)
+    return time_variants(f"decode B={batch} 4k", step, plans, cols, use_graph=True)
 
 
 def prefill_rows(num_tokens: int) -> list[dict]:
@@ -138,9 +171,10 @@ def prefill_rows(num_tokens: int) -> list[dict]:
     q, _, _, kv_cache, meta = step
     flops = 4 * NUM_Q_HEADS * HEAD_DIM * num_tokens * (num_tokens + 1) / 2  # causal QK^T + PV
     chosen = TritonAttentionBackend().plan(q, kv_cache, meta)
-    plans = [("auto", chosen)]
-    for block_m, tile, warps, stages in [(128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3),
-                                         (128, 32, 4, 3)]:
+    plans = [(f"auto m{chosen.block_m} t{chosen.tile} w{chosen.num_warps} s{chosen.num_stages}",
+              chosen)]
+    for block_m, tile, warps, stages in [(128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3),
+                                         (64, 128, 4, 2)]:
         plans.append((f"m{block_m} t{tile} w{warps} s{stages}",
                       LaunchPlan(block_m, block_m // (NUM_Q_HEADS // NUM_KV_HEADS), tile, 1,
                                  warps, stages)))
@@ -179,14 +213,17 @@ def kv_write_rows() -> list[dict]:
 
 def print_table(rows: list[dict], copy_gbs: float) -> None:
     print(f"\ndevice-to-device copy: {copy_gbs:.0f} GB/s (read + write)")
-    print(f"{'case':18s} {'variant':26s} {'time us':>9s} {'GB/s':>7s} {'%copy':>6s} "
-          f"{'TFLOP/s':>8s} {'rel err':>8s} ok")
+    print("time: do_bench median, L2 flushed; graph: the same call replayed from a CUDA graph "
+          "(GB/s and %copy from graph time where there is one)")
+    print(f"{'case':18s} {'variant':26s} {'time us':>9s} {'graph us':>9s} {'GB/s':>7s} "
+          f"{'%copy':>6s} {'TFLOP/s':>8s} {'rel err':>8s} ok")
     for r in rows:
         gbs = f"{r['gbs']:.0f}" if "gbs" in r else ""
         pct = f"{r['pct_copy']:.0f}" if "pct_copy" in r else ""
         tfl = f"{r['tflops']:.0f}" if "tflops" in r else ""
         err = f"{r['rel_err']:.1e}" if "rel_err" in r else ""
-        print(f"{r['case']:18s} {r['variant']:26s} {r['ms'] * 1e3:9.1f} {gbs:>7s} {pct:>6s} "
+        graph = f"{r['graph_ms'] * 1e3:.1f}" if r.get("graph_ms") else ""
+        print(f"{r['case']:18s} {r['variant']:26s} {r['ms'] * 1e3:9.1f} {graph:>9s} {gbs:>7s} {pct:>6s} "
               f"{tfl:>8s} {err:>8s} {'yes' if r['ok'] else 'NO'}")
 
 
