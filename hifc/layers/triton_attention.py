@@ -239,20 +239,24 @@ def plan_launch(max_query_len: int, max_seq_len: int, num_seqs: int, num_q_heads
     block_m = min(max_block_m, max(16, _next_pow2(max_query_len * group)))
     block_m = max(block_m, 16, _next_pow2(group))
     block_q = block_m // group
+    # Tile shapes measured on an H200 (docs/RESULTS.md, "Triton paged attention (issue 2)").
     if elem_size > 2 or head_dim_pad > 128:
         tile, num_warps, num_stages = 32, 4 if block_m <= 64 else 8, 2
     elif block_m >= 128:
-        tile, num_warps, num_stages = 128, 8, 2  # H200: prefill 8k, 1954 us vs 2214 with tile 64
+        tile, num_warps, num_stages = 128, 8, 2  # prefill 8k: 1533 us; tile 64: 1709 us
     else:
-        tile, num_warps, num_stages = 128, 4, 2  # H200: decode B=128 4k, 499 us vs 537 tile 64
+        # decode B=128 4k: 494 us (3 stages, block_m 16), 502 (2 stages); tile 64: 544 us
+        tile, num_warps, num_stages = 128, 4, 3 if block_m <= 16 else 2
     num_segments = 1
     programs = num_seqs * num_kv_heads
     if split_kv is None:
-        split_kv = max_query_len == 1 and programs < 2 * num_sms and max_seq_len >= 8 * tile
+        # Split only when one program per (sequence, KV head) leaves most SMs idle: at B=32 with
+        # 8 KV heads (256 programs) splitting was slower (147-179 us vs 137), at B=1 4x faster.
+        split_kv = max_query_len == 1 and 2 * programs <= num_sms and max_seq_len >= 8 * tile
     if split_kv:
-        # Aim at ~4 programs per SM, each with at least 2 KV tiles; a power of two bounds the
+        # About one program per SM, each with at least 2 KV tiles; a power of two bounds the
         # number of compiled variants.
-        want = max(2, min(-(-4 * num_sms // programs), max_seq_len // (2 * tile), 64))
+        want = max(2, min(-(-num_sms // programs), max_seq_len // (2 * tile), 64))
         num_segments = 1 << (want.bit_length() - 1)
     return LaunchPlan(block_m, block_q, tile, num_segments, num_warps, num_stages)
 

@@ -206,7 +206,8 @@ def test_same_result_as_torch_backend():
 
 def test_plan_splits_only_small_long_decodes():
     common = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, elem_size=2, num_sms=132)
-    assert plan_launch(1, 4096, 1, **common).num_segments > 1
+    assert plan_launch(1, 4096, 1, **common).num_segments == 16
+    assert plan_launch(1, 4096, 32, **common).num_segments == 1
     assert plan_launch(1, 4096, 128, **common).num_segments == 1
     assert plan_launch(1, 100, 1, **common).num_segments == 1
     assert plan_launch(512, 4096, 1, **common).num_segments == 1
