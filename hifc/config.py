@@ -11,6 +11,9 @@ from dataclasses import dataclass, fields
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
+KV_OFFLOAD = ("none", "dram", "flash")
+FLASH_POLICIES = ("append", "left-append")
+PREEMPTION = ("recompute", "swap", "auto")
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,15 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9  # fraction of GPU memory for weights + activations + KV
     seed: int = 0
     attention_backend: str = "auto"  # auto = triton on CUDA, torch elsewhere
+    # Where preempted sequences' KV goes (HiFC): nowhere (recompute), pinned DRAM, or flash.
+    kv_offload: str = "none"
+    flash_path: str | None = None  # cache file of the flash tier (created preallocated)
+    flash_size_gib: float | None = None  # size of the flash tier
+    flash_policy: str = "append"  # append (sequential log) | left-append (lowest free block)
+    flash_io_threads: int = 8
+    swap_space: float | None = None  # GiB of pinned DRAM for kv_offload="dram" (vLLM's name)
+    preemption: str | None = None  # recompute | swap | auto; default: swap with a tier
+    tier_fault_injection: bool = False  # tests: expose engine.tier.faults
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -52,6 +64,7 @@ class EngineConfig:
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, "
                              f"got {self.attention_backend!r}")
+        self._validate_offload()
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         if self.max_num_batched_tokens is not None:
@@ -63,6 +76,35 @@ class EngineConfig:
                 raise ValueError(
                     f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
                     f"max_model_len ({self.max_model_len}): prompts are prefilled in one step")
+
+    def _validate_offload(self) -> None:
+        if self.kv_offload not in KV_OFFLOAD:
+            raise ValueError(f"kv_offload must be one of {', '.join(KV_OFFLOAD)}, "
+                             f"got {self.kv_offload!r}")
+        if self.flash_policy not in FLASH_POLICIES:
+            raise ValueError(f"flash_policy must be one of {', '.join(FLASH_POLICIES)}, "
+                             f"got {self.flash_policy!r}")
+        if self.preemption is not None and self.preemption not in PREEMPTION:
+            raise ValueError(f"preemption must be one of {', '.join(PREEMPTION)}, "
+                             f"got {self.preemption!r}")
+        if self.kv_offload == "none" and self.preemption in ("swap", "auto"):
+            raise ValueError(f"preemption={self.preemption!r} needs a swap tier: set kv_offload "
+                             "to dram or flash")
+        if self.kv_offload == "flash":
+            if not self.flash_path:
+                raise ValueError("kv_offload='flash' needs flash_path (the cache file to create)")
+            if self.flash_size_gib is None or not self.flash_size_gib > 0:
+                raise ValueError("kv_offload='flash' needs a positive flash_size_gib")
+        if self.kv_offload == "dram" and (self.swap_space is None or not self.swap_space > 0):
+            raise ValueError("kv_offload='dram' needs a positive swap_space (GiB)")
+        _positive_int("flash_io_threads", self.flash_io_threads)
+
+    @property
+    def preemption_mode(self) -> str:
+        """The preemption mode in effect: swap when a tier is configured, unless told otherwise."""
+        if self.preemption is not None:
+            return self.preemption
+        return "recompute" if self.kv_offload == "none" else "swap"
 
     @classmethod
     def from_options(cls, model: str | None = None, **options) -> "EngineConfig":

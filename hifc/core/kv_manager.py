@@ -35,20 +35,21 @@ class KVCacheManager:
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def _num_new_blocks(self, seq_id: str, num_tokens: int) -> int:
+    def num_new_blocks(self, seq_id: str, num_tokens: int) -> int:
+        """Blocks the sequence must add to hold ``num_tokens`` tokens."""
         return max(0, self.num_blocks_for(num_tokens) - len(self.block_table(seq_id)))
 
     def can_allocate(self, seq_id: str, num_tokens: int, use_watermark: bool = False) -> AllocStatus:
         """Whether the sequence can hold ``num_tokens`` tokens in total."""
         if self.num_blocks_for(num_tokens) > self.pool.num_blocks:
             return AllocStatus.NEVER
-        need = self._num_new_blocks(seq_id, num_tokens)
+        need = self.num_new_blocks(seq_id, num_tokens)
         reserve = self.watermark_blocks if use_watermark else 0
         return AllocStatus.OK if self.pool.num_free_blocks - need >= reserve else AllocStatus.LATER
 
     def allocate(self, seq_id: str, num_tokens: int) -> list[int]:
         """Grow the sequence's block table to hold ``num_tokens`` tokens; returns the new ids."""
-        new_ids = self.pool.allocate(self._num_new_blocks(seq_id, num_tokens))
+        new_ids = self.pool.allocate(self.num_new_blocks(seq_id, num_tokens))
         self._block_tables.setdefault(seq_id, []).extend(new_ids)
         return new_ids
 

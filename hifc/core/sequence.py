@@ -9,6 +9,9 @@ from hifc.sampling_params import SamplingParams
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
+    SWAPPING_OUT = "swapping_out"  # KV being written to the tier; GPU blocks still held
+    SWAPPED = "swapped"  # KV only in the tier
+    SWAPPING_IN = "swapping_in"  # KV being read back into freshly allocated GPU blocks
     FINISHED_STOPPED = "stop"
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "abort"

@@ -2,14 +2,34 @@
 import pytest
 
 from hifc.core.kv_manager import AllocStatus, KVCacheManager
+from hifc.core.preemption import PreemptionMode, PreemptionPolicy
 from hifc.core.scheduler import Scheduler, SchedulerLimits
 from hifc.core.sequence import Sequence, SequenceStatus
 from hifc.sampling_params import SamplingParams
 
 
-def make_scheduler(num_blocks=8, block_size=16, max_num_seqs=8, max_len=128):
+class FakeTier:
+    """The block space of a swap tier, torch-free (what the scheduler sees of one)."""
+
+    def __init__(self, num_blocks):
+        self.free_ids = list(range(num_blocks))
+
+    def can_reserve(self, n):
+        return n <= len(self.free_ids)
+
+    def reserve(self, n):
+        ids, self.free_ids = self.free_ids[:n], self.free_ids[n:]
+        return ids
+
+    def free(self, ids):
+        self.free_ids.extend(ids)
+
+
+def make_scheduler(num_blocks=8, block_size=16, max_num_seqs=8, max_len=128, mode="recompute",
+                   tier=None):
     kv = KVCacheManager(num_blocks, block_size, watermark=0.0)
-    return Scheduler(SchedulerLimits(max_num_seqs, max(max_len, max_num_seqs), max_len), kv), kv
+    limits = SchedulerLimits(max_num_seqs, max(max_len, max_num_seqs), max_len)
+    return Scheduler(limits, kv, PreemptionPolicy(mode, block_bytes=4096), tier), kv
 
 
 def make_seq(rid, n_prompt, max_tokens=100, arrival=0):
@@ -93,3 +113,80 @@ def test_core_does_not_import_torch():
     code = ("import sys; sys.modules['torch'] = None\n"
             "import hifc.core.scheduler, hifc.core.kv_manager, hifc.core.sequence\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def fill_two_sequences(sched, seqs):
+    """Two 16-token prompts in a 4-block pool, decoded until both need a third block."""
+    for s in seqs.values():
+        sched.add(s)
+    for _ in range(17):
+        run_step(sched, seqs)
+
+
+def test_swap_out_holds_gpu_blocks_until_the_write_completes():
+    tier = FakeTier(16)
+    sched, kv = make_scheduler(num_blocks=4, mode="swap", tier=tier)
+    seqs = {f"r{i}": make_seq(f"r{i}", 16, arrival=i) for i in range(2)}
+    fill_two_sequences(sched, seqs)
+    out = sched.schedule()
+    assert [o.request_id for o in out.swap_out] == ["r1"]
+    assert out.swap_out[0].pairs == [(b, t) for b, t in zip(kv.block_table("r1"), [0, 1])]
+    assert out.scheduled == []  # r0 waits for r1's blocks instead of preempting itself
+    assert kv.num_free_blocks == 0 and len(tier.free_ids) == 14
+    sched.swap_out_done("r1", ok=True)
+    assert seqs["r1"].status is SequenceStatus.SWAPPED and kv.num_free_blocks == 2
+    out = sched.schedule()
+    assert [w.request_id for w in out.scheduled] == ["r0"] and out.swap_in == []
+    sched.update(out, [5], seqs)
+
+
+def test_swap_in_restores_and_failed_swap_falls_back_to_recompute():
+    tier = FakeTier(16)
+    sched, kv = make_scheduler(num_blocks=8, mode="swap", tier=tier)
+    seqs = {f"r{i}": make_seq(f"r{i}", 16, arrival=i, max_tokens=40) for i in range(2)}
+    for s in seqs.values():
+        sched.add(s)
+    run_step(sched, seqs)
+    victim = seqs["r1"]
+    out = sched.schedule()
+    sched._preempt(victim, out)  # force a swap-out of r1 (what a full pool would do)
+    sched.running.remove(victim)
+    computed = victim.num_computed_tokens
+    sched.swap_out_done("r1", ok=True)
+    out = sched.schedule()
+    assert [o.request_id for o in out.swap_in] == ["r1"]
+    assert victim.status is SequenceStatus.SWAPPING_IN
+    sched.swap_in_done("r1", ok=False)  # e.g. a checksum mismatch
+    assert victim.status is SequenceStatus.WAITING and victim.num_computed_tokens == 0
+    assert computed > 0 and sched.num_swap_failures == 1 and len(tier.free_ids) == 16
+
+
+def test_tier_full_preempts_by_recompute():
+    sched, kv = make_scheduler(num_blocks=4, mode="swap", tier=FakeTier(1))
+    seqs = {f"r{i}": make_seq(f"r{i}", 16, arrival=i) for i in range(2)}
+    fill_two_sequences(sched, seqs)
+    out = sched.schedule()
+    assert out.swap_out == [] and out.preempted_request_ids == ["r1"]
+    assert sched.num_recomputed_sequences == 1
+
+
+def test_abort_while_swapping_out_frees_everything_on_completion():
+    tier = FakeTier(16)
+    sched, kv = make_scheduler(num_blocks=4, mode="swap", tier=tier)
+    seqs = {f"r{i}": make_seq(f"r{i}", 16, arrival=i) for i in range(2)}
+    fill_two_sequences(sched, seqs)
+    sched.schedule()
+    sched.finish(seqs["r1"], SequenceStatus.FINISHED_ABORTED)
+    assert kv.num_free_blocks == 0  # I/O still in flight: nothing released yet
+    sched.swap_out_done("r1", ok=True)
+    assert kv.num_free_blocks == 2 and len(tier.free_ids) == 16
+    assert sched.tier_blocks_used == 0
+
+
+def test_auto_chooses_the_cheaper_preemption():
+    policy = PreemptionPolicy("auto", block_bytes=1 << 20)
+    assert policy.choose(4, 64) is PreemptionMode.SWAP  # nothing measured yet
+    policy.tier_bandwidth.add(1 << 30, 1.0)  # 1 GiB/s
+    policy.prefill_speed.add(10_000, 1.0)  # 10k tokens/s
+    assert policy.choose(num_blocks=4, num_tokens=256) is PreemptionMode.SWAP  # 8 ms vs 26 ms
+    assert policy.choose(num_blocks=64, num_tokens=64) is PreemptionMode.RECOMPUTE
