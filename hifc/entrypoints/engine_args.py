@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import argparse
 
-from hifc.config import ATTENTION_BACKENDS, BLOCK_SIZES, DTYPES, EngineConfig
+from hifc.config import (ATTENTION_BACKENDS, BLOCK_SIZES, DTYPES, FLASH_POLICIES, KV_OFFLOAD,
+                         PREEMPTION, EngineConfig)
 
 
 def add_engine_args(parser: argparse.ArgumentParser, model_default: str = "smollm2-135m") -> None:
@@ -21,6 +22,16 @@ def add_engine_args(parser: argparse.ArgumentParser, model_default: str = "smoll
     g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS)
+    t = parser.add_argument_group("KV swap tier")
+    t.add_argument("--kv-offload", default="none", choices=KV_OFFLOAD,
+                   help="where preempted sequences' KV goes")
+    t.add_argument("--flash-path", help="flash tier cache file (created preallocated, mode 0600)")
+    t.add_argument("--flash-size-gib", type=float, help="flash tier size in GiB")
+    t.add_argument("--flash-policy", default="append", choices=FLASH_POLICIES)
+    t.add_argument("--flash-io-threads", type=int, default=8)
+    t.add_argument("--swap-space", type=float, help="pinned DRAM tier size in GiB (--kv-offload dram)")
+    t.add_argument("--preemption", choices=PREEMPTION,
+                   help="recompute, swap or auto (default: swap when a tier is set)")
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -29,4 +40,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, num_gpu_blocks=args.num_gpu_blocks,
         kv_cache_gib=args.kv_cache_gib, gpu_memory_utilization=args.gpu_memory_utilization,
-        seed=args.seed, attention_backend=args.attention_backend)
+        seed=args.seed, attention_backend=args.attention_backend, kv_offload=args.kv_offload,
+        flash_path=args.flash_path, flash_size_gib=args.flash_size_gib,
+        flash_policy=args.flash_policy, flash_io_threads=args.flash_io_threads,
+        swap_space=args.swap_space, preemption=args.preemption)
