@@ -1,0 +1,65 @@
+"""The engine on a CUDA GPU: Triton attention, kvikio flash tier, pinned DRAM tier."""
+import random
+
+import pytest
+import torch
+
+from hifc import LLM, SamplingParams
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+
+
+def prompts(n, length, seed=0):
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 512) for _ in range(length - i)] for i in range(n)]
+
+
+def test_triton_engine_matches_torch_reference_on_gpu():
+    ps = prompts(6, 40)
+    ref = LLM("random:tiny-llama", device="cuda", dtype="float32", attention_backend="torch",
+              num_gpu_blocks=64, block_size=16).generate(ps, GREEDY, use_tqdm=False)
+    tri = LLM("random:tiny-llama", device="cuda", dtype="float32", attention_backend="triton",
+              num_gpu_blocks=64, block_size=16).generate(ps, GREEDY, use_tqdm=False)
+    assert [o.token_ids for o in tri] == [o.token_ids for o in ref]
+
+
+def test_smollm2_on_gpu_matches_transformers():
+    from tests.fixtures import hf_model_from_gguf, smollm2_gguf_path
+    llm = LLM("smollm2-135m", device="cuda", dtype="float32", max_model_len=512, block_size=16)
+    tok = llm.get_tokenizer()
+    texts = ["The capital of France is", "def fibonacci(n):"]
+    outs = llm.generate(texts, SamplingParams(max_tokens=32, temperature=0, ignore_eos=True),
+                        use_tqdm=False)
+    hf, _ = hf_model_from_gguf(smollm2_gguf_path())
+    hf = hf.cuda()
+    hf.generation_config.eos_token_id = None
+    for text, out in zip(texts, outs):
+        ids = tok.encode(text)
+        ref = hf.generate(torch.tensor([ids], device="cuda"), max_new_tokens=32,
+                          do_sample=False, pad_token_id=0)[0, len(ids):].tolist()
+        assert out.token_ids == ref
+
+
+@pytest.mark.parametrize("block_size", [16, 64])
+@pytest.mark.parametrize("kind", ["dram", "flash"])
+def test_swapping_on_gpu_keeps_outputs(kind, block_size, tmp_path):
+    ps = prompts(5, block_size - 4)
+    ref = LLM("random:tiny-llama", device="cuda", dtype="bfloat16", block_size=block_size,
+              num_gpu_blocks=64).generate(ps, GREEDY, use_tqdm=False)
+    tier = (dict(kv_offload="dram", swap_space=0.01) if kind == "dram" else
+            dict(kv_offload="flash", flash_path=str(tmp_path / "kv.hifc"), flash_size_gib=0.01))
+    llm = LLM("random:tiny-llama", device="cuda", dtype="bfloat16", block_size=block_size,
+              num_gpu_blocks=7, **tier)
+    outs = llm.generate(ps, GREEDY, use_tqdm=False)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in ref]
+    stats = llm.stats()
+    assert stats["swap_out_blocks"] > 0 and stats["swap_in_blocks"] == stats["swap_out_blocks"]
+    assert stats["recomputed_sequences"] == 0
+    assert stats["gpu_blocks_free"] == stats["gpu_blocks_total"]
+    if kind == "flash":
+        assert llm.engine.tier.stats()["backend"] == "kvikio"
+    llm.engine.close()
