@@ -1,11 +1,12 @@
 """``DramTier``: the baseline the paper compares with, vLLM-style swap space in host DRAM.
 
-One tensor ``[num_layers, 2, num_blocks, block_size, kv_heads, head_dim]`` (the same layout as
-the engine's KV cache), pinned when the KV cache is on a GPU, zero-filled at start as vLLM does (that
-allocation time grows with the size, the paper's Table 6). Swaps are gathers and scatters along
-the block dimension, run on the tier's worker thread on its own CUDA stream; the job interface,
-reservation and statistics are the same as the flash tier's. DRAM is not torn or stale, so no
-records or checksums are kept.
+One block-major tensor ``[num_blocks, num_layers, 2, block_size, kv_heads, head_dim]`` (a tier
+block is one contiguous record), pinned when the KV cache is on a GPU, zero-filled at start as
+vLLM does (that allocation time grows with the size, the paper's Table 6). A swap gathers the
+blocks on the device into a contiguous block-major buffer, then moves each run of consecutive
+tier blocks with one pinned DMA copy (and the reverse for swap-in), on the tier's worker thread
+and its own CUDA stream; the job interface, reservation and statistics are the same as the
+flash tier's. DRAM is not torn or stale, so no records or checksums are kept.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ class DramTier(KVTier):
         if pin and not torch.cuda.is_available():
             raise ValueError("a pinned DRAM tier needs CUDA")
         start = time.perf_counter()
-        self.pool = torch.zeros((g.num_layers, 2, num_blocks, g.block_size, g.num_kv_heads,
+        self.pool = torch.zeros((num_blocks, g.num_layers, 2, g.block_size, g.num_kv_heads,
                                  g.head_dim), dtype=TORCH_DTYPES[g.dtype], pin_memory=pin)
         self.init_seconds = time.perf_counter() - start
         self.pinned = pin
@@ -49,22 +50,22 @@ class DramTier(KVTier):
     def _copy(self, op: str, kv: torch.Tensor, pairs, ready) -> int:
         stream = self._stream(kv.device)
         ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
-        src_ids = [s for s, _ in pairs]
-        dst_ids = [d for _, d in pairs]
+        kv_ids = [p[0] for p in pairs] if op == SWAP_OUT else [p[1] for p in pairs]
+        tier_ids = [p[1] for p in pairs] if op == SWAP_OUT else [p[0] for p in pairs]
+        index = torch.tensor(kv_ids, dtype=torch.long, device=kv.device)
         with ctx:
             if ready is not None:
                 stream.wait_event(ready)
             if op == SWAP_OUT:
-                index = torch.tensor(src_ids, dtype=torch.long, device=kv.device)
-                blocks = kv.index_select(2, index).to("cpu")
-                self.pool.index_copy_(2, torch.tensor(dst_ids, dtype=torch.long), blocks)
+                staged = kv.index_select(2, index).permute(2, 0, 1, 3, 4, 5).contiguous()
+                for i, start, n in _runs(tier_ids):  # [n, L, 2, bs, H, D] per run
+                    self.pool[start:start + n].copy_(staged[i:i + n], non_blocking=True)
             else:
-                blocks = self.pool.index_select(2, torch.tensor(src_ids, dtype=torch.long))
-                if kv.is_cuda:
-                    blocks = blocks.pin_memory() if self.pinned else blocks
-                    blocks = blocks.to(kv.device, non_blocking=True)
-                index = torch.tensor(dst_ids, dtype=torch.long, device=kv.device)
-                kv.index_copy_(2, index, blocks)
+                staged = torch.empty((len(pairs), *self.pool.shape[1:]), dtype=kv.dtype,
+                                     device=kv.device)
+                for i, start, n in _runs(tier_ids):
+                    staged[i:i + n].copy_(self.pool[start:start + n], non_blocking=True)
+                kv.index_copy_(2, index, staged.permute(1, 2, 0, 3, 4, 5))
         if stream is not None:
             stream.synchronize()
         return len(pairs) * self.geometry.block_bytes
@@ -78,3 +79,14 @@ class DramTier(KVTier):
 
     def _shutdown(self) -> None:
         self.pool = None
+
+
+def _runs(ids: list[int]):
+    """(position in ids, first id, length) of each run of consecutive ids."""
+    i = 0
+    while i < len(ids):
+        n = 1
+        while i + n < len(ids) and ids[i + n] == ids[i] + n:
+            n += 1
+        yield i, ids[i], n
+        i += n
