@@ -7,7 +7,7 @@ import sys
 
 from hifc import analysis
 from hifc.bench import cli as bench_cli
-from hifc.entrypoints import generate
+from hifc.entrypoints import generate, server
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -15,6 +15,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     generate.register(sub)
     bench_cli.register(sub)
+    server.register(sub)
     analysis.register_all(sub)
     return parser
 

@@ -1,0 +1,88 @@
+"""``hifc serve``: the OpenAI-compatible HTTP server."""
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import os
+
+from hifc.entrypoints.engine_args import add_engine_args, engine_config_from_args
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_REQUEST_BYTES = 1 << 20
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server",
+                              description="Serve a model over an OpenAI-compatible HTTP API: "
+                              "/v1/models, /v1/completions, /v1/chat/completions, /health, "
+                              "/metrics (Prometheus).")
+    p.add_argument("model_tag", nargs="?", metavar="MODEL",
+                   help="model to serve (same as --model)")
+    s = p.add_argument_group("server")
+    s.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default loopback; elsewhere, set --api-key)")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--api-key", default=os.environ.get("HIFC_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1 (default: $HIFC_API_KEY)")
+    s.add_argument("--served-model-name", nargs="+",
+                   help="model name(s) clients use (default: the --model value)")
+    s.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
+                   help="larger request bodies get 413")
+    s.add_argument("--log-level", default="info",
+                   choices=("critical", "error", "warning", "info", "debug"))
+    s.add_argument("--access-log", action="store_true", help="log every HTTP request")
+    add_engine_args(p)
+    p.set_defaults(func=run)
+
+
+def bind_warning(host: str, api_key: str | None) -> str | None:
+    """The warning to give when the server is reachable beyond this machine without a key."""
+    if api_key or _is_loopback(host):
+        return None
+    return (f"binding to {host} without an API key: anyone who can reach this address can "
+            "use the model; set --api-key (or HIFC_API_KEY), or bind to 127.0.0.1")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from hifc.engine.llm_engine import LLMEngine
+    from hifc.entrypoints.server.app import ServerSettings, build_app
+    from hifc.entrypoints.server.async_engine import AsyncEngine
+    from hifc.entrypoints.server.metrics import ServerMetrics
+
+    if args.model_tag:
+        args.model = args.model_tag
+    if args.max_request_bytes < 1:
+        raise ValueError("--max-request-bytes must be positive")
+    if not 0 <= args.port < 65536:
+        raise ValueError(f"--port must be in 0..65535, got {args.port}")
+    if args.api_key == "":
+        raise ValueError("--api-key must not be empty")
+    warning = bind_warning(args.host, args.api_key)
+    if warning:
+        logger.warning(warning)
+    config = engine_config_from_args(args)
+    names = tuple(args.served_model_name or (args.model,))
+    settings = ServerSettings(names, args.api_key, args.max_request_bytes)
+    engine = LLMEngine(config)
+    metrics = ServerMetrics(names[0])
+    async_engine = AsyncEngine(engine, observer=metrics)
+    metrics.export_engine_stats(async_engine.stats)
+    app = build_app(async_engine, metrics, settings)
+    logger.info("serving %s as %s on http://%s:%d (max_model_len %d)", engine.model_name,
+                ", ".join(names), args.host, args.port, engine.limits.max_model_len)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                access_log=args.access_log, timeout_graceful_shutdown=5)
+    return 0
