@@ -49,7 +49,8 @@ class Job:
     errno: int | None = None
     nbytes: int = 0
     submitted_at: float = field(default_factory=time.perf_counter)
-    finished_at: float | None = None
+    finished_at: float | None = None  # when poll/wait reported the job
+    io_done_at: float | None = None  # when its last piece of I/O completed (worker clock)
     _futures: list[Future] = field(default_factory=list, repr=False)
     _pinned: tuple[int, ...] = field(default=(), repr=False)  # tier blocks held in flight
 
@@ -68,7 +69,13 @@ class Job:
 
     @property
     def latency_s(self) -> float | None:
-        return None if self.finished_at is None else self.finished_at - self.submitted_at
+        """Submission to the end of the I/O (not to the poll that noticed it)."""
+        end = self.io_done_at if self.io_done_at is not None else self.finished_at
+        return None if end is None else end - self.submitted_at
+
+    def note_io_done(self, _future: Future | None = None) -> None:
+        """Future callback (worker thread): remember when the last piece finished."""
+        self.io_done_at = time.perf_counter()
 
     def fail(self, kind: ErrorKind, message: str, code: int | None = None) -> None:
         if self.error is None:  # keep the first error

@@ -121,6 +121,8 @@ class KVTier(ABC):
         job._pinned = tuple(tier_ids)
         try:
             job._futures = self._launch(op, kv_cache, list(pairs), owner, ready)
+            for future in job._futures:
+                future.add_done_callback(job.note_io_done)
         except Exception as exc:  # never raise I/O trouble into the engine
             job.fail(*classify(exc))
         return job
