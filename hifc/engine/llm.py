@@ -37,6 +37,10 @@ class LLM:
     def stats(self) -> dict[str, float | int]:
         return self.engine.stats()
 
+    def close(self) -> None:
+        """Wait for swap I/O in flight and release the swap tier (the flash file stays)."""
+        self.engine.close()
+
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
         prompt_list = _as_prompt_list(prompts)

@@ -195,7 +195,6 @@ class LLMEngine:
         if self.swapper is not None:
             self._apply_swaps(self.swapper.drain())
             self.tier.close()
-            self.swapper = None
 
     def _output(self, req: _Request) -> RequestOutput:
         seq = req.seq

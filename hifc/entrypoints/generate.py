@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"--- prompt: {prompt!r} (finish: {out.finish_reason})")
         print(out.text)
     stats = llm.stats()
-    llm.engine.close()
+    llm.close()
     if config.kv_offload != "none":
         print(f"[hifc] preemptions {stats['preemptions']}, swapped out {stats['swap_out_blocks']} "
               f"blocks ({stats['tier_bytes_written']} B) and in {stats['swap_in_blocks']} blocks, "
