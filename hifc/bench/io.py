@@ -1,34 +1,48 @@
 """``hifc bench io``: flash tier bandwidth against raw O_DIRECT on the same file (paper Table 5).
 
-One run, one cache file of ``--size-gib``:
+One run, one cache file of ``--size-gib``, split into two equal halves of tier blocks:
 
-0. precondition: one raw sequential write over the whole file (reported as
-   ``first_write_gibps``), so that all phases below overwrite allocated space;
-1. sequential write (after one untimed warm-up batch out and in): swap-outs of ``--batch-blocks`` blocks into append-ordered tier blocks
-   (adjacent blocks coalesced into I/Os of up to ``--chunk-mib``);
-2. sequential read: swap-ins of the same blocks, every record verified;
-3. random write / random read: the same volume with the tier blocks shuffled, so every block is
-   its own I/O at a random offset (block-sized I/O);
-4. a bit-exactness check of one batch;
-5. raw baseline: the tier closed, the same byte count written then read sequentially through a
-   plain O_DIRECT descriptor on the same file, in ``--chunk-mib`` I/Os from ``--threads`` threads.
+0. precondition: one raw sequential write over the whole file (``first_write_gibps``), so that
+   every phase below overwrites allocated space; then one untimed tier warm-up batch out and in;
+1. ``--repeats`` K repeats (default 5). In each, the tier works on one half and the raw baseline
+   on the other (they swap halves every two repeats), so neither side overwrites the other's
+   data; the sequential phases are interleaved, in ABBA order so that drift of the disk cancels:
+   odd repeats ``raw W, tier W, raw R, tier R``, even repeats ``tier W, raw W, tier R, raw R``;
+   then the tier's random write and read (the same blocks shuffled: one block per I/O);
+2. a bit-exactness check of one batch after every repeat.
 
-GiB/s count KV payload bytes (the tier) or bytes on disk (raw). The table ends with the tier/raw
-ratio of the sequential phases. ``--json`` writes ``seq_write_gibps``, ``seq_read_gibps``,
-``rand_write_gibps``, ``rand_read_gibps``, ``raw_seq_write_gibps``, ``raw_seq_read_gibps`` and the
-run's settings, including whether O_DIRECT was in effect.
+Sequential tier phases are swap-outs/-ins of ``--batch-blocks`` append-ordered blocks (adjacent
+blocks coalesced into chunks of up to ``--chunk-mib``); every record is verified on swap-in.
+The raw side replays the very I/O list of a tier sequential phase (same offsets within its half,
+same I/O sizes, kvikio's per-request split into ``task_size`` pieces included) from as many
+threads as the tier has, doing nothing but I/O: the ratio isolates what the tier adds.
+
+Tier GiB/s count KV payload; raw GiB/s count bytes on disk. A repeat's ``tier/raw`` ratio compares
+equal bytes on disk (raw seconds / tier seconds). The results are per-phase medians over the
+repeats and the median (and min, max) of the per-repeat ratios, judged against 0.95. Where
+O_DIRECT is refused (or ``--no-direct``), write phases end with a timed ``fdatasync`` on both
+sides and the file's cached pages are dropped before every read phase; tmpfs is reported.
 """
 from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
 import datetime
+import errno
 import json
 import os
+import queue
 import random
+import re
+import statistics
 import time
 
 GIB = 1 << 30
+MIB = 1 << 20
+TARGET_RATIO = 0.95
+SEQ_ORDERS = (("raw_seq_write", "tier_seq_write", "raw_seq_read", "tier_seq_read"),  # A B,
+              ("tier_seq_write", "raw_seq_write", "tier_seq_read", "raw_seq_read"))  # B A
+RAND_PHASES = ("tier_rand_write", "tier_rand_read")
 
 
 def add_geometry_args(p: argparse.ArgumentParser) -> None:
@@ -70,6 +84,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=8, help="I/O threads (tier and raw)")
     p.add_argument("--chunk-mib", type=int, default=32, help="largest coalesced I/O")
     p.add_argument("--batch-blocks", type=int, default=32, help="blocks per swap job")
+    p.add_argument("--repeats", type=int, default=5,
+                   help="interleaved raw/tier repeats (ABBA order); results are medians")
     p.add_argument("--no-direct", action="store_true", help="buffered I/O instead of O_DIRECT")
     p.add_argument("--keep", action="store_true", help="keep a cache file this run created")
     add_geometry_args(p)
@@ -77,11 +93,133 @@ def register(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def _timed_jobs(tier, submit, batches) -> float:
+# -- the I/O each side issues -------------------------------------------------------------------
+def tier_io_tasks(layout, ids: list[int], batch: int, chunk_blocks: int) -> list[list[tuple]]:
+    """The ``(file offset, length)`` runs of swapping ``ids`` in jobs of ``batch`` blocks: one
+    list per chunk task, i.e. what one tier worker thread transfers in one go."""
+    from hifc.tiers.flash import split_chunks
+
+    tasks = []
+    for i in range(0, len(ids), batch):
+        for chunk in split_chunks([(0, b) for b in ids[i:i + batch]], 1, chunk_blocks):
+            plan = layout.chunk_plan(chunk[0][1], len(chunk))
+            tasks.append([(offset, length) for offset, _, length in plan.runs])
+    return tasks
+
+
+def split_pieces(tasks: list[list[tuple]], piece: int | None) -> list[list[tuple]]:
+    """kvikio fans every request out over its thread pool in ``piece``-byte tasks."""
+    if not piece:
+        return tasks
+    return [[(offset + at, min(piece, length - at))]
+            for task in tasks for offset, length in task for at in range(0, length, piece)]
+
+
+def kvikio_task_bytes() -> int | None:
+    import kvikio.defaults
+    for read in (lambda: kvikio.defaults.get("task_size"), lambda: kvikio.defaults.task_size()):
+        try:
+            return int(read())
+        except Exception:  # the setting moved between kvikio versions
+            continue
+    return None
+
+
+def io_summary(tasks: list[list[tuple]]) -> dict:
+    sizes = [length for task in tasks for _, length in task]
+    return {"ios": len(sizes), "bytes": sum(sizes), "io_bytes_min": min(sizes),
+            "io_bytes_max": max(sizes), "io_bytes_mean": sum(sizes) / len(sizes)}
+
+
+def describe_sizes(s: dict) -> str:
+    lo, hi = s["io_bytes_min"] / MIB, s["io_bytes_max"] / MIB
+    mean = s["io_bytes_mean"] / MIB
+    size = f"{hi:.2f} MiB" if lo == hi else f"{lo:.2f}-{hi:.2f} MiB (mean {mean:.2f})"
+    return f"{s['ios']} I/Os of {size}"
+
+
+def filesystem_of(path: str) -> dict:
+    """File system type and source of the mount holding ``path`` (from /proc/self/mounts)."""
+    where = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+    best = {"type": "unknown", "source": "?", "mount": "/"}
+    try:
+        with open("/proc/self/mounts") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return best
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        mount = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1])  # \040
+        inside = where == mount or where.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) >= len(best["mount"]):
+            best = {"type": fields[2], "source": fields[0], "mount": mount}
+    return best
+
+
+class RawIO:
+    """The baseline: plain (O_DIRECT where possible) ``pwritev``/``preadv`` on the cache file
+    from ``threads`` threads, one I/O task per thread at a time, nothing but I/O."""
+
+    def __init__(self, path: str, threads: int, buffer_bytes: int, want_direct: bool):
+        import torch
+
+        from hifc.tiers.io_base import aligned_empty, host_view
+        from hifc.tiers.posix_io import open_data_fd
+
+        control = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            self.fd, self.direct, self.note = open_data_fd(control, path, want_direct)
+        finally:
+            os.close(control)
+        self._buffers: queue.SimpleQueue = queue.SimpleQueue()
+        for _ in range(threads):
+            buf = aligned_empty(buffer_bytes, torch.device("cpu"))
+            self._buffers.put(buf.copy_(torch.randint(0, 256, (buffer_bytes,), dtype=torch.uint8)))
+        self._pool = cf.ThreadPoolExecutor(threads, thread_name_prefix="hifc-raw-io")
+        self._view = host_view
+        self.sync_writes = False  # buffered I/O: a write phase ends with fdatasync, timed
+
+    def _task(self, call, runs) -> None:
+        buf = self._buffers.get()
+        try:
+            for offset, length in runs:
+                if call(self.fd, [self._view(buf[:length])], offset) != length:
+                    raise OSError(errno.EIO, f"raw {call.__name__} short at offset {offset}")
+        finally:
+            self._buffers.put(buf)
+
+    def run(self, tasks, write: bool) -> float:
+        call = os.pwritev if write else os.preadv
+        start = time.perf_counter()
+        list(self._pool.map(lambda runs: self._task(call, runs), tasks))
+        if write:
+            self.sync()
+        return time.perf_counter() - start
+
+    def sync(self) -> None:
+        if self.sync_writes:
+            os.fdatasync(self.fd)
+
+    def drop_cache(self) -> None:
+        """Write back and evict the file's cached pages (all descriptors share them)."""
+        os.fdatasync(self.fd)
+        os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        os.close(self.fd)
+
+
+# -- the tier's phases --------------------------------------------------------------------------
+def _timed_jobs(tier, submit, batches, after=None) -> float:
     start = time.perf_counter()
     jobs = [submit(batch) for batch in batches]
     for job in jobs:
         tier.wait(job)
+    if after is not None:
+        after()
     elapsed = time.perf_counter() - start
     failed = [job for job in jobs if not job.ok]
     if failed:
@@ -89,151 +227,238 @@ def _timed_jobs(tier, submit, batches) -> float:
     return elapsed
 
 
-def _tier_phases(tier, kv, batch: int, seed: int) -> dict:
-    n = tier.num_blocks
-    owner = (1, 0)
-    out = {}
-    for pattern in ("seq", "rand"):
-        ids = tier.reserve(n)
-        if pattern == "seq":  # warm-up, untimed: first-use costs (kvikio's thread pool and
-            warm = ids[:batch]  # bounce buffers) are not steady-state bandwidth
-            _timed_jobs(tier, lambda b: tier.submit_swap_out(kv, list(zip(range(len(b)), b)),
-                                                             owner), [warm])
-            _timed_jobs(tier, lambda b: tier.submit_swap_in(kv, list(zip(b, range(len(b)))),
-                                                            owner), [warm])
-        if pattern == "rand":
-            random.Random(seed).shuffle(ids)
-        batches = [ids[i:i + batch] for i in range(0, n, batch)]
-        out[f"{pattern}_write_s"] = _timed_jobs(
-            tier, lambda b: tier.submit_swap_out(kv, list(zip(range(len(b)), b)), owner), batches)
-        out[f"{pattern}_read_s"] = _timed_jobs(
-            tier, lambda b: tier.submit_swap_in(kv, list(zip(b, range(len(b)))), owner), batches)
-        if pattern == "rand":
-            out["verified"] = _check_exact(tier, kv, ids[:batch], owner)
-        tier.free(ids)
-    return out
+def _swap_out(tier, kv, owner):
+    return lambda b: tier.submit_swap_out(kv, list(zip(range(len(b)), b)), owner)
+
+
+def _swap_in(tier, kv, owner):
+    return lambda b: tier.submit_swap_in(kv, list(zip(b, range(len(b)))), owner)
 
 
 def _check_exact(tier, kv, first_batch, owner) -> bool:
-    """Tier block first_batch[i] holds kv block i (written by the first random batch)."""
+    """Tier block first_batch[i] holds kv block i (written by the last write phase)."""
     import torch
     expect = kv.clone()
     kv.zero_()
-    job = tier.wait(tier.submit_swap_in(kv, list(zip(first_batch, range(len(first_batch)))),
-                                        owner))
-    return job.ok and torch.equal(kv[:, :, :len(first_batch)], expect[:, :, :len(first_batch)])
+    n = len(first_batch)
+    job = tier.wait(tier.submit_swap_in(kv, list(zip(first_batch, range(n))), owner))
+    exact = job.ok and torch.equal(kv[:, :, :n], expect[:, :, :n])
+    kv.copy_(expect)
+    return exact
 
 
-def raw_sequential(path: str, offset: int, nbytes: int, io_bytes: int, threads: int,
-                   want_direct: bool, ops=("write", "read"), prefix: str = "raw_seq") -> dict:
-    """Plain O_DIRECT sequential write and/or read of ``nbytes`` from ``offset`` in the file;
-    returns ``{prefix}_{op}_s`` timings."""
-    import torch
+def _one_repeat(k: int, ctx: dict) -> dict:
+    """Repeat ``k`` (0-based): interleaved sequential phases, then the tier's random phases."""
+    tier, raw, kv, batch, owner = ctx["tier"], ctx["raw"], ctx["kv"], ctx["batch"], ctx["owner"]
+    tier_half = (k // 2) % 2
+    ids = ctx["halves"][tier_half]
+    raw_tasks = ctx["raw_tasks"][1 - tier_half]
+    shuffled = list(ids)
+    random.Random(k).shuffle(shuffled)
+    seq = [ids[i:i + batch] for i in range(0, len(ids), batch)]
+    rand = [shuffled[i:i + batch] for i in range(0, len(ids), batch)]
+    swap_out, swap_in = _swap_out(tier, kv, owner), _swap_in(tier, kv, owner)
+    phases = {
+        "raw_seq_write": lambda: raw.run(raw_tasks, write=True),
+        "raw_seq_read": lambda: raw.run(raw_tasks, write=False),
+        "tier_seq_write": lambda: _timed_jobs(tier, swap_out, seq, after=raw.sync),
+        "tier_seq_read": lambda: _timed_jobs(tier, swap_in, seq),
+        "tier_rand_write": lambda: _timed_jobs(tier, swap_out, rand, after=raw.sync),
+        "tier_rand_read": lambda: _timed_jobs(tier, swap_in, rand),
+    }
+    order = SEQ_ORDERS[k % 2] + RAND_PHASES
+    seconds = {}
+    for name in order:
+        if name.endswith("_read") and not ctx["direct"]:
+            raw.drop_cache()  # buffered I/O: reads must come from the device, not the cache
+        seconds[name] = phases[name]()
+    result = {"repeat": k + 1, "order": list(order), "tier_half": tier_half,
+              "seconds": seconds, "verified_bit_exact": _check_exact(tier, kv, rand[0], owner)}
+    payload, disk, raw_bytes = ctx["payload_bytes"], ctx["disk_bytes"], ctx["raw_bytes"]
+    for op in ("write", "read"):
+        for pattern in ("seq", "rand"):
+            result[f"{pattern}_{op}_gibps"] = payload / GIB / seconds[f"tier_{pattern}_{op}"]
+        raw_s = seconds[f"raw_seq_{op}"]
+        result[f"raw_seq_{op}_gibps"] = raw_bytes / GIB / raw_s
+        result[f"seq_{op}_ratio"] = (disk / seconds[f"tier_seq_{op}"]) / (raw_bytes / raw_s)
+    return result
 
-    from hifc.tiers.io_base import aligned_empty, host_view
-    from hifc.tiers.posix_io import open_data_fd
 
-    control = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-    fd, direct, note = open_data_fd(control, path, want_direct)
-    try:
-        buffers = [aligned_empty(io_bytes, torch.device("cpu")) for _ in range(threads)]
-        for b in buffers:
-            b.copy_(torch.randint(0, 256, (io_bytes,), dtype=torch.uint8))
-        extents = [(at, min(io_bytes, offset + nbytes - at))
-                   for at in range(offset, offset + nbytes, io_bytes)]
+# -- the run ------------------------------------------------------------------------------------
+def _describe_sides(chunk_blocks: int, tier_tasks, raw_tasks, piece, threads: int,
+                    kvikio: bool) -> tuple[dict, dict]:
+    tier_s, raw_s = io_summary(tier_tasks), io_summary(raw_tasks)
+    runs_per_chunk = max(len(t) for t in tier_tasks)
+    if piece:
+        fan_out = (f"kvikio splits each request into {piece / MIB:.2f} MiB pieces over its own "
+                   f"{threads} threads")
+    elif kvikio:
+        fan_out = "kvikio's task size is unknown: raw issues whole runs"
+    else:
+        fan_out = f"{runs_per_chunk} I/O(s) per chunk, issued in order by the worker"
+    work = "gather + crc32c + headers, then I/O"
+    tier = {"threads": threads, "queue_depth_max": threads, "work": work,
+            "chunk_blocks": chunk_blocks, "io_split_bytes": piece, **tier_s,
+            "text": f"{threads} worker threads, each chunk of <= {chunk_blocks} blocks: "
+                    f"{work}; {fan_out}; {describe_sizes(tier_s)} per sequential phase; "
+                    f"queue depth <= {threads} (workers alternate CPU work and I/O)"}
+    raw = {"threads": threads, "queue_depth_max": threads, "work": "I/O only",
+           "pattern": "replay of the tier's sequential I/O list on the other half", **raw_s,
+           "text": f"{threads} threads, I/O only, replaying the I/O list of a tier sequential "
+                   f"phase on the other half of the file: {describe_sizes(raw_s)}; queue depth "
+                   f"<= {threads}"}
+    return tier, raw
 
-        def transfer(op, i: int) -> None:
-            at, length = extents[i]
-            view = host_view(buffers[i % threads][:length])
-            if op(fd, [view], at) != length:
-                raise OSError(f"raw {op.__name__} short at offset {at}")
 
-        out = {"raw_direct_io": direct, "raw_note": note, "raw_bytes": nbytes}
-        calls = {"write": os.pwritev, "read": os.preadv}
-        with cf.ThreadPoolExecutor(threads) as pool:
-            for name in ops:
-                start = time.perf_counter()
-                list(pool.map(lambda i: transfer(calls[name], i), range(len(extents))))
-                out[f"{prefix}_{name}_s"] = time.perf_counter() - start
-        return out
-    finally:
-        os.close(fd)
-        os.close(control)
+def _precondition_tasks(start: int, end: int, io_bytes: int) -> list[list[tuple]]:
+    return [[(at, min(io_bytes, end - at))] for at in range(start, end, io_bytes)]
+
+
+def _median_stats(per_repeat: list[dict]) -> dict:
+    out = {}
+    for key in ("seq_write_gibps", "seq_read_gibps", "rand_write_gibps", "rand_read_gibps",
+                "raw_seq_write_gibps", "raw_seq_read_gibps"):
+        out[key] = statistics.median(r[key] for r in per_repeat)
+    for op in ("write", "read"):
+        ratios = [r[f"seq_{op}_ratio"] for r in per_repeat]
+        out[f"seq_{op}_ratio"] = statistics.median(ratios)
+        out[f"seq_{op}_ratio_min"], out[f"seq_{op}_ratio_max"] = min(ratios), max(ratios)
+        out[f"seq_{op}_pass"] = out[f"seq_{op}_ratio"] >= TARGET_RATIO
+    return out
 
 
 def measure(args) -> dict:
     import torch
 
     from hifc.tiers import TierConfig, make_tier
+    from hifc.tiers.layout import SUPERBLOCK_BYTES
 
     geometry = geometry_from_args(args)
     device = device_from_args(args)
-    if args.batch_blocks < 1 or args.threads < 1 or args.chunk_mib < 1:
-        raise ValueError("--batch-blocks, --threads and --chunk-mib must be positive")
+    if min(args.batch_blocks, args.threads, args.chunk_mib, args.repeats) < 1:
+        raise ValueError("--batch-blocks, --threads, --chunk-mib and --repeats must be positive")
     config = TierConfig(kind="flash", path=args.path, size_gib=args.size_gib, layout=args.layout,
                         backend=args.backend, io_threads=args.threads, chunk_mib=args.chunk_mib,
                         direct_io=not args.no_direct)
     tier = make_tier(config, geometry, device)
-    io_bytes = args.chunk_mib << 20
+    raw = None
     try:
-        # Precondition: write the whole data area once, so that every phase (tier and raw)
-        # overwrites allocated blocks; the first write into freshly preallocated (unwritten)
-        # extents costs the file system extra metadata work and is reported on its own.
-        data_bytes = tier.layout.file_bytes - 4096
-        first = raw_sequential(args.path, 4096, data_bytes, io_bytes, args.threads,
-                               not args.no_direct, ops=("write",), prefix="first")
-        batch = min(args.batch_blocks, tier.num_blocks)
+        if tier.num_blocks < 2:
+            raise ValueError(f"--size-gib {args.size_gib} holds {tier.num_blocks} block(s); the "
+                             "benchmark needs at least 2 (one half for the tier, one for raw)")
+        stats, layout = tier.stats(), tier.layout
+        half = tier.num_blocks // 2
+        ids = sorted(tier.reserve(tier.num_blocks))
+        halves = (ids[:half], ids[half:2 * half])
+        batch = min(args.batch_blocks, half)
+        piece = kvikio_task_bytes() if stats["backend"] == "kvikio" else None
+        tier_tasks = [tier_io_tasks(layout, h, batch, stats["chunk_blocks"]) for h in halves]
+        raw_tasks = [split_pieces(t, piece) for t in tier_tasks]
+        io_bytes = args.chunk_mib * MIB
+        largest = max(length for t in raw_tasks for task in t for _, length in task)
+        raw = RawIO(args.path, args.threads, max(largest, io_bytes), not args.no_direct)
+        direct = bool(stats["direct_io"] and raw.direct)
+        raw.sync_writes = not direct
+        # Precondition: write the whole data area once, so that every phase overwrites
+        # allocated blocks; the first write into freshly preallocated (unwritten) extents costs
+        # the file system extra metadata work and is reported on its own.
+        data = (SUPERBLOCK_BYTES, layout.file_bytes)
+        first_s = raw.run(_precondition_tasks(*data, io_bytes), write=True)
         shape = (geometry.num_layers, 2, batch, geometry.block_size, geometry.num_kv_heads,
                  geometry.head_dim)
-        dtype = getattr(torch, geometry.dtype)
-        kv = torch.randn(shape, dtype=torch.float32, device=device).to(dtype)
-        stats = tier.stats()
-        phases = _tier_phases(tier, kv, batch, seed=0)
+        kv = torch.randn(shape, dtype=torch.float32, device=device).to(getattr(torch,
+                                                                              geometry.dtype))
+        owner = (1, 0)
+        warm = [halves[0][:batch]]  # untimed: first-use costs (kvikio's thread pool, bounce
+        _timed_jobs(tier, _swap_out(tier, kv, owner), warm)  # buffers) are not bandwidth
+        _timed_jobs(tier, _swap_in(tier, kv, owner), warm)
+        ctx = {"tier": tier, "raw": raw, "kv": kv, "batch": batch, "owner": owner,
+               "halves": halves, "raw_tasks": raw_tasks, "direct": direct,
+               "payload_bytes": half * geometry.block_bytes,
+               "disk_bytes": io_summary(tier_tasks[0])["bytes"],
+               "raw_bytes": io_summary(raw_tasks[0])["bytes"]}
+        per_repeat = [_one_repeat(k, ctx) for k in range(args.repeats)]
+        tier.free(ids)
+        tier_io, raw_io = _describe_sides(min(batch, stats["chunk_blocks"]), tier_tasks[0],
+                                          raw_tasks[0], piece, args.threads,
+                                          stats["backend"] == "kvikio")
+        raw_note, raw_direct = raw.note, raw.direct
     finally:
+        if raw is not None:
+            raw.close()
         tier.close()
-    layout = tier.layout
-    payload = tier.num_blocks * geometry.block_bytes
-    raw = raw_sequential(args.path, 4096, data_bytes, io_bytes, args.threads, not args.no_direct)
+    fs = filesystem_of(args.path)
     result = {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "path": args.path, "size_gib": args.size_gib, "device": device,
         "backend": stats["backend"], "layout": layout.name, "direct_io": stats["direct_io"],
-        "io_notes": stats["io_notes"], "threads": args.threads, "chunk_mib": args.chunk_mib,
-        "batch_blocks": batch, "num_blocks": tier.num_blocks, "block_bytes": geometry.block_bytes,
-        "slice_bytes": geometry.slice_bytes, "payload_bytes": payload,
+        "raw_direct_io": raw_direct, "io_notes": stats["io_notes"], "raw_note": raw_note,
+        "filesystem": fs, "page_cache": _page_cache_text(direct, fs),
+        "threads": args.threads, "chunk_mib": args.chunk_mib, "batch_blocks": batch,
+        "num_blocks": tier.num_blocks, "block_bytes": geometry.block_bytes,
+        "slice_bytes": geometry.slice_bytes, "phase_blocks": half,
+        "payload_bytes": ctx["payload_bytes"], "tier_disk_bytes": ctx["disk_bytes"],
+        "raw_bytes": ctx["raw_bytes"], "payload_fraction": ctx["payload_bytes"] / ctx["disk_bytes"],
         "geometry": {"layers": geometry.num_layers, "kv_heads": geometry.num_kv_heads,
                      "head_dim": geometry.head_dim, "block_size": geometry.block_size,
                      "dtype": geometry.dtype},
-        "verified_bit_exact": phases["verified"],
+        "tier_io": tier_io, "raw_io": raw_io, "repeats": args.repeats,
+        "target_ratio": TARGET_RATIO,
+        "first_write_gibps": (data[1] - data[0]) / GIB / first_s,
+        "verified_bit_exact": all(r["verified_bit_exact"] for r in per_repeat),
     }
-    for key in ("seq_write", "seq_read", "rand_write", "rand_read"):
-        result[f"{key}_s"] = phases[f"{key}_s"]
-        result[f"{key}_gibps"] = payload / GIB / phases[f"{key}_s"]
-    result.update(raw)
-    result["first_write_gibps"] = first["raw_bytes"] / GIB / first["first_write_s"]
-    for key in ("write", "read"):
-        result[f"raw_seq_{key}_gibps"] = raw["raw_bytes"] / GIB / raw[f"raw_seq_{key}_s"]
-        result[f"seq_{key}_vs_raw"] = result[f"seq_{key}_gibps"] / result[f"raw_seq_{key}_gibps"]
-        result[f"rand_{key}_vs_raw"] = (result[f"rand_{key}_gibps"]
-                                        / result[f"raw_seq_{key}_gibps"])
+    result.update(_median_stats(per_repeat))
+    result["per_repeat"] = per_repeat
     return result
 
 
+def _page_cache_text(direct: bool, fs: dict) -> str:
+    if fs["type"] == "tmpfs":
+        return ("tmpfs: the file lives in memory, no device is measured (memory-copy bandwidth; "
+                "O_DIRECT " + ("accepted" if direct else "refused") + ")")
+    if direct:
+        return "bypassed: O_DIRECT on both sides"
+    return ("buffered I/O (O_DIRECT off or refused): on both sides, write phases end with a "
+            "timed fdatasync and the file's pages are evicted (POSIX_FADV_DONTNEED) before "
+            "every read phase")
+
+
 def print_table(r: dict) -> None:
-    print(f"hifc bench io: {r['path']}  {r['num_blocks']} blocks x {r['block_bytes'] / 2**20:.2f}"
+    fs = r["filesystem"]
+    print(f"hifc bench io: {r['path']}  {r['num_blocks']} blocks x {r['block_bytes'] / MIB:.2f}"
           f" MiB  layout={r['layout']}  backend={r['backend']}  device={r['device']}  "
           f"threads={r['threads']}  chunk={r['chunk_mib']} MiB  batch={r['batch_blocks']}")
-    for note in r["io_notes"] + [f"raw: {r['raw_note']}"]:
-        print(f"  note: {note}")
-    if not (r["direct_io"] and r["raw_direct_io"]):
-        print("  WARNING: O_DIRECT not in effect; numbers include the page cache")
-    print(f"{'phase':<12}{'tier GiB/s':>12}{'raw GiB/s':>12}{'tier/raw':>10}")
-    for key in ("write", "read"):
-        for pattern in ("seq", "rand"):
-            print(f"{pattern + ' ' + key:<12}{r[f'{pattern}_{key}_gibps']:>12.3f}"
-                  f"{r[f'raw_seq_{key}_gibps']:>12.3f}{r[f'{pattern}_{key}_vs_raw']:>10.3f}")
+    print(f"  file system: {fs['type']} ({fs['source']} on {fs['mount']})")
+    for note in r["io_notes"]:
+        print(f"  tier I/O: {note}")
+    print(f"  raw I/O: {r['raw_note']}")
+    print(f"  page cache: {r['page_cache']}")
+    if not (r["direct_io"] and r["raw_direct_io"]) or fs["type"] == "tmpfs":
+        print("  WARNING: O_DIRECT not in effect or no device behind the file: see page cache")
+    print(f"  tier side: {r['tier_io']['text']}")
+    print(f"  raw side: {r['raw_io']['text']}")
+    print(f"  schedule: {r['repeats']} repeats, ABBA: odd [raw W, tier W, raw R, tier R], even "
+          f"[tier W, raw W, tier R, raw R], then tier rand W, rand R; each phase moves "
+          f"{r['phase_blocks']} blocks, tier and raw on opposite halves of the file")
+    print(f"  GiB/s: tier = KV payload ({100 * r['payload_fraction']:.2f}% of its bytes on disk), "
+          f"raw = bytes on disk; tier/raw compares equal bytes on disk (raw s / tier s); "
+          f"median row: per-column medians (tier/raw: the median of the repeats' ratios)")
+    head = ("repeat  first", "tier W", "raw W", "tier/raw", "tier R", "raw R", "tier/raw",
+            "rand W", "rand R")
+    print(f"{head[0]:<13}" + "".join(f"{h:>9}" for h in head[1:]))
+    keys = ("seq_write_gibps", "raw_seq_write_gibps", "seq_write_ratio", "seq_read_gibps",
+            "raw_seq_read_gibps", "seq_read_ratio", "rand_write_gibps", "rand_read_gibps")
+    for rep in r["per_repeat"]:
+        first = "raw" if rep["order"][0].startswith("raw") else "tier"
+        print(f"{rep['repeat']:>6}  {first:<5}" + "".join(f"{rep[k]:>9.3f}" for k in keys))
+    print(f"{'median':<13}" + "".join(f"{r[k]:>9.3f}" for k in keys))
     print(f"first write into the preallocated file (raw): {r['first_write_gibps']:.3f} GiB/s")
     print(f"round trip bit-exact: {r['verified_bit_exact']}")
+    for op, label in (("write", "seq write"), ("read", "seq read ")):
+        verdict = "PASS" if r[f"seq_{op}_pass"] else "FAIL"
+        print(f"{label} tier/raw: median {r[f'seq_{op}_ratio']:.3f} (min "
+              f"{r[f'seq_{op}_ratio_min']:.3f}, max {r[f'seq_{op}_ratio_max']:.3f}, "
+              f"{r['repeats']} repeats)  {verdict} (>= {r['target_ratio']:.2f})")
 
 
 def run(args) -> int:
