@@ -142,23 +142,39 @@ def test_swap_out_holds_gpu_blocks_until_the_write_completes():
 
 def test_swap_in_restores_and_failed_swap_falls_back_to_recompute():
     tier = FakeTier(16)
-    sched, kv = make_scheduler(num_blocks=8, mode="swap", tier=tier)
-    seqs = {f"r{i}": make_seq(f"r{i}", 16, arrival=i, max_tokens=40) for i in range(2)}
-    for s in seqs.values():
-        sched.add(s)
-    run_step(sched, seqs)
+    sched, kv = make_scheduler(num_blocks=4, mode="swap", tier=tier)
+    seqs = {f"r{i}": make_seq(f"r{i}", 16, arrival=i) for i in range(2)}
+    fill_two_sequences(sched, seqs)
+    sched.schedule()  # r1 swaps out
     victim = seqs["r1"]
-    out = sched.schedule()
-    sched._preempt(victim, out)  # force a swap-out of r1 (what a full pool would do)
-    sched.running.remove(victim)
     computed = victim.num_computed_tokens
     sched.swap_out_done("r1", ok=True)
+    sched.finish(seqs["r0"], SequenceStatus.FINISHED_ABORTED)  # room for r1 again
     out = sched.schedule()
-    assert [o.request_id for o in out.swap_in] == ["r1"]
+    assert [o.request_id for o in out.swap_in] == ["r1"] and out.scheduled == []
+    assert [t for t, _ in out.swap_in[0].pairs] == [0, 1]  # the tier blocks it was written to
     assert victim.status is SequenceStatus.SWAPPING_IN
     sched.swap_in_done("r1", ok=False)  # e.g. a checksum mismatch
     assert victim.status is SequenceStatus.WAITING and victim.num_computed_tokens == 0
-    assert computed > 0 and sched.num_swap_failures == 1 and len(tier.free_ids) == 16
+    assert computed == 32 and sched.num_swap_failures == 1 and len(tier.free_ids) == 16
+    out = sched.schedule()  # re-prefilled over prompt + generated tokens
+    assert [(w.request_id, len(w.token_ids)) for w in out.scheduled] == [("r1", 33)]
+
+
+def test_swapped_sequence_resumes_decoding_where_it_stopped():
+    tier = FakeTier(16)
+    sched, kv = make_scheduler(num_blocks=4, mode="swap", tier=tier)
+    seqs = {f"r{i}": make_seq(f"r{i}", 16, arrival=i) for i in range(2)}
+    fill_two_sequences(sched, seqs)
+    sched.schedule()
+    sched.swap_out_done("r1", ok=True)
+    sched.finish(seqs["r0"], SequenceStatus.FINISHED_ABORTED)
+    sched.schedule()
+    sched.swap_in_done("r1", ok=True)
+    out = sched.schedule()
+    assert [(w.request_id, w.start_pos, len(w.token_ids)) for w in out.scheduled] == [
+        ("r1", 32, 1)]
+    assert sched.swap_out_blocks == sched.swap_in_blocks == 2 and len(tier.free_ids) == 16
 
 
 def test_tier_full_preempts_by_recompute():
