@@ -74,7 +74,7 @@ async def create_chat_completion(engine: AsyncEngine, body: ChatCompletionReques
     except ValueError as exc:
         raise APIError(400, str(exc), param="messages") from None
     max_tokens = body.requested_max_tokens
-    params = _sampling_params(body, max_tokens or 1)
+    params = _sampling_params(body, 1 if max_tokens is None else max_tokens)
     call = _new_call(body, chat=True)
     stream = await _submit(engine, GenerateRequest(call.response_id, prompt, params,
                                                    fill_context=max_tokens is None))

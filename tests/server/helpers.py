@@ -1,0 +1,101 @@
+"""Helpers of the server tests: start/stop a real ``hifc serve`` process, read its metrics."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+API_KEY = "test-key"
+MODEL_NAME = "tiny-chat"
+MAX_MODEL_LEN = 256
+NUM_GPU_BLOCKS = 40  # block 16: 640 tokens, so 50 concurrent streams preempt and swap
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Server:
+    base_url: str  # http://127.0.0.1:PORT
+    model: str
+    api_key: str
+    model_dir: Path
+    log_path: Path
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"}
+
+    def client(self, **kwargs) -> httpx.Client:
+        return httpx.Client(base_url=self.base_url, headers=self.headers, timeout=30, **kwargs)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(model_dir: Path, log_path: Path, extra_args: list[str],
+                 timeout_s: float = 90.0) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "hifc.entrypoints.cli", "serve", "--model", str(model_dir),
+           "--device", "cpu", "--host", "127.0.0.1", "--port", str(port), *extra_args]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    log = open(log_path, "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=env)
+    log.close()
+    base_url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{log_path.read_text()}")
+        try:
+            if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
+                return proc, base_url
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    stop_server(proc)
+    raise RuntimeError(f"server not healthy after {timeout_s} s:\n{log_path.read_text()}")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=15)
+
+
+def metric_values(text: str) -> dict[str, float]:
+    """Prometheus text -> {sample name (with labels, if any): value}, via the official parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return values
+
+
+def wait_until_idle(server: Server, timeout_s: float = 30.0) -> dict[str, float]:
+    """Metrics once no request runs, waits or is swapped and every KV block is free."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        values = metric_values(httpx.get(f"{server.base_url}/metrics", timeout=10).text)
+        idle = (values["hifc_num_requests_running"] == 0
+                and values["hifc_num_requests_waiting"] == 0
+                and values["hifc_num_requests_swapped"] == 0
+                and values["hifc_gpu_kv_blocks_free"] == values["hifc_gpu_kv_blocks_total"]
+                and values["hifc_tier_blocks_used"] == 0)
+        if idle or time.monotonic() > deadline:
+            return values
+        time.sleep(0.1)

@@ -1,0 +1,81 @@
+"""The app in-process (no socket): models without a chat template or tokenizer, the bind
+warning, and engine-thread behaviour."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from fastapi.testclient import TestClient
+
+from hifc.engine.llm_engine import LLMEngine
+from hifc.entrypoints.server.app import ServerSettings, build_app
+from hifc.entrypoints.server.async_engine import AsyncEngine
+from hifc.entrypoints.server.cli import bind_warning
+from hifc.entrypoints.server.metrics import ServerMetrics
+
+
+def _client(model: str, name: str = "m") -> TestClient:
+    engine = LLMEngine.from_options(model, device="cpu", block_size=16, max_model_len=128,
+                                    num_gpu_blocks=16)
+    metrics = ServerMetrics(name)
+    async_engine = AsyncEngine(engine, observer=metrics)
+    metrics.export_engine_stats(async_engine.stats)
+    return TestClient(build_app(async_engine, metrics, ServerSettings((name,))))
+
+
+@pytest.fixture(scope="module")
+def no_template_dir(tmp_path_factory, tiny_model_dir):
+    path = tmp_path_factory.mktemp("no-template") / "tiny"
+    shutil.copytree(tiny_model_dir, path)
+    (path / "chat_template.jinja").unlink(missing_ok=True)
+    config_path = path / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config.pop("chat_template", None)
+    config_path.write_text(json.dumps(config))
+    return path
+
+
+def test_chat_without_template_is_400_and_completions_still_work(no_template_dir):
+    with _client(str(no_template_dir)) as client:
+        resp = client.post("/v1/chat/completions", json={
+            "model": "m", "messages": [{"role": "user", "content": "hi"}]})
+        assert resp.status_code == 400
+        assert "chat template" in resp.json()["error"]["message"]
+        ok = client.post("/v1/completions", json={"model": "m", "prompt": "hi", "max_tokens": 2})
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] >= 1
+
+
+def test_model_without_tokenizer_takes_token_ids_only():
+    with _client("random:tiny-llama") as client:
+        chat = client.post("/v1/chat/completions", json={
+            "model": "m", "messages": [{"role": "user", "content": "hi"}]})
+        assert chat.status_code == 400 and "no tokenizer" in chat.json()["error"]["message"]
+        text = client.post("/v1/completions", json={"model": "m", "prompt": "hi"})
+        assert text.status_code == 400 and "token ids" in text.json()["error"]["message"]
+        ids = client.post("/v1/completions", json={"model": "m", "prompt": [1, 2, 3],
+                                                   "max_tokens": 3, "ignore_eos": True})
+        assert ids.status_code == 200
+        assert ids.json()["usage"] == {"prompt_tokens": 3, "completion_tokens": 3,
+                                       "total_tokens": 6}
+        assert client.get("/health").status_code == 200
+
+
+def test_after_shutdown_health_and_requests_are_503():
+    client = _client("random:tiny-llama")
+    with client:  # lifespan: the engine thread starts, and stops on exit
+        assert client.get("/health").status_code == 200
+    assert client.get("/health").status_code == 503
+    resp = client.post("/v1/completions", json={"model": "m", "prompt": [1, 2]})
+    assert resp.status_code == 503 and "not running" in resp.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("host,key,warns", [
+    ("127.0.0.1", None, False), ("localhost", None, False), ("::1", None, False),
+    ("0.0.0.0", None, True), ("::", None, True), ("192.168.1.10", None, True),
+    ("example.org", None, True), ("0.0.0.0", "secret", False)])
+def test_bind_warning_only_beyond_loopback_without_key(host, key, warns):
+    message = bind_warning(host, key)
+    assert (message is not None) == warns
+    if warns:
+        assert "API key" in message and host in message

@@ -1,0 +1,88 @@
+"""Fifty concurrent streaming clients, some of them leaving midway: afterwards no request runs,
+waits or is swapped, every KV block is free, and /health stays 200."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+
+from tests.server.helpers import MODEL_NAME, metric_values, wait_until_idle
+
+NUM_CLIENTS = 50
+MAX_TOKENS = 40
+
+
+async def _stream(http: httpx.AsyncClient, i: int, leave_after: int | None) -> dict:
+    """Stream one completion; leave after ``leave_after`` chunks (None: read to the end)."""
+    chat = i % 2 == 1
+    body = {"model": MODEL_NAME, "max_tokens": MAX_TOKENS, "temperature": 0.8, "seed": i,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    if chat:
+        body["messages"] = [{"role": "user", "content": f"Client {i} asks about flash."}]
+    else:
+        body["prompt"] = f"Client {i}: the key value cache"
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    chunks, usage, done = 0, None, False
+    async with http.stream("POST", path, json=body) as resp:
+        assert resp.status_code == 200, await resp.aread()
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                done = True
+                break
+            event = json.loads(line[6:])
+            assert "error" not in event, event
+            chunks += 1
+            usage = event.get("usage") or usage
+            if leave_after is not None and chunks >= leave_after:
+                break  # leaving the block closes the connection mid-stream
+    return {"done": done, "usage": usage, "chunks": chunks}
+
+
+async def _leave_non_streaming(http: httpx.AsyncClient, i: int) -> None:
+    """A non-streaming request whose client gives up before the answer."""
+    body = {"model": MODEL_NAME, "prompt": f"Impatient {i}", "max_tokens": 200,
+            "ignore_eos": True}
+    try:
+        await http.post("/v1/completions", json=body, timeout=0.3)
+    except httpx.TimeoutException:
+        pass
+
+
+async def _run_clients(server) -> list[dict]:
+    limits = httpx.Limits(max_connections=NUM_CLIENTS + 10)
+    async with httpx.AsyncClient(base_url=server.base_url, headers=server.headers, timeout=60,
+                                 limits=limits) as http:
+        leavers = [_leave_non_streaming(http, i) for i in range(4)]
+        streams = [_stream(http, i, leave_after=(2 + i % 5) if i % 3 == 0 else None)
+                   for i in range(NUM_CLIENTS)]
+        results = await asyncio.wait_for(asyncio.gather(*streams, *leavers), timeout=80)
+        return results[:NUM_CLIENTS]
+
+
+def test_fifty_streams_with_disconnects_leave_nothing_allocated(server):
+    before = metric_values(httpx.get(f"{server.base_url}/metrics").text)
+    results = asyncio.run(_run_clients(server))
+    assert httpx.get(f"{server.base_url}/health").status_code == 200
+
+    finished = [r for i, r in enumerate(results) if i % 3 != 0]
+    assert all(r["done"] and r["usage"]["completion_tokens"] == MAX_TOKENS for r in finished)
+    left = [r for i, r in enumerate(results) if i % 3 == 0]
+    assert all(not r["done"] for r in left)
+
+    after = wait_until_idle(server)
+    assert after["hifc_num_requests_running"] == 0
+    assert after["hifc_num_requests_waiting"] == 0
+    assert after["hifc_num_requests_swapped"] == 0
+    assert after["hifc_gpu_kv_blocks_free"] == after["hifc_gpu_kv_blocks_total"]
+    assert after["hifc_tier_blocks_used"] == 0
+    # the load overflowed the KV pool: sequences were preempted and swapped to the DRAM tier
+    assert after["hifc_preemptions_total"] > before["hifc_preemptions_total"]
+    assert after["hifc_swap_out_blocks_total"] > before["hifc_swap_out_blocks_total"]
+    done_before = before.get("hifc_request_success_total{finished_reason=length,"
+                             f"model_name={MODEL_NAME}}}", 0)
+    done_after = after[f"hifc_request_success_total{{finished_reason=length,model_name={MODEL_NAME}}}"]
+    assert done_after - done_before == len(finished)
+    assert httpx.get(f"{server.base_url}/health").status_code == 200

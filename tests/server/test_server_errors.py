@@ -1,0 +1,159 @@
+"""Malformed and hostile requests: each gets a 4xx in the OpenAI error format with a message
+that says what is wrong, and the server stays healthy."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from tests.server.helpers import MAX_MODEL_LEN, MODEL_NAME, wait_until_idle
+
+C, CHAT = "/v1/completions", "/v1/chat/completions"
+MSGS = [{"role": "user", "content": "Hi"}]
+
+
+def _completion(**fields):
+    return {"model": MODEL_NAME, "prompt": "Hello", "max_tokens": 2, **fields}
+
+
+def _chat(**fields):
+    return {"model": MODEL_NAME, "messages": MSGS, "max_tokens": 2, **fields}
+
+
+def _field_cases() -> list[tuple[str, dict, int, str]]:
+    """(path, JSON body, status, text the message must contain)."""
+    cases = []
+    wrong_types = {
+        "max_tokens": ["5", 2.5, True, [], {}], "temperature": ["hot", True, [0.5]],
+        "top_p": ["1", False], "top_k": [1.5, "5"], "seed": ["42", 4.2], "n": ["1", 1.0],
+        "stream": ["yes", 1, "false"], "stop": [5, [1, 2], {"a": 1}],
+        "stop_token_ids": ["1", [1.5], ["a"]], "ignore_eos": ["true", 0],
+        "stream_options": ["usage", 1], "logit_bias": ["x"], "user": [5],
+    }
+    for name, values in wrong_types.items():
+        for v in values:
+            for path, build in ((C, _completion), (CHAT, _chat)):
+                cases.append((path, build(**{name: v}), 400, name))
+    out_of_range = [
+        ("max_tokens", 0, "max_tokens"), ("max_tokens", -5, "max_tokens"),
+        ("temperature", -0.5, "temperature"), ("top_p", 0, "top_p"), ("top_p", 1.5, "top_p"),
+        ("top_p", -1, "top_p"), ("stop_token_ids", [-1], "stop_token_ids"),
+        ("seed", 2 ** 70, "seed"), ("seed", -(2 ** 70), "seed"), ("n", 2, "n must be 1"),
+        ("n", 0, "n must be 1"), ("stop", [""], "stop"),
+        ("presence_penalty", 0.5, "presence_penalty"), ("frequency_penalty", 1, "frequency_penalty"),
+        ("logit_bias", {"5": 1.0}, "logit_bias"), ("unknown_field", 1, "unrecognized"),
+        ("stream_options", {"include_usage": True}, "stream=true"),
+        ("stream_options", {"include_usage": True, "bogus": 1}, "unrecognized"),
+    ]
+    for name, v, text in out_of_range:
+        for path, build in ((C, _completion), (CHAT, _chat)):
+            cases.append((path, build(**{name: v}), 400, text))
+    prompts = [
+        ("", "empty"), ([], "empty"), ([[]], "prompt"), (["a", "b"], "batched"),
+        ([1, "a"], "prompt"), ([1, 2.5], "prompt"), ([10 ** 6], "outside the vocabulary"),
+        ([-1], "outside the vocabulary"), ([True], "prompt"), (None, "prompt"), (5, "prompt"),
+        ({"text": "x"}, "prompt"), ("x" * 2000, f"maximum model length is {MAX_MODEL_LEN}"),
+        ([5] * MAX_MODEL_LEN, f"maximum model length is {MAX_MODEL_LEN}"),
+    ]
+    cases += [(C, _completion(prompt=p), 400, text) for p, text in prompts]
+    cases += [
+        (C, _completion(max_tokens=MAX_MODEL_LEN), 400, f"maximum context length is {MAX_MODEL_LEN}"),
+        (C, _completion(echo=True), 400, "echo"), (C, _completion(logprobs=2), 400, "logprobs"),
+        (C, _completion(best_of=3), 400, "best_of"), (C, _completion(suffix="x"), 400, "suffix"),
+        (C, {"prompt": "x"}, 400, "model"), (C, {"model": MODEL_NAME}, 400, "prompt"),
+        (C, _completion(model="gpt-4"), 404, "does not exist"),
+        (C, _completion(model=5), 400, "model"),
+        (CHAT, _chat(model="other"), 404, "does not exist"),
+        (CHAT, _chat(messages=[]), 400, "messages"), (CHAT, _chat(messages="hi"), 400, "messages"),
+        (CHAT, _chat(messages=[{"role": "wizard", "content": "x"}]), 400, "role"),
+        (CHAT, _chat(messages=[{"content": "x"}]), 400, "role"),
+        (CHAT, _chat(messages=[{"role": "user", "content": 5}]), 400, "content"),
+        (CHAT, _chat(messages=[{"role": "user", "content": [{"type": "image_url",
+                                                               "image_url": {"url": "x"}}]}]),
+         400, "only text"),
+        (CHAT, _chat(max_completion_tokens=MAX_MODEL_LEN), 400,
+         f"maximum context length is {MAX_MODEL_LEN}"),
+        (CHAT, _chat(messages=[{"role": "user", "content": "x " * 600}]), 400,
+         f"maximum model length is {MAX_MODEL_LEN}"),
+        (CHAT, _chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools"),
+        (CHAT, _chat(logprobs=True), 400, "logprobs"),
+        (CHAT, _chat(response_format={"type": "json_object"}), 400, "response_format"),
+        (CHAT, {"model": MODEL_NAME}, 400, "messages"),
+    ]
+    return cases
+
+
+def _raw_cases() -> list[tuple[str, str, bytes, dict, int, str]]:
+    """(method, path, raw body, extra headers, status, text)."""
+    j = {"content-type": "application/json"}
+    return [
+        ("POST", C, b"{not json", j, 400, "not valid JSON"),
+        ("POST", C, b"", j, 400, "not valid JSON"),
+        ("POST", C, b"[1, 2]", j, 400, "JSON object"),
+        ("POST", C, b'"hello"', j, 400, "JSON object"),
+        ("POST", C, b"null", j, 400, "JSON object"),
+        ("POST", C, b"\xff\xfe\x00garbage", j, 400, "not valid JSON"),
+        ("POST", C, b'{"model": "' + b"a" * 70000 + b'"}', j, 413, "limit"),
+        ("POST", CHAT, json.dumps(_chat(messages=[{"role": "user", "content": "y" * 70000}]))
+         .encode(), j, 413, "limit"),
+        ("POST", CHAT, b'{"model": ', j, 400, "not valid JSON"),
+        ("POST", C, b'{"model": "x", "prompt": "a", "max_tokens": 1e999}', j, 400, "max_tokens"),
+        ("GET", C, b"", {}, 405, "Method Not Allowed"),
+        ("GET", "/v1/no/such/route", b"", {}, 404, "Not Found"),
+        ("GET", "/v1/models/unknown-model", b"", {}, 404, "does not exist"),
+        ("DELETE", "/v1/models", b"", {}, 405, "Method Not Allowed"),
+    ]
+
+
+def _check_error(resp: httpx.Response, status: int, text: str) -> None:
+    assert resp.status_code == status, resp.text
+    err = resp.json()["error"]
+    assert text.lower() in err["message"].lower(), err
+    assert set(err) == {"message", "type", "param", "code"}
+
+
+def test_hundred_bad_requests_get_clear_4xx_and_server_stays_healthy(server):
+    field_cases, raw_cases = _field_cases(), _raw_cases()
+    assert len(field_cases) + len(raw_cases) >= 100
+    with server.client() as http:
+        for path, body, status, text in field_cases:
+            _check_error(http.post(path, json=body), status, text)
+        for method, path, raw, headers, status, text in raw_cases:
+            _check_error(http.request(method, path, content=raw, headers=headers), status, text)
+        assert httpx.get(f"{server.base_url}/health").status_code == 200
+        ok = http.post(C, json=_completion(max_tokens=3))
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] >= 1
+    values = wait_until_idle(server)
+    assert values["hifc_gpu_kv_blocks_free"] == values["hifc_gpu_kv_blocks_total"]
+
+
+def test_context_overflow_names_limit_and_request(server):
+    with server.client() as http:
+        resp = http.post(C, json=_completion(prompt=[5] * 200, max_tokens=100))
+    _check_error(resp, 400, f"maximum context length is {MAX_MODEL_LEN} tokens")
+    assert "300" in resp.json()["error"]["message"]  # 200 prompt + 100 to generate
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"},
+                                     {"Authorization": "test-key"},
+                                     {"Authorization": "Basic test-key"},
+                                     {"Authorization": "Bearer test-key-and-more"}])
+def test_missing_or_wrong_api_key_is_401(server, headers):
+    for method, path in (("GET", "/v1/models"), ("POST", C), ("POST", CHAT)):
+        resp = httpx.request(method, f"{server.base_url}{path}", headers=headers,
+                             json=_completion())
+        _check_error(resp, 401, "API key")
+        assert resp.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_health_and_metrics_need_no_key(server):
+    assert httpx.get(f"{server.base_url}/health").status_code == 200
+    assert httpx.get(f"{server.base_url}/metrics").status_code == 200
+
+
+def test_streaming_request_with_bad_input_fails_before_the_stream(server):
+    with server.client() as http:
+        resp = http.post(C, json=_completion(prompt=[10 ** 6], stream=True))
+    _check_error(resp, 400, "outside the vocabulary")
+    assert resp.headers["content-type"].startswith("application/json")
