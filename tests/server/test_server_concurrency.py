@@ -51,21 +51,30 @@ async def _leave_non_streaming(http: httpx.AsyncClient, i: int) -> None:
         pass
 
 
-async def _run_clients(server) -> list[dict]:
+async def _health_during(http: httpx.AsyncClient, polls: int = 5) -> list[int]:
+    codes = []
+    for _ in range(polls):
+        await asyncio.sleep(0.05)
+        codes.append((await http.get("/health")).status_code)
+    return codes
+
+
+async def _run_clients(server) -> tuple[list[dict], list[int]]:
     limits = httpx.Limits(max_connections=NUM_CLIENTS + 10)
     async with httpx.AsyncClient(base_url=server.base_url, headers=server.headers, timeout=60,
                                  limits=limits) as http:
         leavers = [_leave_non_streaming(http, i) for i in range(4)]
         streams = [_stream(http, i, leave_after=(2 + i % 5) if i % 3 == 0 else None)
                    for i in range(NUM_CLIENTS)]
-        results = await asyncio.wait_for(asyncio.gather(*streams, *leavers), timeout=80)
-        return results[:NUM_CLIENTS]
+        results = await asyncio.wait_for(
+            asyncio.gather(*streams, *leavers, _health_during(http)), timeout=80)
+        return results[:NUM_CLIENTS], results[-1]
 
 
 def test_fifty_streams_with_disconnects_leave_nothing_allocated(server):
     before = metric_values(httpx.get(f"{server.base_url}/metrics").text)
-    results = asyncio.run(_run_clients(server))
-    assert httpx.get(f"{server.base_url}/health").status_code == 200
+    results, health_codes = asyncio.run(_run_clients(server))
+    assert health_codes == [200] * len(health_codes)
 
     finished = [r for i, r in enumerate(results) if i % 3 != 0]
     assert all(r["done"] and r["usage"]["completion_tokens"] == MAX_TOKENS for r in finished)
