@@ -79,3 +79,14 @@ def test_bind_warning_only_beyond_loopback_without_key(host, key, warns):
     assert (message is not None) == warns
     if warns:
         assert "API key" in message and host in message
+
+
+def test_serve_takes_the_model_as_positional_or_option():
+    from hifc.entrypoints.cli import build_parser
+
+    args = build_parser().parse_args(["serve", "some/model", "--port", "9001"])
+    assert args.model_tag == "some/model" and args.port == 9001 and args.host == "127.0.0.1"
+    args = build_parser().parse_args(["serve", "--model", "m", "--served-model-name", "a", "b",
+                                      "--kv-offload", "dram", "--swap-space", "1"])
+    assert args.model == "m" and args.served_model_name == ["a", "b"]
+    assert args.kv_offload == "dram"

@@ -122,7 +122,9 @@ async def _parse_body(request: Request, model: type[_Body], limit: int) -> _Body
     raw = b"".join(chunks)
     try:
         data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except RecursionError:
+        raise APIError(400, "request body is not valid JSON: nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, integers of 4300+ digits
         raise APIError(400, f"request body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise APIError(400, f"request body must be a JSON object, got {type(data).__name__}")
