@@ -138,17 +138,23 @@ class AsyncEngine:
         loop = asyncio.get_running_loop()
         stream = _Stream(request.request_id, asyncio.Queue(), loop, time.monotonic())
         self._commands.put(_Add(request, stream))
-        while True:  # the engine answers within a step; poll in case its thread just stopped
-            try:
-                first = await asyncio.wait_for(stream.queue.get(), timeout=1.0)
-                break
-            except asyncio.TimeoutError:
-                if not self._thread.is_alive():
-                    raise EngineDeadError("the engine is not running") from None
+        try:
+            first = await self._accepted(stream)
+        except asyncio.CancelledError:  # the caller went away while the request was queued
+            self.abort(request.request_id)
+            raise
         if isinstance(first, BaseException):
             raise first
         assert first is _ACCEPTED
         return RequestStream(self, request.request_id, stream.queue)
+
+    async def _accepted(self, stream: _Stream) -> object:
+        while True:  # the engine answers within a step; poll in case its thread just stopped
+            try:
+                return await asyncio.wait_for(stream.queue.get(), timeout=1.0)
+            except asyncio.TimeoutError:
+                if not self._thread.is_alive():
+                    raise EngineDeadError("the engine is not running") from None
 
     def abort(self, request_id: str) -> None:
         self._commands.put(_Abort(request_id))

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import AsyncIterator
 
 from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
 
 from hifc.engine.outputs import RequestOutput
 from hifc.entrypoints.server.async_engine import (AsyncEngine, EngineDeadError, GenerateRequest,
@@ -105,16 +106,29 @@ async def _submit(engine: AsyncEngine, request: GenerateRequest) -> RequestStrea
 
 
 async def _respond(stream: RequestStream, call: _Call, streaming: bool, request: Request):
-    from fastapi.responses import JSONResponse, StreamingResponse
-
     if streaming:
-        return StreamingResponse(_sse(stream, call), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+        return _AbortingStreamingResponse(stream, _sse(stream, call))
     final = await _collect_unless_disconnected(stream, request)
     if final is None:  # the client left; its request was aborted
         return JSONResponse(error_body(499, "client disconnected"), status_code=499)
     choice = _choice(call, final.text, final.finish_reason, delta=False)
     return JSONResponse({**_envelope(call, [choice], chunk=False), "usage": _usage(final)})
+
+
+class _AbortingStreamingResponse(StreamingResponse):
+    """Server-sent events that abort the request however the response ends (finished, client
+    gone before or during the stream, server shutting down)."""
+
+    def __init__(self, stream: RequestStream, events: AsyncIterator[str]):
+        super().__init__(events, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache"})
+        self._stream = stream
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._stream.abort()
 
 
 async def _collect_unless_disconnected(stream: RequestStream,
