@@ -9,8 +9,9 @@
 Each point runs the chosen variants (``--compare``, default dram,flash; none, recompute and
 auto are allowed) through ``hifc bench throughput``'s code, each on a fresh engine, with fixed
 input/output lengths and random token ids. The plot shows output tokens/s per variant and, on a
-second axis, the preemptions (swap-outs, or recomputes for ``recompute``). JSON and PNG are
-rewritten after every point, so a run cut short keeps what it measured.
+second axis, the preemptions (swap-outs, or recomputes for ``recompute``). The JSON is rewritten
+after every point, so a run cut short keeps what it measured; the PNG is drawn at the end (also
+when a point fails), or later from the JSON with ``hifc.bench.plots.plot_sweep``.
 
 Defaults are the paper's settings for the 8B preset on a GPU (``FIGURES``; where the paper
 gives no value, e.g. Fig 3's KV budget and tier sizes, the values are ours and chosen so that
@@ -114,8 +115,10 @@ def sweep_points(figure: str, spec: FigureSpec, args) -> list[SweepPoint]:
             raise ValueError(f"--{option.replace('_', '-')} applies to --figure {owner}")
     values = {o: getattr(args, o) if getattr(args, o) is not None else getattr(spec, o)
               for o in POINT_OPTIONS}
-    inp, out = args.input_len or spec.input_len, args.output_len or spec.output_len
-    seqs, block = args.max_num_seqs or spec.max_num_seqs, args.block_size or spec.block_size
+    inp, out, seqs, block = (_given(args.input_len, spec.input_len),
+                             _given(args.output_len, spec.output_len),
+                             _given(args.max_num_seqs, spec.max_num_seqs),
+                             _given(args.block_size, spec.block_size))
     if inp < 1 or out < 1:
         raise ValueError("--input-len and --output-len must be positive")
     if figure == "io-length":
@@ -136,14 +139,18 @@ def sweep_points(figure: str, spec: FigureSpec, args) -> list[SweepPoint]:
     return points
 
 
+def _given(value, default):
+    return default if value is None else value
+
+
 def base_options(figure: str, spec: FigureSpec, args) -> dict:
     """The shared engine options, with the figure's defaults where no flag was given."""
     if figure == "block-size" and args.num_gpu_blocks is not None:
         raise ValueError("the block-size sweep needs --kv-cache-gib: a block count is a "
                          "different budget at each block size")
     filled = argparse.Namespace(**vars(args))
-    filled.max_num_seqs = args.max_num_seqs or spec.max_num_seqs
-    filled.block_size = args.block_size or spec.block_size
+    filled.max_num_seqs = _given(args.max_num_seqs, spec.max_num_seqs)
+    filled.block_size = _given(args.block_size, spec.block_size)
     if args.kv_cache_gib is None and args.num_gpu_blocks is None:
         filled.kv_cache_gib = spec.kv_cache_gib
     if args.swap_space is None and args.flash_size_gib is None:
@@ -156,7 +163,7 @@ def base_options(figure: str, spec: FigureSpec, args) -> dict:
 def run(args: argparse.Namespace) -> int:
     spec = FIGURES[args.figure]
     variants = parse_variants(args.compare)
-    num_prompts = args.num_prompts or spec.num_prompts
+    num_prompts = spec.num_prompts if args.num_prompts is None else args.num_prompts
     if num_prompts < 1:
         raise ValueError("--num-prompts must be positive")
     points = sweep_points(args.figure, spec, args)
@@ -168,29 +175,28 @@ def run(args: argparse.Namespace) -> int:
     sweep = {"figure": args.figure, "paper": spec.paper, "title": spec.title,
              "compare": variants, "num_prompts": num_prompts,
              "settings": {k: base[k] for k in SETTINGS}, "points": []}
-    for point in points:
-        workload, results = compare(
-            variants, point_options(base, point),
-            lambda engine, p=point: fixed_workload(engine, p.input_len, p.output_len,
-                                                   num_prompts, base["seed"]),
-            progress=not args.no_progress, label=f"{point.panel}={point.x} ")
-        sweep["points"].append({**asdict(point), "workload": workload, **summarize(results)})
-        save(sweep, args.json_out, args.plot)
+    try:
+        for point in points:
+            workload, results = compare(
+                variants, point_options(base, point),
+                lambda engine, p=point: fixed_workload(engine, p.input_len, p.output_len,
+                                                       num_prompts, base["seed"]),
+                progress=not args.no_progress, label=f"{point.panel}={point.x} ")
+            sweep["points"].append({**asdict(point), "workload": workload,
+                                    **summarize(results)})
+            if args.json_out:  # after every point: a run cut short keeps what it measured
+                with open(args.json_out, "w") as f:
+                    json.dump(sweep, f, indent=2)
+    finally:  # also after a failure part-way: the points measured so far
+        if args.plot and sweep["points"]:
+            from hifc.bench.plots import plot_sweep
+            plot_sweep(sweep, args.plot)
     print_sweep(sweep)
     return 0
 
 
 def point_options(base: dict, point: SweepPoint) -> dict:
     return dict(base, max_num_seqs=point.max_num_seqs, block_size=point.block_size)
-
-
-def save(sweep: dict, json_out: str | None, plot: str | None) -> None:
-    if json_out:
-        with open(json_out, "w") as f:
-            json.dump(sweep, f, indent=2)
-    if plot:
-        from hifc.bench.plots import plot_sweep
-        plot_sweep(sweep, plot)
 
 
 def print_sweep(sweep: dict) -> None:

@@ -132,8 +132,9 @@ def iter_json_array(path: str | Path, chunk_chars: int = 1 << 20) -> Iterator[An
                 if pos >= len(buf):
                     raise json.JSONDecodeError("end of buffer", buf, pos)
                 item, end = decoder.raw_decode(buf, pos)
-                if end == len(buf) and not eof and not isinstance(item, (dict, list)):
-                    raise json.JSONDecodeError("scalar may continue", buf, pos)
+                if (not eof and isinstance(item, (int, float))
+                        and (end == len(buf) or buf[end] not in " \t\r\n,]")):
+                    raise json.JSONDecodeError("number may go on", buf, pos)  # "1" of "1.5"
             except json.JSONDecodeError as exc:
                 if eof:  # a complete array returns at its "]"
                     logger.warning("%s: stopped after %d elements: the file is truncated or "
