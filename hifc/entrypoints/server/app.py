@@ -76,7 +76,7 @@ def _v1_router(engine: AsyncEngine, settings: ServerSettings) -> APIRouter:
     def model_card(name: str) -> dict:
         return {"id": name, "object": "model", "created": 0, "owned_by": "hifc",
                 "root": engine.model_name, "max_model_len": engine.max_model_len,
-                "vocab_size": engine.engine.arch.vocab_size}
+                "vocab_size": engine.vocab_size}
 
     def check_model(name: str) -> None:
         if name not in settings.served_model_names:

@@ -106,6 +106,9 @@ class AsyncEngine:
         self.engine = engine
         self.model_name = engine.model_name
         self.max_model_len = engine.limits.max_model_len
+        self.vocab_size = engine.arch.vocab_size
+        # for chat templates only (pure Python rendering); encoding stays in the engine thread
+        self.tokenizer = engine.tokenizer
         self._observer = observer
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}  # touched by the engine thread only
@@ -162,6 +165,10 @@ class AsyncEngine:
     # ---- the engine thread ----------------------------------------------------------------
     def _run(self) -> None:
         try:
+            device = self.engine.device
+            if device.type == "cuda" and device.index is not None:
+                import torch
+                torch.cuda.set_device(device)  # Triton launches on the thread's current device
             while self._take_commands(block=not self.engine.has_unfinished_requests()):
                 if self.engine.has_unfinished_requests():
                     self._step()

@@ -65,7 +65,7 @@ async def create_completion(engine: AsyncEngine, body: CompletionRequest, reques
 async def create_chat_completion(engine: AsyncEngine, body: ChatCompletionRequest,
                                  request: Request):
     body.check_supported()
-    tokenizer = engine.engine.tokenizer
+    tokenizer = engine.tokenizer
     if tokenizer is None:
         raise APIError(400, f"model {body.model!r} has no tokenizer or chat template: use "
                             "/v1/completions with token ids", param="messages")
