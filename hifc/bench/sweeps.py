@@ -24,7 +24,7 @@ import argparse
 import json
 from dataclasses import asdict, dataclass
 
-from hifc.bench.throughput import (SETTINGS, check_budget, compare, fixed_workload,
+from hifc.bench.throughput import (check_budget, compare, engine_settings, fixed_workload,
                                    parse_variants, summarize, variant_options)
 from hifc.config import BLOCK_SIZES, EngineConfig
 from hifc.entrypoints.engine_args import add_engine_args, engine_config_from_args
@@ -174,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
             EngineConfig(**variant_options(name, point_options(base, point)))
     sweep = {"figure": args.figure, "paper": spec.paper, "title": spec.title,
              "compare": variants, "num_prompts": num_prompts,
-             "settings": {k: base[k] for k in SETTINGS}, "points": []}
+             "settings": engine_settings(base), "points": []}
     try:
         for point in points:
             workload, results = compare(

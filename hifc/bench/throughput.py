@@ -45,11 +45,8 @@ DEFAULT_OUTPUT_LEN = 128
 COUNTERS = ("preemptions", "swap_out_blocks", "swap_in_blocks", "tier_bytes_written",
             "tier_bytes_read", "swap_io_seconds", "swap_stall_seconds", "recomputed_sequences",
             "swap_failures", "steps")
-# engine options recorded in the JSON ("settings")
-SETTINGS = ("model", "device", "dtype", "block_size", "max_model_len", "max_num_seqs",
-            "max_num_batched_tokens", "num_gpu_blocks", "kv_cache_gib", "swap_space",
-            "flash_path", "flash_size_gib", "flash_policy", "flash_io_threads",
-            "attention_backend", "seed")
+# engine options left out of the JSON's "settings" (each variant sets its own tier and policy)
+NOT_SETTINGS = ("kv_offload", "preemption", "tier_fault_injection")
 
 # engine -> (requests, description of the workload for the JSON)
 WorkloadBuilder = Callable[[object], tuple[list[BenchRequest], dict]]
@@ -165,6 +162,11 @@ def check_budget(variants: list[str], base: dict) -> None:
         variant_options(name, base)  # tier options present?
 
 
+def engine_settings(base: dict) -> dict:
+    """The shared engine options as recorded in the JSON."""
+    return {k: v for k, v in base.items() if k not in NOT_SETTINGS}
+
+
 def variant_options(name: str, base: dict) -> dict:
     """Engine options of one variant, from the shared options (which carry the KV budget)."""
     opts = dict(base)
@@ -278,7 +280,7 @@ def run(args: argparse.Namespace) -> int:
     check_budget(variants, base)
     if args.trace_dir:
         os.makedirs(args.trace_dir, exist_ok=True)
-    settings = {k: base[k] for k in SETTINGS}
+    settings = engine_settings(base)
 
     def save(workload: dict, results: list[dict]) -> dict:
         summary = summarize(results)
