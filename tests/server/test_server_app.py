@@ -70,6 +70,22 @@ def test_after_shutdown_health_and_requests_are_503():
     assert resp.status_code == 503 and "not running" in resp.json()["error"]["message"]
 
 
+def test_engine_failure_fails_requests_and_health_but_not_the_server():
+    client = _client("random:tiny-llama")
+    engine = client.app.state.async_engine.engine
+
+    def broken_step():
+        raise RuntimeError("simulated engine bug")
+
+    engine.step = broken_step
+    with client:
+        resp = client.post("/v1/completions", json={"model": "m", "prompt": [1, 2],
+                                                    "max_tokens": 2})
+        assert resp.status_code == 503 and "simulated engine bug" in resp.json()["error"]["message"]
+        assert client.get("/health").status_code == 503
+        assert client.get("/metrics").status_code == 200
+
+
 @pytest.mark.parametrize("host,key,warns", [
     ("127.0.0.1", None, False), ("localhost", None, False), ("::1", None, False),
     ("0.0.0.0", None, True), ("::", None, True), ("192.168.1.10", None, True),

@@ -39,6 +39,7 @@ def build_app(engine: AsyncEngine, metrics: ServerMetrics, settings: ServerSetti
 
     app = FastAPI(title="hifc", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
+    app.state.async_engine = engine
     install_error_handlers(app)
 
     @app.get("/health")

@@ -148,9 +148,12 @@ async def _collect_unless_disconnected(stream: RequestStream,
     watch = asyncio.ensure_future(disconnected())
     try:
         await asyncio.wait({consume, watch}, return_when=asyncio.FIRST_COMPLETED)
-        if consume.done():
+        if not consume.done():
+            return None
+        try:
             return consume.result()
-        return None
+        except EngineDeadError as exc:
+            raise APIError(503, str(exc)) from None
     finally:
         for task in (consume, watch):
             task.cancel()
