@@ -30,6 +30,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9  # fraction of GPU memory for weights + activations + KV
     seed: int = 0
     attention_backend: str = "auto"  # auto = triton on CUDA, torch elsewhere
+    enforce_eager: bool = False  # True: no CUDA graphs (otherwise decode steps replay graphs)
     # Where preempted sequences' KV goes (HiFC): nowhere (recompute), pinned DRAM, or flash.
     kv_offload: str = "none"
     flash_path: str | None = None  # cache file of the flash tier (created preallocated)
@@ -64,6 +65,8 @@ class EngineConfig:
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, "
                              f"got {self.attention_backend!r}")
+        if not isinstance(self.enforce_eager, bool):
+            raise ValueError(f"enforce_eager must be True or False, got {self.enforce_eager!r}")
         self._validate_offload()
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")

@@ -22,6 +22,8 @@ def add_engine_args(parser: argparse.ArgumentParser, model_default: str = "smoll
     g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS)
+    g.add_argument("--enforce-eager", action="store_true",
+                   help="run every step eagerly (no CUDA graphs of decode steps)")
     t = parser.add_argument_group("KV swap tier")
     t.add_argument("--kv-offload", default="none", choices=KV_OFFLOAD,
                    help="where preempted sequences' KV goes")
@@ -40,7 +42,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, num_gpu_blocks=args.num_gpu_blocks,
         kv_cache_gib=args.kv_cache_gib, gpu_memory_utilization=args.gpu_memory_utilization,
-        seed=args.seed, attention_backend=args.attention_backend, kv_offload=args.kv_offload,
+        seed=args.seed, attention_backend=args.attention_backend,
+        enforce_eager=args.enforce_eager, kv_offload=args.kv_offload,
         flash_path=args.flash_path, flash_size_gib=args.flash_size_gib,
         flash_policy=args.flash_policy, flash_io_threads=args.flash_io_threads,
         swap_space=args.swap_space, preemption=args.preemption)

@@ -1,6 +1,9 @@
 """Builds each input tensor of a step from the scheduler's work list, one function each."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 
 from hifc.core.scheduler import ScheduledSeq
@@ -56,3 +59,107 @@ def build_attention_metadata(work: list[ScheduledSeq], block_size: int,
         max_seq_len=max(seq_lens),
         block_size=block_size,
     )
+
+
+# ---- decode batches in persistent buffers (CUDA graphs) ---------------------------------------
+PAD_SLOT = -1  # slot of a padding token: the KV write skips it
+
+
+@dataclass(frozen=True)
+class DecodeInputLayout:
+    """Where each input of a decode-only step sits in one packed int32 buffer.
+
+    The buffer holds, for up to ``max_batch`` sequences of up to ``max_blocks`` blocks each:
+    ``input_ids [M] | positions [M] | slot_mapping [M] | seq_lens [M] | query_start_loc [M+1] |
+    block_tables [M, max_blocks]`` (M = max_batch). The offsets never change, so a CUDA graph
+    captured over views of the device copy reads every later step's inputs; a batch of b rows
+    lives in the first ``prefix_len(b)`` elements (one host-to-device copy).
+    """
+
+    max_batch: int
+    max_blocks: int
+
+    def __post_init__(self) -> None:
+        if self.max_batch < 1 or self.max_blocks < 1:
+            raise ValueError("max_batch and max_blocks must be positive")
+
+    @property
+    def block_tables_offset(self) -> int:
+        return 5 * self.max_batch + 1
+
+    @property
+    def numel(self) -> int:
+        return self.prefix_len(self.max_batch)
+
+    def prefix_len(self, batch: int) -> int:
+        """Elements a batch of ``batch`` rows occupies from the start of the buffer."""
+        return self.block_tables_offset + batch * self.max_blocks
+
+
+@dataclass(frozen=True)
+class DecodeInputs:
+    """Views ([b] / [b+1] / [b, max_blocks], int32) of a packed decode buffer."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    seq_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    block_tables: torch.Tensor
+
+
+def decode_input_views(buffer: torch.Tensor, layout: DecodeInputLayout,
+                       batch: int) -> DecodeInputs:
+    """Views of the first ``batch`` rows of each input in ``buffer`` ([layout.numel] int32)."""
+    if not 1 <= batch <= layout.max_batch:
+        raise ValueError(f"batch {batch} is outside 1..{layout.max_batch}")
+    m, bt = layout.max_batch, layout.block_tables_offset
+    return DecodeInputs(
+        input_ids=buffer[0:batch],
+        positions=buffer[m:m + batch],
+        slot_mapping=buffer[2 * m:2 * m + batch],
+        seq_lens=buffer[3 * m:3 * m + batch],
+        query_start_loc=buffer[4 * m:4 * m + batch + 1],
+        block_tables=buffer[bt:bt + batch * layout.max_blocks].view(batch, layout.max_blocks),
+    )
+
+
+def fits_decode_layout(work: list[ScheduledSeq], layout: DecodeInputLayout) -> bool:
+    """True for a decode-only step (one new token per sequence) that the layout holds."""
+    return (0 < len(work) <= layout.max_batch
+            and all(len(w.token_ids) == 1 and len(w.block_table) <= layout.max_blocks
+                    for w in work))
+
+
+def fill_decode_inputs(work: list[ScheduledSeq], batch: int, block_size: int,
+                       layout: DecodeInputLayout, buffer: np.ndarray) -> list[int]:
+    """Write a decode-only step, padded to ``batch`` rows, into ``buffer`` ([layout.numel]
+    int32, host memory). Returns the real sequences' lengths. An empty ``work`` writes a batch
+    of padding only.
+
+    Padding rows are harmless: token 0 at position 0, slot PAD_SLOT (their K/V is not written),
+    a context of one key in block 0 (finite, never garbage memory), one query each (so
+    query_start_loc stays 0..batch). Only the first ``len(block_table)`` entries of a real row's
+    block table are written: attention reads no further than its sequence length.
+    """
+    n = len(work)
+    if not (n <= batch <= layout.max_batch and (n == 0 or fits_decode_layout(work, layout))):
+        raise ValueError(f"{n} sequences do not fit a padded decode batch of {batch} rows "
+                         f"(at most {layout.max_batch} rows of {layout.max_blocks} blocks, "
+                         "one new token each)")
+    m, pad = layout.max_batch, batch - n
+    positions = [w.start_pos for w in work]
+    seq_lens = [p + 1 for p in positions]
+    slots = [w.block_table[p // block_size] * block_size + p % block_size
+             for w, p in zip(work, positions)]
+    buffer[0:batch] = [w.token_ids[0] for w in work] + [0] * pad
+    buffer[m:m + batch] = positions + [0] * pad
+    buffer[2 * m:2 * m + batch] = slots + [PAD_SLOT] * pad
+    buffer[3 * m:3 * m + batch] = seq_lens + [1] * pad
+    buffer[4 * m:4 * m + batch + 1] = np.arange(batch + 1, dtype=np.int32)
+    bt = layout.block_tables_offset
+    tables = buffer[bt:bt + batch * layout.max_blocks].reshape(batch, layout.max_blocks)
+    for row, w in zip(tables, work):
+        row[:len(w.block_table)] = w.block_table
+    tables[n:, 0] = 0
+    return seq_lens

@@ -1,12 +1,17 @@
 """Runs one scheduled step on the device: inputs -> model -> logits -> sampled tokens."""
 from __future__ import annotations
 
+import logging
+
 import torch
 
-from hifc.core.scheduler import SchedulerOutput
+from hifc.core.scheduler import ScheduledSeq, SchedulerOutput
 from hifc.layers.attention import AttentionBackend, AttentionContext
 from hifc.layers.sampler import Sampler
 from hifc.runtime import inputs
+from hifc.runtime.cuda_graphs import DecodeGraphs, capture_sizes, graphs_unsupported_reason
+
+logger = logging.getLogger(__name__)
 
 
 class ModelRunner:
@@ -23,6 +28,8 @@ class ModelRunner:
         self.default_generator = torch.Generator(device=device)
         self.default_generator.manual_seed(seed)
         self._generators: dict[str, torch.Generator] = {}  # per seeded request
+        self.decode_graphs: DecodeGraphs | None = None
+        self.num_padded_decode_steps = 0  # steps run through decode_graphs
 
     def _generator_for(self, request_id: str, seed: int | None) -> torch.Generator | None:
         if seed is None:
@@ -34,6 +41,37 @@ class ModelRunner:
             self._generators[request_id] = gen
         return gen
 
+    def capture_decode_graphs(self, max_model_len: int, max_num_seqs: int) -> bool:
+        """Capture CUDA graphs of decode steps (batch sizes from ``capture_sizes``) if this
+        device and backend allow it; returns False, and decode stays eager, if not."""
+        num_slots = self.kv_cache.shape[2] * self.block_size
+        reason = graphs_unsupported_reason(self.device, self.backend, num_slots)
+        if reason is not None:
+            logger.info("decode steps run eagerly (no CUDA graphs): %s", reason)
+            return False
+        self.use_padded_decode(max_model_len, capture_sizes(max_num_seqs), capture=True)
+        return True
+
+    def use_padded_decode(self, max_model_len: int, batch_sizes: list[int],
+                          capture: bool) -> None:
+        """Run decode-only steps of up to max(batch_sizes) sequences padded to the next size,
+        from persistent input buffers: replayed from CUDA graphs captured now (capture=True,
+        CUDA only) or run eagerly (capture=False: the same computation, for tests)."""
+        graphs = DecodeGraphs(self.model, self.kv_caches, self.backend, self.scale,
+                              self.block_size, max_model_len, batch_sizes, self.device)
+        if capture:
+            graphs.capture()
+        self.decode_graphs = graphs
+
+    def _eager_logits(self, work: list[ScheduledSeq]) -> torch.Tensor:
+        meta = inputs.build_attention_metadata(work, self.block_size, self.device)
+        ctx = AttentionContext(meta, self.kv_caches, self.backend, self.scale)
+        input_ids = inputs.build_input_ids(work, self.device)
+        positions = inputs.build_positions(work, self.device)
+        hidden = self.model(input_ids, positions, ctx)  # [T, hidden]
+        last = inputs.build_logits_indices(meta.query_start_loc_cpu, self.device)
+        return self.model.compute_logits(hidden.index_select(0, last))  # [B, V]
+
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> list[int]:
         """Compute the scheduled tokens' K/V and return one sampled token per sequence."""
@@ -42,13 +80,11 @@ class ModelRunner:
         work = out.scheduled
         if not work:
             return []
-        meta = inputs.build_attention_metadata(work, self.block_size, self.device)
-        ctx = AttentionContext(meta, self.kv_caches, self.backend, self.scale)
-        input_ids = inputs.build_input_ids(work, self.device)
-        positions = inputs.build_positions(work, self.device)
-        hidden = self.model(input_ids, positions, ctx)  # [T, hidden]
-        last = inputs.build_logits_indices(meta.query_start_loc_cpu, self.device)
-        logits = self.model.compute_logits(hidden.index_select(0, last))  # [B, V]
+        logits = self.decode_graphs.run(work) if self.decode_graphs is not None else None
+        if logits is None:
+            logits = self._eager_logits(work)  # [B, V]
+        else:
+            self.num_padded_decode_steps += 1
         params = [w.sampling_params for w in work]
         gens = [self._generator_for(w.request_id, w.sampling_params.seed) for w in work]
         return self.sampler.sample(logits, params, gens, self.default_generator)

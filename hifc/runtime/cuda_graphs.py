@@ -1,0 +1,180 @@
+"""CUDA graphs of decode steps: one captured model forward + logits per batch size.
+
+A decode-only step of n sequences is padded to the smallest captured size b >= n. Its inputs are
+packed into one pinned host buffer (``hifc.runtime.inputs.fill_decode_inputs``), copied to the
+device buffer the graphs were captured over in one transfer, and graph b is replayed; the logits
+of the n real rows go to the (eager, per-request seeded) sampler. Prefill and mixed steps, and
+decode batches above the largest size, run eagerly.
+
+What makes a replay valid for any step:
+- every tensor the graph reads lives at a fixed address: the packed device buffer, the KV cache,
+  the weights; the host-side fields of the captured ``AttentionMetadata`` are stale at replay, so
+  only backends that read lengths from device memory may be captured (``TritonAttentionBackend``
+  does: its grid depends on the number of rows only, and it sizes split-KV segments from the
+  device-side sequence lengths);
+- the launch plan is fixed per batch size: it is planned from ``max_seq_len = max_model_len``
+  (the longest sequence any step may hold), not from the step's own lengths;
+- padding rows write no K/V (slot -1, skipped by the Triton KV write) and attend to one key of
+  block 0, so they read only initialised memory; their logits are dropped.
+
+Without capture (``capture=False``) the same padded forward runs eagerly each step: CPU tests use
+it to check the padding and buffer logic against the unpadded path.
+"""
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+
+import torch
+
+from hifc.core.scheduler import ScheduledSeq
+from hifc.layers.attention import AttentionBackend, AttentionContext, AttentionMetadata
+from hifc.runtime.inputs import (DecodeInputLayout, decode_input_views, fill_decode_inputs,
+                                 fits_decode_layout)
+
+logger = logging.getLogger(__name__)
+
+MAX_CAPTURE_SIZE = 256
+
+
+def capture_sizes(max_num_seqs: int, limit: int = MAX_CAPTURE_SIZE) -> list[int]:
+    """Batch sizes to capture (vLLM's): 1, 2, 4, then multiples of 8, up to min(max_num_seqs,
+    limit), which is itself included."""
+    cap = min(max_num_seqs, limit)
+    if cap < 1:
+        raise ValueError(f"max_num_seqs must be positive, got {max_num_seqs}")
+    sizes = [s for s in [1, 2, 4, *range(8, cap + 1, 8)] if s <= cap]
+    return sizes if sizes[-1] == cap else sizes + [cap]
+
+
+def padded_batch_size(num_seqs: int, sizes: list[int]) -> int | None:
+    """The smallest size in ``sizes`` (ascending) that holds num_seqs rows; None if none does."""
+    i = bisect.bisect_left(sizes, num_seqs)
+    return sizes[i] if i < len(sizes) else None
+
+
+def graphs_unsupported_reason(device: torch.device, backend: AttentionBackend,
+                              num_slots: int) -> str | None:
+    """Why decode steps on this device/backend cannot be captured; None if they can."""
+    if device.type != "cuda":
+        return f"device {device} is not CUDA"
+    from hifc.layers.triton_attention import TritonAttentionBackend
+    if not isinstance(backend, TritonAttentionBackend):
+        return f"attention backend {type(backend).__name__} reads host-side lengths"
+    if not backend.triton_kv_write:
+        return "the torch KV write cannot skip padding slots"
+    if num_slots >= 2 ** 31:
+        return f"{num_slots} KV slots do not fit the int32 input buffer"
+    return None
+
+
+class DecodeGraphs:
+    """Padded decode steps over persistent input buffers, replayed from CUDA graphs."""
+
+    def __init__(self, model: torch.nn.Module, kv_caches: list[torch.Tensor],
+                 backend: AttentionBackend, scale: float, block_size: int, max_model_len: int,
+                 batch_sizes: list[int], device: torch.device):
+        if not batch_sizes or sorted(set(batch_sizes)) != list(batch_sizes) or batch_sizes[0] < 1:
+            raise ValueError(f"batch_sizes must be ascending positive sizes, got {batch_sizes}")
+        self.model = model
+        self.kv_caches = kv_caches
+        self.backend = backend
+        self.scale = scale
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.batch_sizes = list(batch_sizes)
+        self.device = device
+        self.layout = DecodeInputLayout(max(batch_sizes), -(-max_model_len // block_size))
+        pin = device.type == "cuda"
+        self.host_buffer = torch.zeros(self.layout.numel, dtype=torch.int32, pin_memory=pin)
+        self._host = self.host_buffer.numpy()  # the same memory, filled row by row
+        self.device_buffer = (torch.zeros(self.layout.numel, dtype=torch.int32, device=device)
+                              if pin else self.host_buffer)
+        self._copied = torch.cuda.Event() if pin else None  # host buffer free again
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._logits: dict[int, torch.Tensor] = {}  # graph outputs [b, V] float32
+        self.capture_seconds = 0.0
+        self.capture_bytes = 0  # device memory reserved by warm-up and capture (the graph pool)
+
+    def batch_size_for(self, work: list[ScheduledSeq]) -> int | None:
+        """The padded size this step runs at, or None when it must run eagerly."""
+        if not fits_decode_layout(work, self.layout):
+            return None
+        return padded_batch_size(len(work), self.batch_sizes)
+
+    def _forward(self, batch: int, seq_lens_cpu: list[int]) -> torch.Tensor:
+        """The padded forward over the device buffer's first ``batch`` rows -> logits [b, V]."""
+        x = decode_input_views(self.device_buffer, self.layout, batch)
+        meta = AttentionMetadata(
+            slot_mapping=x.slot_mapping.long(),
+            query_start_loc=x.query_start_loc,
+            seq_lens=x.seq_lens,
+            block_tables=x.block_tables,
+            query_start_loc_cpu=list(range(batch + 1)),
+            seq_lens_cpu=seq_lens_cpu,
+            max_query_len=1,
+            max_seq_len=self.max_model_len,  # fixes the launch plan for any step of this size
+            block_size=self.block_size,
+        )
+        ctx = AttentionContext(meta, self.kv_caches, self.backend, self.scale)
+        hidden = self.model(x.input_ids.long(), x.positions.long(), ctx)  # [b, H]
+        return self.model.compute_logits(hidden)  # [b, V]: one new token per row
+
+    def _load(self, work: list[ScheduledSeq], batch: int) -> list[int]:
+        """Pack the step into the host buffer and start its copy to the device buffer."""
+        if self._copied is not None:
+            self._copied.synchronize()  # the previous step's copy has read the host buffer
+        seq_lens = fill_decode_inputs(work, batch, self.block_size, self.layout, self._host)
+        if self._copied is not None:
+            n = self.layout.prefix_len(batch)
+            self.device_buffer[:n].copy_(self.host_buffer[:n], non_blocking=True)
+            self._copied.record()
+        return seq_lens
+
+    @torch.inference_mode()
+    def run(self, work: list[ScheduledSeq]) -> torch.Tensor | None:
+        """Logits ([n, V] float32) of a decode step, or None if the step must run eagerly. The
+        result is a view of the graph's output: read it before the next step."""
+        batch = self.batch_size_for(work)
+        if batch is None:
+            return None
+        if not self.graphs:
+            seq_lens = self._load(work, batch)
+            return self._forward(batch, seq_lens + [1] * (batch - len(work)))[:len(work)]
+        with torch.cuda.device(self.device):
+            self._load(work, batch)
+            self.graphs[batch].replay()
+        return self._logits[batch][:len(work)]
+
+    @torch.inference_mode()
+    def capture(self, warmup_runs: int = 2) -> None:
+        """Capture one graph per batch size, largest first, into one shared memory pool.
+
+        Call once the KV cache exists. Inputs during warm-up and capture are all padding rows,
+        so nothing is written to the KV cache."""
+        if self.device.type != "cuda":
+            raise RuntimeError("CUDA graphs need a CUDA device")
+        t0 = time.perf_counter()
+        with torch.cuda.device(self.device):
+            reserved = torch.cuda.memory_reserved(self.device)
+            pool = torch.cuda.graph_pool_handle()
+            stream = torch.cuda.Stream(self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                for batch in reversed(self.batch_sizes):
+                    self._load([], batch)
+                    padding = [1] * batch
+                    for _ in range(warmup_runs):  # compiles Triton kernels, sets up cuBLAS
+                        self._forward(batch, padding)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool, stream=stream):
+                        self._logits[batch] = self._forward(batch, padding)
+                    self.graphs[batch] = graph
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            torch.cuda.synchronize(self.device)
+            self.capture_bytes = torch.cuda.memory_reserved(self.device) - reserved
+        self.capture_seconds = time.perf_counter() - t0
+        logger.info("captured %d decode CUDA graphs (batch %d..%d) in %.1f s, %.0f MiB",
+                    len(self.graphs), self.batch_sizes[0], self.batch_sizes[-1],
+                    self.capture_seconds, self.capture_bytes / 2**20)

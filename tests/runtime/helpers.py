@@ -1,0 +1,40 @@
+"""Shared helpers of the runtime tests."""
+from __future__ import annotations
+
+import random
+
+from hifc.core.scheduler import ScheduledSeq
+from hifc.layers.attention import (TorchAttentionBackend, reference_paged_attention,
+                                   write_kv_cache)
+from hifc.sampling_params import SamplingParams
+
+
+class SkipPaddingReference(TorchAttentionBackend):
+    """The torch reference backend, except that padding slots (< 0) are not written, as the
+    Triton KV write does: lets padded decode batches run on CPU."""
+
+    def forward(self, q, k, v, kv_cache, meta, scale):
+        keep = meta.slot_mapping >= 0
+        write_kv_cache(k[keep], v[keep], kv_cache, meta.slot_mapping[keep])
+        return reference_paged_attention(q, kv_cache, meta, scale)
+
+
+def decode_work(seq_lens: list[int], block_size: int, seed: int = 0,
+                vocab: int = 512) -> list[ScheduledSeq]:
+    """One decode step (one new token each) for sequences of these lengths, disjoint shuffled
+    blocks."""
+    rng = random.Random(seed)
+    need = [-(-n // block_size) for n in seq_lens]
+    free = list(range(sum(need) + 3))
+    rng.shuffle(free)
+    work = []
+    for i, (n, nb) in enumerate(zip(seq_lens, need)):
+        table = [free.pop() for _ in range(nb)]
+        work.append(ScheduledSeq(f"r{i}", [rng.randrange(vocab)], n - 1, table, SamplingParams()))
+    return work
+
+
+def random_prompts(n: int, lengths: tuple[int, int], seed: int = 0,
+                   vocab: int = 512) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, vocab) for _ in range(rng.randint(*lengths))] for _ in range(n)]

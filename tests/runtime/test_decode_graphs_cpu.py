@@ -1,0 +1,72 @@
+"""Padded decode steps (the computation CUDA graphs replay) run eagerly on CPU: same outputs as
+the unpadded path, with batches crossing the captured sizes, admissions, swaps, recompute."""
+import pytest
+
+from hifc import LLM, SamplingParams
+from tests.runtime.helpers import SkipPaddingReference, random_prompts
+
+MODEL = "random:tiny-llama"
+SIZES = [1, 2, 4]  # 5 or more sequences decode unpadded (eagerly)
+
+
+def staggered(n, temperature=0.0, seed=None):
+    """max_tokens 6, 9, 12, ...: the batch shrinks one sequence at a time."""
+    return [SamplingParams(max_tokens=6 + 3 * i, temperature=temperature, ignore_eos=True,
+                           seed=None if seed is None else seed + i) for i in range(n)]
+
+
+def make_llm(padded: bool, **options):
+    llm = LLM(MODEL, device="cpu", dtype="float32", block_size=16, **options)
+    if padded:
+        runner = llm.engine.runner
+        runner.backend = SkipPaddingReference()
+        runner.use_padded_decode(llm.engine.limits.max_model_len, SIZES, capture=False)
+    return llm
+
+
+def run(llm, prompts, params):
+    return [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+
+
+@pytest.mark.parametrize("max_num_seqs", [8, 3])
+def test_padded_decode_gives_the_unpadded_greedy_outputs(max_num_seqs):
+    prompts = random_prompts(6, (1, 40), seed=max_num_seqs)
+    params = staggered(6)
+    ref = run(make_llm(False, num_gpu_blocks=64, max_num_seqs=max_num_seqs), prompts, params)
+    llm = make_llm(True, num_gpu_blocks=64, max_num_seqs=max_num_seqs)
+    assert run(llm, prompts, params) == ref
+    stats = llm.stats()
+    assert 0 < stats["graph_decode_steps"] < stats["steps"]
+    assert stats["gpu_blocks_free"] == stats["gpu_blocks_total"]
+
+
+def test_seeded_sampling_is_unchanged_by_padding():
+    prompts = random_prompts(5, (3, 30), seed=11)
+    params = staggered(5, temperature=0.9, seed=100)
+    ref = run(make_llm(False, num_gpu_blocks=64), prompts, params)
+    assert run(make_llm(True, num_gpu_blocks=64), prompts, params) == ref
+
+
+@pytest.mark.parametrize("tier", [None, "dram"])
+def test_padded_decode_keeps_outputs_under_preemption(tier, tmp_path):
+    prompts = random_prompts(5, (8, 12), seed=3)
+    params = [SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)] * 5
+    ref = run(make_llm(False, num_gpu_blocks=64), prompts, params)
+    options = dict(kv_offload="dram", swap_space=0.01) if tier else {}
+    llm = make_llm(True, num_gpu_blocks=7, **options)  # 5 x 2 blocks do not fit in 7
+    assert run(llm, prompts, params) == ref
+    stats = llm.stats()
+    assert stats["preemptions"] > 0 and stats["graph_decode_steps"] > 0
+    if tier:
+        assert stats["swap_in_blocks"] == stats["swap_out_blocks"] > 0
+    assert stats["gpu_blocks_free"] == stats["gpu_blocks_total"]
+    llm.close()
+
+
+@pytest.mark.parametrize("enforce_eager", [False, True])
+def test_cpu_engine_runs_eagerly_either_way(enforce_eager):
+    llm = LLM(MODEL, device="cpu", block_size=16, num_gpu_blocks=16, enforce_eager=enforce_eager)
+    assert llm.engine.runner.decode_graphs is None
+    out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, ignore_eos=True),
+                       use_tqdm=False)
+    assert len(out[0].token_ids) == 4 and llm.stats()["graph_decode_steps"] == 0

@@ -1,0 +1,147 @@
+"""Padded decode batches: capture sizes, bucketing, and the packed input buffer (CPU)."""
+import argparse
+
+import numpy as np
+import pytest
+import torch
+
+from hifc.config import EngineConfig
+from hifc.entrypoints.engine_args import add_engine_args, engine_config_from_args
+from hifc.layers.attention import TorchAttentionBackend
+from hifc.runtime import inputs
+from hifc.runtime.cuda_graphs import (DecodeGraphs, capture_sizes, graphs_unsupported_reason,
+                                      padded_batch_size)
+from hifc.runtime.inputs import (PAD_SLOT, DecodeInputLayout, decode_input_views,
+                                 fill_decode_inputs, fits_decode_layout)
+from tests.runtime.helpers import decode_work
+
+BLOCK = 16
+
+
+def test_capture_sizes_follow_vllm_and_cap_at_max_num_seqs():
+    assert capture_sizes(256) == [1, 2, 4] + list(range(8, 257, 8))
+    assert capture_sizes(1000) == capture_sizes(256)
+    assert capture_sizes(20) == [1, 2, 4, 8, 16, 20]
+    assert capture_sizes(3) == [1, 2, 3]
+    assert capture_sizes(1) == [1]
+    with pytest.raises(ValueError):
+        capture_sizes(0)
+
+
+def test_padded_batch_size_is_the_next_captured_size():
+    sizes = capture_sizes(64)
+    assert [padded_batch_size(n, sizes) for n in (1, 2, 3, 5, 8, 9, 63, 64)] == \
+        [1, 2, 4, 8, 8, 16, 64, 64]
+    assert padded_batch_size(65, sizes) is None
+
+
+def _filled(work, batch, layout):
+    host = np.zeros(layout.numel, dtype=np.int32)
+    lens = fill_decode_inputs(work, batch, BLOCK, layout, host)
+    return lens, decode_input_views(torch.from_numpy(host), layout, batch)
+
+
+def test_real_rows_match_the_eager_inputs_and_padding_is_harmless():
+    work = decode_work([1, 17, 40, 33], BLOCK, seed=1)
+    layout = DecodeInputLayout(max_batch=8, max_blocks=4)
+    lens, x = _filled(work, 8, layout)
+    n = len(work)
+    meta = inputs.build_attention_metadata(work, BLOCK, "cpu")
+    assert lens == meta.seq_lens_cpu == [1, 17, 40, 33]
+    assert x.input_ids[:n].tolist() == inputs.build_input_ids(work, "cpu").tolist()
+    assert x.positions[:n].tolist() == inputs.build_positions(work, "cpu").tolist()
+    assert x.slot_mapping[:n].tolist() == meta.slot_mapping.tolist()
+    assert x.seq_lens[:n].tolist() == meta.seq_lens.tolist()
+    for i, w in enumerate(work):
+        assert x.block_tables[i, :len(w.block_table)].tolist() == w.block_table
+    # padding rows: no KV write, one key in block 0, one query each
+    assert x.slot_mapping[n:].tolist() == [PAD_SLOT] * 4
+    assert x.seq_lens[n:].tolist() == [1] * 4
+    assert x.input_ids[n:].tolist() == [0] * 4 and x.positions[n:].tolist() == [0] * 4
+    assert x.block_tables[n:, 0].tolist() == [0] * 4
+    assert x.query_start_loc.tolist() == list(range(9))
+    assert x.block_tables.shape == (8, 4) and x.block_tables.stride(-1) == 1
+
+
+def test_refilling_a_smaller_batch_overwrites_what_attention_reads():
+    layout = DecodeInputLayout(max_batch=8, max_blocks=4)
+    host = np.zeros(layout.numel, dtype=np.int32)
+    fill_decode_inputs(decode_work([60, 61, 62, 63, 64, 49, 50], BLOCK, seed=2), 8, BLOCK,
+                       layout, host)
+    small = decode_work([5, 20], BLOCK, seed=3)
+    fill_decode_inputs(small, 4, BLOCK, layout, host)
+    x = decode_input_views(torch.from_numpy(host), layout, 4)
+    assert x.seq_lens.tolist() == [5, 20, 1, 1]
+    assert x.slot_mapping[2:].tolist() == [PAD_SLOT, PAD_SLOT]
+    assert x.query_start_loc.tolist() == [0, 1, 2, 3, 4]
+    for i, w in enumerate(small):  # only the blocks each length reaches
+        assert x.block_tables[i, :len(w.block_table)].tolist() == w.block_table
+    assert x.block_tables[2:, 0].tolist() == [0, 0]
+
+
+def test_one_copy_covers_the_batch():
+    layout = DecodeInputLayout(max_batch=8, max_blocks=4)
+    assert layout.numel == 5 * 8 + 1 + 8 * 4
+    assert layout.prefix_len(2) == 5 * 8 + 1 + 2 * 4
+    buf = torch.arange(layout.numel, dtype=torch.int32)
+    x = decode_input_views(buf, layout, 2)
+    used = torch.cat([x.input_ids, x.positions, x.slot_mapping, x.seq_lens,
+                      x.query_start_loc, x.block_tables.flatten()])
+    assert int(used.max()) < layout.prefix_len(2)
+    with pytest.raises(ValueError):
+        decode_input_views(buf, layout, 9)
+
+
+def test_prefill_long_tables_and_oversized_batches_are_refused():
+    layout = DecodeInputLayout(max_batch=4, max_blocks=2)
+    ok = decode_work([3, 32], BLOCK)
+    assert fits_decode_layout(ok, layout)
+    prefill = [ok[0].__class__(ok[0].request_id, [5, 6], 0, [1], ok[0].sampling_params)]
+    assert not fits_decode_layout(prefill, layout)
+    assert not fits_decode_layout(decode_work([33], BLOCK), layout)  # 3 blocks > 2
+    assert not fits_decode_layout(decode_work([1] * 5, BLOCK), layout)
+    host = np.zeros(layout.numel, dtype=np.int32)
+    with pytest.raises(ValueError, match="do not fit"):
+        fill_decode_inputs(prefill, 4, BLOCK, layout, host)
+    with pytest.raises(ValueError, match="do not fit"):
+        fill_decode_inputs(ok, 1, BLOCK, layout, host)
+    fill_decode_inputs([], 4, BLOCK, layout, host)  # padding only (capture)
+    assert host[2 * 4:3 * 4].tolist() == [PAD_SLOT] * 4
+
+
+def test_decode_graphs_route_only_padded_decode_steps():
+    graphs = DecodeGraphs(torch.nn.Identity(), [], TorchAttentionBackend(), 1.0, BLOCK,
+                          max_model_len=64, batch_sizes=[1, 2, 4], device=torch.device("cpu"))
+    assert graphs.layout == DecodeInputLayout(4, 4)
+    assert graphs.batch_size_for(decode_work([10, 20, 30], BLOCK)) == 4
+    assert graphs.batch_size_for(decode_work([10] * 5, BLOCK)) is None
+    assert graphs.batch_size_for(decode_work([65], BLOCK)) is None
+    with pytest.raises(RuntimeError, match="CUDA"):
+        graphs.capture()
+    with pytest.raises(ValueError):
+        DecodeGraphs(torch.nn.Identity(), [], TorchAttentionBackend(), 1.0, BLOCK, 64, [4, 2],
+                     torch.device("cpu"))
+
+
+def test_graphs_need_cuda_and_a_backend_reading_device_lengths():
+    cuda = torch.device("cuda")
+    assert "not CUDA" in graphs_unsupported_reason(torch.device("cpu"), TorchAttentionBackend(), 10)
+    assert "host-side" in graphs_unsupported_reason(cuda, TorchAttentionBackend(), 10)
+    triton_attention = pytest.importorskip("hifc.layers.triton_attention")
+    pytest.importorskip("triton")
+    backend = triton_attention.TritonAttentionBackend()
+    assert graphs_unsupported_reason(cuda, backend, 10) is None
+    assert "int32" in graphs_unsupported_reason(cuda, backend, 2 ** 31)
+    no_fused = triton_attention.TritonAttentionBackend(triton_kv_write=False)
+    assert "padding" in graphs_unsupported_reason(cuda, no_fused, 10)
+
+
+def test_enforce_eager_option_and_flag():
+    assert EngineConfig().enforce_eager is False
+    assert EngineConfig.from_options(enforce_eager=True).enforce_eager is True
+    with pytest.raises(ValueError, match="enforce_eager"):
+        EngineConfig(enforce_eager="yes")
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    assert engine_config_from_args(parser.parse_args(["--enforce-eager"])).enforce_eager is True
+    assert engine_config_from_args(parser.parse_args([])).enforce_eager is False
