@@ -24,7 +24,7 @@ def register(subparsers) -> None:
     s.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default loopback; elsewhere, set --api-key)")
     s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--api-key", default=os.environ.get("HIFC_API_KEY"),
+    s.add_argument("--api-key", default=os.environ.get("HIFC_API_KEY") or None,
                    help="require 'Authorization: Bearer KEY' on /v1 (default: $HIFC_API_KEY)")
     s.add_argument("--served-model-name", nargs="+",
                    help="model name(s) clients use (default: the --model value)")
