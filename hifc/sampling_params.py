@@ -43,8 +43,9 @@ class SamplingParams:
             raise ValueError(f"top_k must be an integer, got {self.top_k!r}")
         if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not 0 <= self.seed < 2**63):
+            raise ValueError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 raise ValueError(f"stop strings must be non-empty strings, got {s!r}")

@@ -105,6 +105,8 @@ def test_bad_prompts_get_clear_errors(tiny_model, kwargs, message):
     (dict(max_tokens=0), "max_tokens must be at least 1"),
     (dict(temperature=-0.5), "temperature must be non-negative"),
     (dict(top_p=0.0), "top_p must be in"),
+    (dict(seed=2**64), "seed must be an integer in"),
+    (dict(seed=-1), "seed must be an integer in"),
 ])
 def test_bad_sampling_params(kwargs, message):
     with pytest.raises(ValueError, match=message):
