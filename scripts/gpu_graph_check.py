@@ -1,0 +1,252 @@
+"""CUDA graphs of decode steps on a GPU: graph vs eager greedy parity, and decode step times.
+
+    python3 scripts/gpu_graph_check.py parity --json OUT/graph_parity.json
+    python3 scripts/gpu_graph_check.py decode --batch-sizes 1,32,128 --context 4096 \
+        --json OUT/graph_decode_8b.json
+
+parity: the same prompts through an eager engine (enforce_eager=True) and a graph engine, per
+case (tiny presets in fp32/bf16, the 8B preset in bf16); prompts of mixed lengths and staggered
+max_tokens so decode batches shrink across the captured sizes (padding) and, with max_num_seqs
+below the number of prompts, admissions mix prefill into decode steps (eager). Reports identical
+requests and the first divergence of any other.
+
+decode: for each mode (eager, graph) one engine; for each batch size B, B requests with
+--context random prompt tokens are prefilled (in chunks of --max-num-batched-tokens), then, with
+all B decoding, --warmup steps and --steps timed ``LLMEngine.step()`` calls (scheduling, input
+building, model, sampling). Prints step ms, tokens/s, graph speed-up, and the step time over the
+memory floor (weights + the KV the step reads, at the device-to-device copy rate measured here).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hifc import LLM, LLMEngine, SamplingParams  # noqa: E402
+
+
+def _free() -> None:
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def _prompts(n: int, lengths: tuple[int, int], vocab: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, vocab) for _ in range(rng.randint(*lengths))] for _ in range(n)]
+
+
+def _first_divergence(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+PARITY_CASES = [
+    # name, model, dtype, prompts, prompt lengths, max_tokens, max_num_seqs, engine options
+    ("tiny-llama fp32", "random:tiny-llama", "float32", 37, (1, 600), 32, 40,
+     dict(block_size=16, num_gpu_blocks=2048)),
+    ("tiny-llama bf16", "random:tiny-llama", "bfloat16", 37, (1, 600), 32, 40,
+     dict(block_size=16, num_gpu_blocks=2048)),
+    ("tiny-qwen2 bf16, admissions", "random:tiny-qwen2", "bfloat16", 37, (1, 600), 32, 12,
+     dict(block_size=64, num_gpu_blocks=512)),
+    ("8b bf16", "random:ds-r1-llama-8b", "bfloat16", 24, (100, 3000), 48, 32,
+     dict(block_size=64, kv_cache_gib=24, max_model_len=4096)),
+    ("8b bf16, admissions", "random:ds-r1-llama-8b", "bfloat16", 24, (100, 3000), 48, 10,
+     dict(block_size=64, kv_cache_gib=24, max_model_len=4096)),
+]
+
+
+def parity_case(name, model, dtype, num_prompts, lengths, max_tokens, max_num_seqs,
+                options) -> dict:
+    outputs, info = {}, {}
+    prompts = None
+    for mode in ("eager", "graph"):
+        llm = LLM(model, device="cuda", dtype=dtype, max_num_seqs=max_num_seqs,
+                  enforce_eager=mode == "eager", **options)
+        if prompts is None:
+            prompts = _prompts(num_prompts, lengths, llm.engine.arch.vocab_size, seed=len(name))
+        params = [SamplingParams(max_tokens=max_tokens - (i % 8) * (max_tokens // 10),
+                                 temperature=0.0, ignore_eos=True) for i in range(num_prompts)]
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        torch.cuda.synchronize()
+        graphs = llm.engine.runner.decode_graphs
+        info[mode] = {"seconds": time.perf_counter() - t0,
+                      "steps": llm.stats()["steps"],
+                      "graph_decode_steps": llm.stats()["graph_decode_steps"],
+                      "captured_sizes": sorted(graphs.graphs) if graphs else [],
+                      "capture_seconds": graphs.capture_seconds if graphs else 0.0,
+                      "capture_mib": graphs.capture_bytes / 2**20 if graphs else 0.0}
+        outputs[mode] = [o.token_ids for o in outs]
+        del llm, outs, graphs
+        _free()
+    diverged = {i: _first_divergence(e, g)
+                for i, (e, g) in enumerate(zip(outputs["eager"], outputs["graph"])) if e != g}
+    return {"case": name, "model": model, "dtype": dtype, "requests": num_prompts,
+            "tokens": sum(map(len, outputs["eager"])),
+            "identical_requests": num_prompts - len(diverged),
+            "first_divergence": diverged, **{f"{m}_{k}": v for m in info for k, v in
+                                             info[m].items()}}
+
+
+def run_parity(args) -> list[dict]:
+    rows = []
+    for case in PARITY_CASES:
+        if args.cases and not any(c in case[0] for c in args.cases.split(",")):
+            continue
+        row = parity_case(*case)
+        rows.append(row)
+        print(f"{row['case']:<28} requests {row['requests']:>3}  identical "
+              f"{row['identical_requests']:>3}  tokens {row['tokens']:>5}  graph steps "
+              f"{row['graph_graph_decode_steps']}/{row['graph_steps']}  eager "
+              f"{row['eager_seconds']:.2f} s  graph {row['graph_seconds']:.2f} s  capture "
+              f"{row['graph_capture_seconds']:.1f} s {row['graph_capture_mib']:.0f} MiB"
+              + (f"  DIVERGED (request: first index) {row['first_divergence']}"
+                 if row["first_divergence"] else ""), flush=True)
+    return rows
+
+
+def copy_gbps() -> float:
+    """Device-to-device copy rate (read + write bytes / s), 1 GiB."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(10):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    rate = 2 * 10 * src.numel() / (time.perf_counter() - t0) / 1e9
+    del src, dst
+    _free()
+    return rate
+
+
+def decode_mode(args, enforce_eager: bool, batches: list[int]) -> tuple[list[dict], dict]:
+    chunk_steps = -(-max(batches) * args.context // args.max_num_batched_tokens)
+    max_tokens = chunk_steps + args.warmup + args.steps + 4
+    max_model_len = args.context + max_tokens
+    # 3% above what the largest batch holds: admission keeps a 1% free-block watermark
+    blocks = int(1.03 * max(batches) * -(-max_model_len // args.block_size)) + 16
+    engine = LLMEngine.from_options(
+        args.model, device="cuda", dtype="bfloat16", block_size=args.block_size,
+        max_model_len=max_model_len, max_num_seqs=max(batches), num_gpu_blocks=blocks,
+        max_num_batched_tokens=args.max_num_batched_tokens, enforce_eager=enforce_eager)
+    weight_bytes = sum(p.numel() * p.element_size() for p in engine.runner.model.parameters())
+    kv_token_bytes = engine.limits.block_bytes // args.block_size
+    graphs = engine.runner.decode_graphs
+    rows, tokens = [], {}
+    for batch in batches:
+        rng = random.Random(batch)
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        ids = [f"b{batch}-{i}" for i in range(batch)]
+        for rid in ids:
+            engine.add_request(rid, [rng.randrange(3, engine.arch.vocab_size)
+                                     for _ in range(args.context)], params)
+        while engine.scheduler.waiting:
+            engine.step()
+        for _ in range(args.warmup):
+            engine.step()
+        graph_steps0 = engine.runner.num_padded_decode_steps
+        times, last = [], {}
+        for _ in range(args.steps):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            outs = engine.step()
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+            assert len(outs) == batch, f"a timed step decoded {len(outs)} of {batch} sequences"
+            last.update({o.request_id: o.outputs[0].token_ids for o in outs})
+        tokens[batch] = [last[rid] for rid in ids]
+        engine.abort_request(ids)
+        while engine.has_unfinished_requests():
+            engine.step()
+        step_s = statistics.median(times)
+        kv_read = batch * (args.context + args.warmup + args.steps // 2) * kv_token_bytes
+        rows.append({"batch": batch, "context": args.context, "steps": args.steps,
+                     "step_ms": 1000 * step_s, "mean_step_ms": 1000 * statistics.mean(times),
+                     "tokens_per_s": batch / step_s,
+                     "graph_steps": engine.runner.num_padded_decode_steps - graph_steps0,
+                     "bytes_read": weight_bytes + kv_read})
+    meta = {"capture_seconds": graphs.capture_seconds if graphs else 0.0,
+            "capture_mib": graphs.capture_bytes / 2**20 if graphs else 0.0,
+            "captured_sizes": sorted(graphs.graphs) if graphs else [],
+            "weight_bytes": weight_bytes, "tokens": tokens}
+    del engine, graphs
+    _free()
+    return rows, meta
+
+
+def run_decode(args) -> dict:
+    batches = [int(b) for b in args.batch_sizes.split(",")]
+    rate = copy_gbps()
+    result = {"model": args.model, "copy_gbps": rate, "modes": {}}
+    for mode in ("eager", "graph"):
+        rows, meta = decode_mode(args, mode == "eager", batches)
+        result["modes"][mode] = {"rows": rows, **{k: v for k, v in meta.items() if k != "tokens"}}
+        result["modes"][mode]["_tokens"] = meta["tokens"]
+    eager, graph = (result["modes"][m] for m in ("eager", "graph"))
+    print(f"model {args.model} bf16, block {args.block_size}, context {args.context}, "
+          f"copy {rate:.0f} GB/s (read+write); graph capture {graph['capture_seconds']:.1f} s, "
+          f"{graph['capture_mib']:.0f} MiB, sizes {graph['captured_sizes']}")
+    print(f"{'batch':>5} {'eager ms':>9} {'graph ms':>9} {'speed-up':>8} {'eager tok/s':>11} "
+          f"{'graph tok/s':>11} {'floor ms':>8} {'graph/floor':>11} {'same tokens':>11}")
+    for e, g in zip(eager["rows"], graph["rows"]):
+        floor_ms = 1000 * g["bytes_read"] / (rate * 1e9)  # reads at the copy's read+write rate
+        same = eager["_tokens"][e["batch"]] == graph["_tokens"][g["batch"]]
+        g["floor_ms"] = floor_ms
+        g["same_tokens_as_eager"] = same
+        print(f"{e['batch']:>5} {e['step_ms']:>9.2f} {g['step_ms']:>9.2f} "
+              f"{e['step_ms'] / g['step_ms']:>8.2f} {e['tokens_per_s']:>11.1f} "
+              f"{g['tokens_per_s']:>11.1f} {floor_ms:>8.2f} {g['step_ms'] / floor_ms:>11.2f} "
+              f"{str(same):>11}")
+        if g["graph_steps"] != g["steps"]:
+            print(f"  note: only {g['graph_steps']} of {g['steps']} graph-mode steps replayed "
+                  "a graph")
+    for m in ("eager", "graph"):
+        result["modes"][m].pop("_tokens")
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("parity")
+    p.add_argument("--cases", help="comma-separated substrings of case names (default: all)")
+    p.add_argument("--json")
+    d = sub.add_parser("decode")
+    d.add_argument("--model", default="random:ds-r1-llama-8b")
+    d.add_argument("--batch-sizes", default="1,32,128")
+    d.add_argument("--context", type=int, default=4096)
+    d.add_argument("--steps", type=int, default=32)
+    d.add_argument("--warmup", type=int, default=3)
+    d.add_argument("--block-size", type=int, default=64)
+    d.add_argument("--max-num-batched-tokens", type=int, default=65536)
+    d.add_argument("--json")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU", file=sys.stderr)
+        return 2
+    print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    result = run_parity(args) if args.cmd == "parity" else run_decode(args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2, default=str))
+    if args.cmd == "parity":
+        return 0 if all(not r["first_divergence"] for r in result) else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

