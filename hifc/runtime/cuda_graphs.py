@@ -95,7 +95,7 @@ class DecodeGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._logits: dict[int, torch.Tensor] = {}  # graph outputs [b, V] float32
         self.capture_seconds = 0.0
-        self.capture_bytes = 0  # device memory reserved by warm-up and capture (the graph pool)
+        self.capture_bytes = 0  # device memory the graphs' pool holds after capture
 
     def batch_size_for(self, work: list[ScheduledSeq]) -> int | None:
         """The padded size this step runs at, or None when it must run eagerly."""
@@ -157,6 +157,8 @@ class DecodeGraphs:
             raise RuntimeError("CUDA graphs need a CUDA device")
         t0 = time.perf_counter()
         with torch.cuda.device(self.device):
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()  # so that the reserved-memory difference is the graphs'
             reserved = torch.cuda.memory_reserved(self.device)
             pool = torch.cuda.graph_pool_handle()
             stream = torch.cuda.Stream(self.device)
@@ -173,6 +175,7 @@ class DecodeGraphs:
                     self.graphs[batch] = graph
             torch.cuda.current_stream(self.device).wait_stream(stream)
             torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()  # warm-up memory; the graphs' pool stays
             self.capture_bytes = torch.cuda.memory_reserved(self.device) - reserved
         self.capture_seconds = time.perf_counter() - t0
         logger.info("captured %d decode CUDA graphs (batch %d..%d) in %.1f s, %.0f MiB",

