@@ -63,7 +63,8 @@ class ModelRunner:
             graphs.capture()
         self.decode_graphs = graphs
 
-    def _eager_logits(self, work: list[ScheduledSeq]) -> torch.Tensor:
+    def eager_logits(self, work: list[ScheduledSeq]) -> torch.Tensor:
+        """Logits ([B, V]) of the last new token of each sequence, from unpadded inputs."""
         meta = inputs.build_attention_metadata(work, self.block_size, self.device)
         ctx = AttentionContext(meta, self.kv_caches, self.backend, self.scale)
         input_ids = inputs.build_input_ids(work, self.device)
@@ -82,7 +83,7 @@ class ModelRunner:
             return []
         logits = self.decode_graphs.run(work) if self.decode_graphs is not None else None
         if logits is None:
-            logits = self._eager_logits(work)  # [B, V]
+            logits = self.eager_logits(work)  # [B, V]
         else:
             self.num_padded_decode_steps += 1
         params = [w.sampling_params for w in work]

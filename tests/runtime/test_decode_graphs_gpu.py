@@ -41,7 +41,7 @@ def test_replay_equals_the_padded_and_the_unpadded_forward():
         work = decode_work(lens, 16, seed=seed)
         replayed = graphs.run(work).clone()
         padded = eager.run(work)  # the same padded forward, run eagerly (writes the same K/V)
-        unpadded = runner._eager_logits(work)
+        unpadded = runner.eager_logits(work)
         assert replayed.shape == (len(lens), engine.arch.vocab_size)
         torch.testing.assert_close(replayed, padded, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(replayed, unpadded, rtol=1e-4, atol=1e-4)
