@@ -12,9 +12,11 @@ Build::
                      geometry_of(kv_cache), device=kv_cache.device)
 
 ``TierConfig`` (frozen, validated): ``kind`` flash|dram, ``path``, exactly one of ``size_gib`` /
-``num_blocks``, ``policy`` append|left-append, ``layout`` block-record|layer-kv, ``io_threads``,
-``backend``, ``chunk_mib`` (largest coalesced I/O), ``direct_io``, ``force`` (overwrite a file that
-is not an hifc cache file), ``fault_injection`` (tests: ``tier.faults.arm(...)``).
+``num_blocks``, ``policy`` append|left-append, ``layout`` block-record|layer-kv, ``io_threads``
+(flash: threads that only issue I/O), ``prep_threads`` (flash: threads that gather, checksum and
+scatter; default min(io_threads, cores)), ``backend``, ``chunk_mib`` (largest coalesced I/O),
+``direct_io``, ``force`` (overwrite a file that is not an hifc cache file), ``fault_injection``
+(tests: ``tier.faults.arm(...)``).
 
 The KV cache is one tensor ``[num_layers, 2, num_blocks, block_size, kv_heads, head_dim]``
 (float32/float16/bfloat16, CPU or CUDA); block ``b`` of layer ``l``, kind ``k`` is
@@ -48,7 +50,9 @@ Engine contract: free GPU blocks only after a swap-out job is OK; on a failed sw
 
 Modules: ``layout`` (byte offsets), ``allocator`` (FC allocator, torch-free), ``cache_file``
 (superblock, epoch, open rules), ``records`` (headers, integrity), ``io_base``/``posix_io``/
-``kvikio_io`` (backends), ``faults`` (fault injection), ``swapper`` (chunk pipeline), ``tier``
+``kvikio_io`` (backends), ``faults`` (fault injection), ``staging`` (staging buffers and their
+pool), ``pipeline`` (CPU and I/O stages on separate threads), ``swapper`` (a chunk's stages),
+``hostcopy`` (CPU KV caches: copies with in-cache checksums), ``tier``
 (shared bookkeeping), ``flash``/``dram`` (the two tiers), ``factory`` (config).
 """
 from hifc.tiers.allocator import APPEND, LEFT_APPEND, AllocatorStats, FCBlockAllocator

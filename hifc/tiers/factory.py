@@ -25,9 +25,10 @@ class TierConfig:
     num_blocks: int | None = None
     policy: str = "append"  # "append" | "left-append"
     layout: str = DEFAULT_LAYOUT  # "block-record" | "layer-kv"
-    io_threads: int = 8
+    io_threads: int = 8  # flash: threads that only issue I/O (the device's queue depth)
+    prep_threads: int | None = None  # flash: gather/checksum/scatter threads (None: min(io, cores))
     backend: str = "auto"  # "auto" | "kvikio" | "posix"
-    chunk_mib: int = 32  # largest coalesced I/O (and per-thread staging buffer)
+    chunk_mib: int = 32  # largest coalesced I/O (staging: io_threads + prep_threads chunks)
     direct_io: bool = True  # ask for O_DIRECT; falls back to buffered where refused
     force: bool = False  # reinitialise an existing file that is not an hifc cache file
     fault_injection: bool = False  # expose tier.faults (tests)
@@ -52,6 +53,9 @@ class TierConfig:
             raise ValueError(f"backend must be one of {list(BACKENDS)}, got {self.backend!r}")
         if not isinstance(self.io_threads, int) or not 1 <= self.io_threads <= 256:
             raise ValueError(f"io_threads must be an int in [1, 256], got {self.io_threads!r}")
+        if self.prep_threads is not None and (not isinstance(self.prep_threads, int)
+                                              or not 1 <= self.prep_threads <= 256):
+            raise ValueError(f"prep_threads must be an int in [1, 256], got {self.prep_threads!r}")
         if not isinstance(self.chunk_mib, int) or not 1 <= self.chunk_mib <= 1024:
             raise ValueError(f"chunk_mib must be an int in [1, 1024], got {self.chunk_mib!r}")
 
@@ -87,4 +91,4 @@ def make_tier(config: TierConfig, geometry: KVGeometry, device="cpu") -> KVTier:
     return FlashTier(geometry, n, config.path, policy=config.policy, layout=config.layout,
                      io_threads=config.io_threads, backend=config.backend, device=device,
                      chunk_mib=config.chunk_mib, direct_io=config.direct_io, force=config.force,
-                     fault_injection=config.fault_injection)
+                     fault_injection=config.fault_injection, prep_threads=config.prep_threads)

@@ -3,12 +3,15 @@
 Wires together the cache file (superblock, epoch), the layout, an I/O backend (kvikio for GPU
 KV caches when available, else POSIX O_DIRECT), optional fault injection and the chunk swapper.
 A swap's pairs are cut, in the order given, into chunks of consecutive tier ids (adjacent blocks
-coalesced into large I/Os, at most ``chunk_mib`` each); every chunk is one task on the tier's
-thread pool, so a job is a batch of chunk tasks whose completion ``poll`` checks.
+coalesced into large I/Os, at most ``chunk_mib`` each); every chunk runs through the two-stage
+pipeline of :mod:`hifc.tiers.pipeline` (its I/O on the tier's ``io_threads`` threads, its gather,
+checksums and scatter on ``prep_threads`` others), so a job is a batch of chunk futures whose
+completion ``poll`` checks. Staging memory: ``io_threads + prep_threads`` chunk buffers.
 """
 from __future__ import annotations
 
 import concurrent.futures as cf
+import os
 
 import torch
 
@@ -17,6 +20,7 @@ from hifc.tiers.faults import FaultInjector, FaultyIO
 from hifc.tiers.io_base import FileIO
 from hifc.tiers.kvikio_io import KvikioIO, kvikio_available
 from hifc.tiers.layout import KVGeometry, make_layout
+from hifc.tiers.pipeline import ChunkPipeline
 from hifc.tiers.posix_io import PosixIO
 from hifc.tiers.swapper import ChunkSwapper
 from hifc.tiers.tier import SWAP_OUT, KVTier
@@ -33,6 +37,12 @@ def resolve_backend(backend: str, device) -> str:
     if backend == "kvikio" and not kvikio_available():
         raise ValueError("backend 'kvikio' needs the kvikio package and a CUDA device")
     return backend
+
+
+def default_prep_threads(io_threads: int) -> int:
+    """CPU-stage threads when not given: enough to keep ``io_threads`` I/Os fed, bounded by
+    the cores (see docs/RESULTS.md, "Flash tier I/O (issue 3)")."""
+    return max(1, min(io_threads, os.cpu_count() or 1))
 
 
 def split_chunks(pairs: list[tuple[int, int]], tier_index: int, max_blocks: int):
@@ -54,7 +64,11 @@ class FlashTier(KVTier):
     def __init__(self, geometry: KVGeometry, num_blocks: int, path, *, policy: str = "append",
                  layout: str, io_threads: int = 8, backend: str = "auto", device="cpu",
                  chunk_mib: int = 32, direct_io: bool = True, force: bool = False,
-                 fault_injection: bool = False):
+                 fault_injection: bool = False, prep_threads: int | None = None):
+        if prep_threads is None:
+            prep_threads = default_prep_threads(io_threads)
+        if not isinstance(prep_threads, int) or prep_threads < 1:
+            raise ValueError(f"prep_threads must be a positive int, got {prep_threads!r}")
         self.layout = make_layout(layout, geometry, num_blocks)
         self.backend = resolve_backend(backend, device)
         super().__init__(geometry, num_blocks, policy, io_threads)
@@ -79,24 +93,25 @@ class FlashTier(KVTier):
         chunk_blocks = max(1, (chunk_mib << 20) // self.layout.per_block_file_bytes)
         chunk_blocks = min(chunk_blocks, num_blocks)  # no staging larger than the whole tier
         self.swapper = ChunkSwapper(self.layout, self.io, self.cache_file.epoch, chunk_blocks,
-                                    num_buffers=io_threads, device=device)
+                                    num_buffers=io_threads + prep_threads, device=device)
+        self.prep_threads = prep_threads
+        self._cpu_pool = cf.ThreadPoolExecutor(prep_threads, thread_name_prefix="hifc-flash-cpu")
+        self.pipeline = ChunkPipeline(io_pool=self._pool, cpu_pool=self._cpu_pool)
 
     @property
     def epoch(self) -> int:
         return self.cache_file.epoch
 
     def _launch(self, op, kv_cache, pairs, owner, ready) -> list[cf.Future]:
-        limit = self.swapper.max_chunk_blocks
-        futures = []
+        swapper = self.swapper
+        limit = swapper.max_chunk_blocks
         if op == SWAP_OUT:
-            for chunk in split_chunks(pairs, 1, limit):
-                futures.append(self._pool.submit(self.swapper.swap_out, kv_cache,
-                                                 [s for s, _ in chunk], chunk[0][1], owner, ready))
+            tasks = [swapper.swap_out(kv_cache, [s for s, _ in chunk], chunk[0][1], owner, ready)
+                     for chunk in split_chunks(pairs, 1, limit)]
         else:
-            for chunk in split_chunks(pairs, 0, limit):
-                futures.append(self._pool.submit(self.swapper.swap_in, kv_cache, chunk[0][0],
-                                                 [d for _, d in chunk], owner, ready))
-        return futures
+            tasks = [swapper.swap_in(kv_cache, chunk[0][0], [d for _, d in chunk], owner, ready)
+                     for chunk in split_chunks(pairs, 0, limit)]
+        return [self.pipeline.submit(task) for task in tasks]
 
     def _extra_stats(self) -> dict:
         return {"path": self.cache_file.path, "layout": self.layout.name,
@@ -105,9 +120,11 @@ class FlashTier(KVTier):
                 "reused_file": self.cache_file.reused,
                 "init_seconds": self.cache_file.init_seconds,
                 "file_bytes": self.layout.file_bytes,
-                "chunk_blocks": self.swapper.max_chunk_blocks}
+                "chunk_blocks": self.swapper.max_chunk_blocks,
+                "prep_threads": self.prep_threads}
 
     def _shutdown(self) -> None:
+        self._cpu_pool.shutdown(wait=True)
         self.swapper.release()
         self.io.close()
         self.cache_file.close()
