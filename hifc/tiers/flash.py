@@ -45,16 +45,29 @@ def default_prep_threads(io_threads: int) -> int:
     return max(1, min(io_threads, os.cpu_count() or 1))
 
 
+RAMP_DIVISOR = 4  # a job's first and last chunk hold at most max_blocks // 4 blocks (>= 1)
+
+
 def split_chunks(pairs: list[tuple[int, int]], tier_index: int, max_blocks: int):
-    """Cut pairs, in order, into runs whose tier ids are consecutive (at most max_blocks)."""
+    """Cut pairs, in order, into runs whose tier ids are consecutive (at most max_blocks).
+
+    The job's first and last chunks are cut shorter (``max_blocks // RAMP_DIVISOR``): the first
+    swap-out write can only start once its chunk is gathered and checksummed, and a swap-in is
+    only done once its last chunk is verified and scattered, so small end chunks shorten the
+    pipeline's fill and drain (the CPU work that no I/O overlaps)."""
+    ramp = max(1, max_blocks // RAMP_DIVISOR)
     chunks: list[list[tuple[int, int]]] = []
     for pair in pairs:
         last = chunks[-1] if chunks else None
-        if (last is not None and len(last) < max_blocks
+        limit = ramp if len(chunks) == 1 else max_blocks
+        if (last is not None and len(last) < limit
                 and pair[tier_index] == last[-1][tier_index] + 1):
             last.append(pair)
         else:
             chunks.append([pair])
+    if len(chunks) > 1 and len(chunks[-1]) > ramp:
+        tail = chunks.pop()
+        chunks += [tail[:-ramp], tail[-ramp:]]
     return chunks
 
 
