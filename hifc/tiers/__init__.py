@@ -14,7 +14,7 @@ Build::
 ``TierConfig`` (frozen, validated): ``kind`` flash|dram, ``path``, exactly one of ``size_gib`` /
 ``num_blocks``, ``policy`` append|left-append, ``layout`` block-record|layer-kv, ``io_threads``
 (flash: threads that only issue I/O), ``prep_threads`` (flash: threads that gather, checksum and
-scatter; default min(io_threads, cores)), ``backend``, ``chunk_mib`` (largest coalesced I/O),
+scatter; default min(io_threads, cores, 4)), ``backend``, ``chunk_mib`` (largest coalesced I/O),
 ``direct_io``, ``force`` (overwrite a file that is not an hifc cache file), ``fault_injection``
 (tests: ``tier.faults.arm(...)``).
 

@@ -26,7 +26,7 @@ class TierConfig:
     policy: str = "append"  # "append" | "left-append"
     layout: str = DEFAULT_LAYOUT  # "block-record" | "layer-kv"
     io_threads: int = 8  # flash: threads that only issue I/O (the device's queue depth)
-    prep_threads: int | None = None  # flash: gather/checksum/scatter threads (None: min(io, cores))
+    prep_threads: int | None = None  # flash: gather/checksum/scatter threads (None: auto)
     backend: str = "auto"  # "auto" | "kvikio" | "posix"
     chunk_mib: int = 32  # largest coalesced I/O (staging: io_threads + prep_threads chunks)
     direct_io: bool = True  # ask for O_DIRECT; falls back to buffered where refused
