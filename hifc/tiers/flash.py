@@ -20,7 +20,7 @@ from hifc.tiers.faults import FaultInjector, FaultyIO
 from hifc.tiers.io_base import FileIO
 from hifc.tiers.kvikio_io import KvikioIO, kvikio_available
 from hifc.tiers.layout import KVGeometry, make_layout
-from hifc.tiers.pipeline import ChunkPipeline
+from hifc.tiers.pipeline import ChunkPipeline, cpu_stage_pool
 from hifc.tiers.posix_io import PosixIO
 from hifc.tiers.swapper import ChunkSwapper
 from hifc.tiers.tier import SWAP_OUT, KVTier
@@ -112,7 +112,7 @@ class FlashTier(KVTier):
         self.swapper = ChunkSwapper(self.layout, self.io, self.cache_file.epoch, chunk_blocks,
                                     num_buffers=io_threads + prep_threads, device=device)
         self.prep_threads = prep_threads
-        self._cpu_pool = cf.ThreadPoolExecutor(prep_threads, thread_name_prefix="hifc-flash-cpu")
+        self._cpu_pool = cpu_stage_pool(prep_threads, "hifc-flash-cpu")
         self.pipeline = ChunkPipeline(io_pool=self._pool, cpu_pool=self._cpu_pool)
 
     @property

@@ -1,5 +1,7 @@
 """The flash tier's two-stage pipeline: buffer lending, stage order, errors, no deadlock."""
 import concurrent.futures as cf
+import os
+import sys
 import threading
 
 import pytest
@@ -8,7 +10,7 @@ import torch
 from hifc.tiers import KVGeometry, TierConfig, make_tier
 from hifc.tiers.io_base import HUGE_PAGE, aligned_empty, host_view
 from hifc.tiers.layout import ALIGN
-from hifc.tiers.pipeline import CPU, IO, ChunkPipeline, ChunkTask
+from hifc.tiers.pipeline import CPU, IO, PREP_NICE, ChunkPipeline, ChunkTask, cpu_stage_pool
 from hifc.tiers.staging import BufferPool
 from tests.tiers.tier_helpers import random_kv
 
@@ -108,3 +110,15 @@ def test_large_host_buffers_are_huge_page_aligned_and_usable():
     big.fill_(7)
     view = host_view(big)
     assert view[0] == 7 and view[-1] == 7 and len(view) == big.numel()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is Linux's")
+def test_cpu_stage_threads_yield_to_io_threads_and_only_they():
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    pool = cpu_stage_pool(1, "test-prep")
+    try:
+        nice = pool.submit(os.getpriority, os.PRIO_PROCESS, 0).result(timeout=10)
+    finally:
+        pool.shutdown()
+    assert nice == min(19, before + PREP_NICE)
+    assert os.getpriority(os.PRIO_PROCESS, 0) == before  # the caller's thread is untouched
