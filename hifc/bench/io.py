@@ -295,13 +295,13 @@ def _describe_sides(chunk_blocks: int, tier_tasks, raw_tasks, piece, threads: in
     elif kvikio:
         fan_out = "kvikio's task size is unknown: raw issues whole runs"
     else:
-        fan_out = f"{runs_per_chunk} I/O(s) per chunk, issued in order by the worker"
-    work = "gather + crc32c + headers, then I/O"
+        fan_out = f"{runs_per_chunk} I/O(s) per chunk, issued in order by an I/O thread"
+    work = "prep threads gather + crc32c + headers, I/O threads only issue I/O"
     tier = {"threads": threads, "queue_depth_max": threads, "work": work,
             "chunk_blocks": chunk_blocks, "io_split_bytes": piece, **tier_s,
-            "text": f"{threads} worker threads, each chunk of <= {chunk_blocks} blocks: "
+            "text": f"{threads} I/O threads, chunks of <= {chunk_blocks} blocks: "
                     f"{work}; {fan_out}; {describe_sizes(tier_s)} per sequential phase; "
-                    f"queue depth <= {threads} (workers alternate CPU work and I/O)"}
+                    f"queue depth <= {threads}"}
     raw = {"threads": threads, "queue_depth_max": threads, "work": "I/O only",
            "pattern": "replay of the tier's sequential I/O list on the other half", **raw_s,
            "text": f"{threads} threads, I/O only, replaying the I/O list of a tier sequential "
