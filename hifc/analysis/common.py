@@ -65,34 +65,39 @@ def unit_interval(text: str) -> float:
     return value
 
 
-def positive_int(text: str) -> int:
+def _int_at_least(text: str, lowest: int, rule: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    if value < lowest:
+        raise argparse.ArgumentTypeError(f"must be {rule}, got {text}")
     return value
+
+
+def positive_int(text: str) -> int:
+    return _int_at_least(text, 1, "> 0")
 
 
 def non_negative_int(text: str) -> int:
+    return _int_at_least(text, 0, ">= 0")
+
+
+def read_text(path: str | Path) -> str:
+    """A file's text; InputError naming the file if it is missing or unreadable."""
+    path = Path(path)
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
+        return path.read_text()
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: cannot read ({exc})") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
 
 
 def read_json(path: str | Path) -> Any:
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    text = read_text(path)
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hifc.analysis.common import InputError
+from hifc.analysis.common import InputError, read_text
 
 POLICIES = ("append", "left-append")
 
@@ -152,12 +152,7 @@ def _groups_from_text(text: str, source: str) -> list[list[int]]:
 
 def load_trace(path: str | Path) -> SwapTrace:
     path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: cannot read ({exc})") from None
+    text = read_text(path)
     source, tier_blocks = str(path), None
     if text.lstrip().startswith(("[", "{")):
         try:

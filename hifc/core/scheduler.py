@@ -72,10 +72,6 @@ class SchedulerOutput:
     swap_in: list[SwapOrder] = field(default_factory=list)
 
     @property
-    def num_batched_tokens(self) -> int:
-        return sum(len(s.token_ids) for s in self.scheduled)
-
-    @property
     def num_prefill_tokens(self) -> int:
         return sum(len(s.token_ids) for s in self.scheduled if len(s.token_ids) > 1)
 
@@ -148,12 +144,6 @@ class Scheduler:
             self.swapped.remove(seq)
             self._free_tier_copy(seq.request_id)
         self.kv.free(seq.request_id)
-
-    @property
-    def num_unfinished(self) -> int:
-        return (len(self.waiting) + len(self.running) + len(self.swapped)
-                + sum(not s.status.is_finished for s in self.swapping_out.values())
-                + sum(not s.status.is_finished for s in self.swapping_in.values()))
 
     @property
     def tier_blocks_used(self) -> int:
