@@ -60,8 +60,9 @@ class LLMEngine:
         self.runner = ModelRunner(loaded.model, kv_cache,
                                   _attention_backend(config.attention_backend, self.device),
                                   config.block_size, self.arch.head_dim, self.device, config.seed)
-        if not config.enforce_eager:  # after the KV cache exists; CPU / torch backend: no-op
-            self.runner.capture_decode_graphs(self.limits.max_model_len, config.max_num_seqs)
+        # after the KV cache exists; CPU / torch backend: decode stays unpadded
+        self.runner.setup_padded_decode(self.limits.max_model_len, config.max_num_seqs,
+                                        capture=not config.enforce_eager)
         self.kv_manager = KVCacheManager(self.limits.num_gpu_blocks, config.block_size)
         self.tier = _build_tier(config, kv_cache)
         self.swapper = KVSwapper(self.tier, kv_cache) if self.tier is not None else None
@@ -209,7 +210,7 @@ class LLMEngine:
         sched, swapper = self.scheduler, self.swapper
         return {
             "steps": self.num_steps,
-            "graph_decode_steps": self.runner.num_padded_decode_steps,
+            "graph_decode_steps": self.runner.num_graph_decode_steps,
             "prompt_tokens": self.num_prompt_tokens,
             "generation_tokens": self.num_generated_tokens,
             "preemptions": sched.num_preemptions,

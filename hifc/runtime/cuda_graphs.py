@@ -17,8 +17,10 @@ What makes a replay valid for any step:
 - padding rows write no K/V (slot -1, skipped by the Triton KV write) and attend to one key of
   block 0, so they read only initialised memory; their logits are dropped.
 
-Without capture (``capture=False``) the same padded forward runs eagerly each step: CPU tests use
-it to check the padding and buffer logic against the unpadded path.
+Without capture (``capture=False``) the same padded forward runs eagerly each step: that is what
+``enforce_eager`` runs on CUDA (a matrix kernel's rounding depends on the batch size it runs at,
+so only the same padding gives bit-identical logits), and CPU tests use it to check the padding
+and buffer logic against the unpadded path.
 """
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ class ModelRunner:
         self.default_generator.manual_seed(seed)
         self._generators: dict[str, torch.Generator] = {}  # per seeded request
         self.decode_graphs: DecodeGraphs | None = None
-        self.num_padded_decode_steps = 0  # steps run through decode_graphs
+        self.num_padded_decode_steps = 0  # steps run through decode_graphs (replayed or not)
 
     def _generator_for(self, request_id: str, seed: int | None) -> torch.Generator | None:
         if seed is None:
@@ -41,27 +41,37 @@ class ModelRunner:
             self._generators[request_id] = gen
         return gen
 
-    def capture_decode_graphs(self, max_model_len: int, max_num_seqs: int) -> bool:
-        """Capture CUDA graphs of decode steps (batch sizes from ``capture_sizes``) if this
-        device and backend allow it; returns False, and decode stays eager, if not."""
+    def setup_padded_decode(self, max_model_len: int, max_num_seqs: int, capture: bool) -> bool:
+        """Run decode-only steps padded to the batch sizes of ``capture_sizes`` from persistent
+        input buffers, if this device and backend allow it: replayed from CUDA graphs captured
+        now (capture=True), or the same padded computation run eagerly (capture=False, which
+        ``enforce_eager`` picks, so that eager and graph runs compute bit-identical logits: the
+        matrix kernels' results depend on the batch size they run at). Returns False, and decode
+        steps run unpadded, when padding is not possible here."""
         num_slots = self.kv_cache.shape[2] * self.block_size
         reason = graphs_unsupported_reason(self.device, self.backend, num_slots)
         if reason is not None:
-            logger.info("decode steps run eagerly (no CUDA graphs): %s", reason)
+            logger.info("decode steps run unpadded (no CUDA graphs): %s", reason)
             return False
-        self.use_padded_decode(max_model_len, capture_sizes(max_num_seqs), capture=True)
+        self.use_padded_decode(max_model_len, capture_sizes(max_num_seqs), capture=capture)
         return True
 
     def use_padded_decode(self, max_model_len: int, batch_sizes: list[int],
                           capture: bool) -> None:
         """Run decode-only steps of up to max(batch_sizes) sequences padded to the next size,
         from persistent input buffers: replayed from CUDA graphs captured now (capture=True,
-        CUDA only) or run eagerly (capture=False: the same computation, for tests)."""
+        CUDA only) or run eagerly (capture=False: the same computation)."""
         graphs = DecodeGraphs(self.model, self.kv_caches, self.backend, self.scale,
                               self.block_size, max_model_len, batch_sizes, self.device)
         if capture:
             graphs.capture()
         self.decode_graphs = graphs
+
+    @property
+    def num_graph_decode_steps(self) -> int:
+        """Decode steps replayed from a CUDA graph."""
+        graphs = self.decode_graphs
+        return self.num_padded_decode_steps if graphs is not None and graphs.graphs else 0
 
     def eager_logits(self, work: list[ScheduledSeq]) -> torch.Tensor:
         """Logits ([B, V]) of the last new token of each sequence, from unpadded inputs."""

@@ -1,5 +1,6 @@
 """CUDA graphs of decode steps on a GPU: replay = the same padded forward run eagerly, graph and
-eager engines give identical greedy outputs, eager fallbacks stay eager."""
+eager (padded, not captured) engines give identical greedy outputs, the torch backend stays
+unpadded."""
 import importlib.util
 
 import pytest
@@ -57,7 +58,7 @@ def test_graph_and_eager_engines_give_identical_greedy_outputs(model, dtype, max
     common = dict(device="cuda", dtype=dtype, block_size=16, num_gpu_blocks=512,
                   max_num_seqs=max_num_seqs)
     eager = LLM(model, enforce_eager=True, **common)
-    assert eager.engine.runner.decode_graphs is None
+    assert not eager.engine.runner.decode_graphs.graphs  # padded like the graphs, not captured
     expected = tokens(eager, prompts, params)
     graphed = LLM(model, **common)
     assert sorted(graphed.engine.runner.decode_graphs.graphs) == capture_sizes(max_num_seqs)
@@ -65,6 +66,7 @@ def test_graph_and_eager_engines_give_identical_greedy_outputs(model, dtype, max
     stats = graphed.stats()
     assert 0 < stats["graph_decode_steps"] < stats["steps"]
     assert eager.stats()["graph_decode_steps"] == 0
+    assert eager.engine.runner.num_padded_decode_steps == stats["graph_decode_steps"]
     assert stats["gpu_blocks_free"] == stats["gpu_blocks_total"]
 
 
@@ -106,12 +108,16 @@ def test_seeded_sampling_is_the_same_with_graphs():
     assert tokens(LLM(MODEL, **common), prompts, params) == expected
 
 
-def test_torch_backend_and_enforce_eager_run_eagerly():
-    for options in (dict(attention_backend="torch"), dict(enforce_eager=True)):
-        llm = LLM(MODEL, device="cuda", block_size=16, num_gpu_blocks=16, **options)
-        assert llm.engine.runner.decode_graphs is None
-        tokens(llm, [[5, 6, 7]], staggered(1))
-        assert llm.stats()["graph_decode_steps"] == 0
+def test_torch_backend_runs_unpadded_and_enforce_eager_runs_padded_without_graphs():
+    llm = LLM(MODEL, device="cuda", block_size=16, num_gpu_blocks=16, attention_backend="torch")
+    assert llm.engine.runner.decode_graphs is None
+    tokens(llm, [[5, 6, 7]], staggered(1))
+    assert llm.stats()["graph_decode_steps"] == 0
+    llm = LLM(MODEL, device="cuda", block_size=16, num_gpu_blocks=16, enforce_eager=True)
+    assert not llm.engine.runner.decode_graphs.graphs
+    tokens(llm, [[5, 6, 7]], staggered(1))
+    assert llm.stats()["graph_decode_steps"] == 0
+    assert llm.engine.runner.num_padded_decode_steps > 0
 
 
 def test_smollm2_graph_equals_eager():
