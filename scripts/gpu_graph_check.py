@@ -13,8 +13,9 @@ requests and the first divergence of any other.
 decode: for each mode (eager, graph) one engine; for each batch size B, B requests with
 --context random prompt tokens are prefilled (in chunks of --max-num-batched-tokens), then, with
 all B decoding, --warmup steps and --steps timed ``LLMEngine.step()`` calls (scheduling, input
-building, model, sampling). Prints step ms, tokens/s, graph speed-up, and the step time over the
-memory floor (weights + the KV the step reads, at the device-to-device copy rate measured here).
+building, model, sampling; measured by hifc.bench.kernels, as in ``hifc bench kernels``). Prints
+step ms, tokens/s, graph speed-up, and the step time over the memory floor (the weights its
+matmuls read, lm_head included, plus the KV, at the device-to-device copy rate measured here).
 """
 from __future__ import annotations
 
@@ -22,7 +23,6 @@ import argparse
 import gc
 import json
 import random
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -32,6 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hifc import LLM, LLMEngine, SamplingParams  # noqa: E402
+from hifc.bench import kernels  # noqa: E402
 
 
 def _free() -> None:
@@ -117,72 +118,25 @@ def run_parity(args) -> list[dict]:
     return rows
 
 
-def copy_gbps() -> float:
-    """Device-to-device copy rate (read + write bytes / s), 1 GiB."""
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(10):
-        dst.copy_(src)
-    torch.cuda.synchronize()
-    rate = 2 * 10 * src.numel() / (time.perf_counter() - t0) / 1e9
-    del src, dst
-    _free()
-    return rate
-
-
 def decode_mode(args, enforce_eager: bool, batches: list[int]) -> tuple[list[dict], dict]:
-    chunk_steps = -(-max(batches) * args.context // args.max_num_batched_tokens)
-    max_tokens = chunk_steps + args.warmup + args.steps + 4
-    max_model_len = args.context + max_tokens
-    # 3% above what the largest batch holds: admission keeps a 1% free-block watermark
-    blocks = int(1.03 * max(batches) * -(-max_model_len // args.block_size)) + 16
-    engine = LLMEngine.from_options(
-        args.model, device="cuda", dtype="bfloat16", block_size=args.block_size,
-        max_model_len=max_model_len, max_num_seqs=max(batches), num_gpu_blocks=blocks,
-        max_num_batched_tokens=args.max_num_batched_tokens, enforce_eager=enforce_eager)
-    weight_bytes = sum(p.numel() * p.element_size() for p in engine.runner.model.parameters())
-    kv_token_bytes = engine.limits.block_bytes // args.block_size
+    """One engine (eager or with decode graphs); hifc.bench.kernels measures each batch."""
+    options = kernels.sized_options(
+        dict(model=args.model, device="cuda", dtype="bfloat16", block_size=args.block_size,
+             max_num_batched_tokens=args.max_num_batched_tokens, enforce_eager=enforce_eager),
+        batches, args.context, args.steps, args.warmup)
+    engine = LLMEngine.from_options(**options)
+    max_tokens = kernels.decode_max_tokens(batches, args.context, args.steps, args.warmup,
+                                           options["max_num_batched_tokens"])
     graphs = engine.runner.decode_graphs
     rows, tokens = [], {}
     for batch in batches:
-        rng = random.Random(batch)
-        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-        ids = [f"b{batch}-{i}" for i in range(batch)]
-        for rid in ids:
-            engine.add_request(rid, [rng.randrange(3, engine.arch.vocab_size)
-                                     for _ in range(args.context)], params)
-        while engine.scheduler.waiting:
-            engine.step()
-        for _ in range(args.warmup):
-            engine.step()
-        graph_steps0 = engine.runner.num_padded_decode_steps
-        times, last = [], {}
-        for _ in range(args.steps):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            outs = engine.step()
-            torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
-            assert len(outs) == batch, f"a timed step decoded {len(outs)} of {batch} sequences"
-            last.update({o.request_id: o.outputs[0].token_ids for o in outs})
-        tokens[batch] = [last[rid] for rid in ids]
-        engine.abort_request(ids)
-        while engine.has_unfinished_requests():
-            engine.step()
-        step_s = statistics.median(times)
-        kv_read = batch * (args.context + args.warmup + args.steps // 2) * kv_token_bytes
-        rows.append({"batch": batch, "context": args.context, "steps": args.steps,
-                     "step_ms": 1000 * step_s, "mean_step_ms": 1000 * statistics.mean(times),
-                     "tokens_per_s": batch / step_s,
-                     "graph_steps": engine.runner.num_padded_decode_steps - graph_steps0,
-                     "bytes_read": weight_bytes + kv_read})
+        row, tokens[batch] = kernels.measure_decode(engine, batch, args.context, args.steps,
+                                                    args.warmup, max_tokens)
+        rows.append(row)
     meta = {"capture_seconds": graphs.capture_seconds if graphs else 0.0,
             "capture_mib": graphs.capture_bytes / 2**20 if graphs else 0.0,
             "captured_sizes": sorted(graphs.graphs) if graphs else [],
-            "weight_bytes": weight_bytes, "tokens": tokens}
+            "weight_bytes_read": kernels.weight_bytes_read(engine), "tokens": tokens}
     del engine, graphs
     _free()
     return rows, meta
@@ -190,7 +144,7 @@ def decode_mode(args, enforce_eager: bool, batches: list[int]) -> tuple[list[dic
 
 def run_decode(args) -> dict:
     batches = [int(b) for b in args.batch_sizes.split(",")]
-    rate = copy_gbps()
+    rate = kernels.copy_gbps("cuda")
     result = {"model": args.model, "copy_gbps": rate, "modes": {}}
     for mode in ("eager", "graph"):
         rows, meta = decode_mode(args, mode == "eager", batches)
@@ -203,9 +157,8 @@ def run_decode(args) -> dict:
     print(f"{'batch':>5} {'eager ms':>9} {'graph ms':>9} {'speed-up':>8} {'eager tok/s':>11} "
           f"{'graph tok/s':>11} {'floor ms':>8} {'graph/floor':>11} {'same tokens':>11}")
     for e, g in zip(eager["rows"], graph["rows"]):
-        floor_ms = 1000 * g["bytes_read"] / (rate * 1e9)  # reads at the copy's read+write rate
+        floor_ms = kernels.add_floor(g, rate)["floor_ms"]  # reads at the copy's read+write rate
         same = eager["_tokens"][e["batch"]] == graph["_tokens"][g["batch"]]
-        g["floor_ms"] = floor_ms
         g["same_tokens_as_eager"] = same
         print(f"{e['batch']:>5} {e['step_ms']:>9.2f} {g['step_ms']:>9.2f} "
               f"{e['step_ms'] / g['step_ms']:>8.2f} {e['tokens_per_s']:>11.1f} "

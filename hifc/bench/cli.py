@@ -1,13 +1,15 @@
 """``hifc bench ...``: the benchmark commands."""
 from __future__ import annotations
 
-from hifc.bench import decode, init, io, serve, sweeps, throughput
+from hifc.bench import decode, init, io, kernels, serve, sweeps, throughput
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("bench", help="benchmarks (decode, throughput, sweep, io, init)")
+    p = subparsers.add_parser(
+        "bench", help="benchmarks (decode, kernels, throughput, sweep, io, init, serve)")
     bench = p.add_subparsers(dest="bench_command", required=True)
     decode.register(bench)
+    kernels.register(bench)
     throughput.register(bench)
     sweeps.register(bench)
     io.register(bench)

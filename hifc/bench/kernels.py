@@ -1,0 +1,293 @@
+"""``hifc bench kernels``: decode step time against the memory roofline, prefill against the
+matrix rate, both limits measured in the same run.
+
+Reference rates, measured first on the engine's device: the device-to-device copy rate ((read +
+write) bytes / s of a large buffer copy) and the matrix rate (FLOP/s of a square ``torch.matmul``
+in the engine's dtype).
+
+Decode: one engine; for each batch size B, B requests of ``--context`` random token ids are
+prefilled, ``--warmup`` steps run, then ``--steps`` timed ``LLMEngine.step()`` calls (scheduling,
+input building, model, sampling; synchronised around each); the median step is reported. The
+floor is the bytes the step reads (the weights its matmuls use, lm_head included, plus the KV of
+every sequence) moved at the copy rate.
+
+Prefill: one prompt of ``--prefill-len`` random token ids in one ``step()`` (one warm-up, then
+``--prefill-repeats`` timed, median). FLOPs: 2 x decoder-layer parameters x tokens, the lm_head
+for the one token whose logits are computed, and causal attention (QK^T and PV, half the square).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import statistics
+import time
+
+from hifc.analysis.common import positive_int
+from hifc.bench.sweeps import int_list
+from hifc.entrypoints.engine_args import add_engine_args, engine_config_from_args
+
+DEFAULT_BATCHED_TOKENS = 65536  # tokens per prefill step while the decode batches are admitted
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("kernels", help="decode vs memory roofline, prefill vs matmul rate")
+    p.add_argument("--batch-sizes", type=int_list, default=(1, 32, 128),
+                   help="comma-separated decode batch sizes (the engine's max_num_seqs is the "
+                        "largest)")
+    p.add_argument("--context", type=positive_int, default=4096, help="prompt tokens per request")
+    p.add_argument("--steps", type=positive_int, default=32, help="timed decode steps per batch")
+    p.add_argument("--warmup", type=positive_int, default=3, help="untimed decode steps per batch")
+    p.add_argument("--prefill-len", type=positive_int, default=8192,
+                   help="tokens of the timed one-step prefill")
+    p.add_argument("--prefill-repeats", type=positive_int, default=3, help="timed prefills")
+    p.add_argument("--json", dest="json_out", help="write results as JSON here")
+    add_engine_args(p, model_default="random:ds-r1-llama-8b")
+    p.set_defaults(func=run)
+
+
+# ---- reference rates ------------------------------------------------------------------------
+def sync(device) -> None:
+    import torch
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def free_device_memory(device) -> None:
+    import torch
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def copy_gbps(device, nbytes: int | None = None, repeats: int = 10) -> float:
+    """Device-to-device copy rate in GB/s, (read + write) bytes / s; 1 GiB on CUDA, 64 MiB
+    elsewhere unless nbytes says."""
+    import torch
+    device = torch.device(device)
+    nbytes = nbytes or (1 << 30 if device.type == "cuda" else 64 << 20)
+    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        dst.copy_(src)
+    sync(device)
+    rate = 2 * repeats * nbytes / (time.perf_counter() - t0) / 1e9
+    del src, dst
+    free_device_memory(device)
+    return rate
+
+
+def matmul_tflops(device, dtype, n: int | None = None, repeats: int = 10) -> float:
+    """TFLOP/s (2 n^3 per product) of n x n matmuls in dtype; n = 8192 on CUDA, 512 elsewhere."""
+    import torch
+    device = torch.device(device)
+    n = n or (8192 if device.type == "cuda" else 512)
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    out = torch.empty(n, n, device=device, dtype=dtype)
+    for _ in range(3):
+        torch.matmul(a, b, out=out)
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        torch.matmul(a, b, out=out)
+    sync(device)
+    rate = 2 * n ** 3 * repeats / (time.perf_counter() - t0) / 1e12
+    del a, b, out
+    free_device_memory(device)
+    return rate
+
+
+# ---- model sizes ----------------------------------------------------------------------------
+def parameter_counts(engine) -> tuple[int, int]:
+    """(decoder-layer parameters incl. the final norm, lm_head parameters): every parameter but
+    the embedding table, whose rows are gathered, not multiplied (tied: it is the lm_head)."""
+    total = sum(p.numel() for p in engine.runner.model.parameters())
+    arch = engine.arch
+    head = arch.vocab_size * arch.hidden_size
+    return total - head * (1 if arch.tie_word_embeddings else 2), head
+
+
+def weight_bytes_read(engine) -> int:
+    """Weight bytes a decode step reads: the layers' and the lm_head's."""
+    body, head = parameter_counts(engine)
+    return (body + head) * engine.dtype.itemsize
+
+
+def kv_bytes_per_token(engine) -> int:
+    return engine.limits.block_bytes // engine.config.block_size
+
+
+def prefill_flops(engine, tokens: int) -> float:
+    """Matmul FLOPs of prefilling one prompt: layers on every token, lm_head on the last one,
+    causal attention (QK^T and PV over half the T x T square)."""
+    body, head = parameter_counts(engine)
+    arch = engine.arch
+    attention = 2 * 2 * arch.num_hidden_layers * arch.num_attention_heads * arch.head_dim \
+        * tokens ** 2 / 2
+    return 2 * body * tokens + 2 * head + attention
+
+
+# ---- engine sizing --------------------------------------------------------------------------
+def decode_max_tokens(batches, context: int, steps: int, warmup: int, batched_tokens: int) -> int:
+    """New tokens per decode request: enough for every admission step, warm-up and timed step."""
+    admit_steps = -(-max(batches) // max(1, batched_tokens // context))
+    return admit_steps + warmup + steps + 4
+
+
+def kv_blocks(num_seqs: int, tokens_per_seq: int, block_size: int) -> int:
+    # 3% above what the sequences hold: admission keeps a 1% free-block watermark
+    return int(1.03 * num_seqs * -(-tokens_per_seq // block_size)) + 16
+
+
+def sized_options(options: dict, batches, context: int, steps: int, warmup: int,
+                  prefill_len: int = 0) -> dict:
+    """Engine options (from ``options``) sized for the decode batches and, with prefill_len,
+    one prefill of that many tokens in one step: max_model_len, max_num_seqs,
+    max_num_batched_tokens and, unless a KV budget is given, num_gpu_blocks."""
+    batched = options.get("max_num_batched_tokens") or max(DEFAULT_BATCHED_TOKENS, context + 1)
+    decode_len = context + decode_max_tokens(batches, context, steps, warmup, batched)
+    model_len = max(decode_len, prefill_len + 1)
+    if options.get("max_model_len") is not None and options["max_model_len"] < model_len:
+        raise ValueError(f"--max-model-len {options['max_model_len']} is below the {model_len} "
+                         "tokens this run needs per sequence")
+    model_len = options.get("max_model_len") or model_len
+    if not options.get("max_num_batched_tokens"):
+        batched = max(batched, model_len)
+    if batched < model_len:
+        raise ValueError(f"--max-num-batched-tokens {batched} is below max_model_len "
+                         f"{model_len}: a prompt (up to --prefill-len) is prefilled in one step")
+    sized = dict(options, max_model_len=model_len, max_num_seqs=max(batches),
+                 max_num_batched_tokens=batched)
+    if options.get("num_gpu_blocks") is None and options.get("kv_cache_gib") is None:
+        block = options.get("block_size", 64)
+        sized["num_gpu_blocks"] = max(kv_blocks(max(batches), decode_len, block),
+                                      kv_blocks(1, prefill_len + 1, block))
+    return sized
+
+
+# ---- measurements ---------------------------------------------------------------------------
+def measure_decode(engine, batch: int, context: int, steps: int, warmup: int,
+                   max_tokens: int) -> tuple[dict, list[list[int]]]:
+    """Decode step time with ``batch`` sequences of about ``context`` tokens; returns the row and
+    each request's greedy tokens at the last timed step."""
+    from hifc.sampling_params import SamplingParams
+
+    rng = random.Random(batch)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    ids = [f"b{batch}-{i}" for i in range(batch)]
+    for rid in ids:
+        engine.add_request(rid, [rng.randrange(3, engine.arch.vocab_size)
+                                 for _ in range(context)], params)
+    while engine.scheduler.waiting:
+        engine.step()
+    for _ in range(warmup):
+        engine.step()
+    graph_steps0 = engine.stats()["graph_decode_steps"]
+    times, last = [], {}
+    for _ in range(steps):
+        sync(engine.device)
+        t0 = time.perf_counter()
+        outs = engine.step()
+        sync(engine.device)
+        times.append(time.perf_counter() - t0)
+        if len(outs) != batch:
+            raise RuntimeError(f"a timed step decoded {len(outs)} of {batch} sequences; "
+                               "raise --num-gpu-blocks or lower the batch sizes")
+        last.update({o.request_id: o.outputs[0].token_ids for o in outs})
+    graph_steps = engine.stats()["graph_decode_steps"] - graph_steps0
+    engine.abort_request(ids)
+    while engine.has_unfinished_requests():
+        engine.step()
+    step_s = statistics.median(times)
+    kv_read = batch * (context + warmup + steps // 2) * kv_bytes_per_token(engine)
+    row = {"batch": batch, "context": context, "steps": steps, "step_ms": 1000 * step_s,
+           "mean_step_ms": 1000 * statistics.mean(times), "tokens_per_s": batch / step_s,
+           "graph_steps": graph_steps,
+           "bytes_read": weight_bytes_read(engine) + kv_read}
+    return row, [last[rid] for rid in ids]
+
+
+def add_floor(row: dict, copy_rate_gbps: float) -> dict:
+    """The step's memory floor: its reads at the copy's (read + write) rate."""
+    row["floor_ms"] = 1000 * row["bytes_read"] / (copy_rate_gbps * 1e9)
+    row["step_over_floor"] = row["step_ms"] / row["floor_ms"]
+    return row
+
+
+def measure_prefill(engine, tokens: int, repeats: int, matmul_rate_tflops: float) -> dict:
+    """Median time of a one-step prefill of ``tokens`` random ids (after one warm-up)."""
+    from hifc.sampling_params import SamplingParams
+
+    rng = random.Random(tokens)
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    times = []
+    for i in range(repeats + 1):
+        rid = f"prefill-{i}"
+        engine.add_request(rid, [rng.randrange(3, engine.arch.vocab_size)
+                                 for _ in range(tokens)], params)
+        sync(engine.device)
+        t0 = time.perf_counter()
+        outs = engine.step()
+        sync(engine.device)
+        if i:
+            times.append(time.perf_counter() - t0)
+        if [o.request_id for o in outs] != [rid] or not outs[0].finished:
+            raise RuntimeError(f"the {tokens}-token prefill did not finish in one step")
+    seconds = statistics.median(times)
+    tflops = prefill_flops(engine, tokens) / seconds / 1e12
+    return {"tokens": tokens, "seconds": seconds, "tflops": tflops,
+            "fraction_of_matmul": tflops / matmul_rate_tflops, "tokens_per_s": tokens / seconds}
+
+
+# ---- the command ----------------------------------------------------------------------------
+def run(args: argparse.Namespace) -> int:
+    from hifc.engine.limits import resolve_device, resolve_dtype
+    from hifc.engine.llm_engine import LLMEngine
+
+    config = engine_config_from_args(args)
+    batches = list(args.batch_sizes)
+    if not batches:
+        raise ValueError("--batch-sizes is empty")
+    device = resolve_device(config)
+    dtype = resolve_dtype(config, device)
+    options = sized_options(vars(config), batches, args.context, args.steps, args.warmup,
+                            args.prefill_len)
+    copy_rate = copy_gbps(device)
+    matmul_rate = matmul_tflops(device, dtype)
+    engine = LLMEngine.from_options(**options)
+    max_tokens = decode_max_tokens(batches, args.context, args.steps, args.warmup,
+                                   options["max_num_batched_tokens"])
+    rows = [add_floor(measure_decode(engine, b, args.context, args.steps, args.warmup,
+                                     max_tokens)[0], copy_rate) for b in batches]
+    prefill = measure_prefill(engine, args.prefill_len, args.prefill_repeats, matmul_rate)
+    graphs = engine.runner.decode_graphs
+    result = {"model": engine.model_name, "dtype": str(engine.dtype).removeprefix("torch."),
+              "device": str(engine.device), "copy_gbps": copy_rate, "matmul_tflops": matmul_rate,
+              "block_size": config.block_size, "weight_bytes_read": weight_bytes_read(engine),
+              "captured_sizes": sorted(graphs.graphs) if graphs else [],
+              "decode": rows, "prefill": prefill}
+    print_result(result)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
+def print_result(result: dict) -> None:
+    print(f"model {result['model']}  dtype {result['dtype']}  device {result['device']}  "
+          f"copy {result['copy_gbps']:.1f} GB/s (read+write)  matmul "
+          f"{result['matmul_tflops']:.2f} TFLOP/s  graph sizes {result['captured_sizes'] or '-'}")
+    print(f"{'batch':>6} {'context':>8} {'step ms':>9} {'tokens/s':>10} {'floor ms':>9} "
+          f"{'step/floor':>10} {'graph steps':>11}")
+    for r in result["decode"]:
+        print(f"{r['batch']:>6} {r['context']:>8} {r['step_ms']:>9.2f} {r['tokens_per_s']:>10.1f} "
+              f"{r['floor_ms']:>9.3f} {r['step_over_floor']:>10.2f} "
+              f"{str(r['graph_steps']) + '/' + str(r['steps']):>11}")
+    p = result["prefill"]
+    print(f"prefill {p['tokens']} tokens: {1000 * p['seconds']:.1f} ms, {p['tokens_per_s']:.0f} "
+          f"tokens/s, {p['tflops']:.2f} TFLOP/s = {p['fraction_of_matmul']:.2f} of the matmul rate")

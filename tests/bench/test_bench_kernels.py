@@ -1,0 +1,82 @@
+"""``hifc bench kernels`` end to end on the CPU with tiny random presets (no timing asserted)."""
+import json
+
+import pytest
+
+from hifc.models.presets import PRESETS
+
+SMALL = ["--device", "cpu", "--dtype", "float32", "--batch-sizes", "1,3", "--context", "40",
+         "--steps", "2", "--warmup", "1", "--prefill-len", "96", "--prefill-repeats", "2",
+         "--block-size", "16"]
+ROW_KEYS = {"batch", "context", "steps", "step_ms", "mean_step_ms", "tokens_per_s", "bytes_read",
+            "floor_ms", "step_over_floor", "graph_steps"}
+
+
+def matmul_params(arch) -> tuple[int, int]:
+    """(decoder layers + final norm, lm_head) parameter counts from the preset's shapes."""
+    q, kv = arch.num_attention_heads * arch.head_dim, arch.num_key_value_heads * arch.head_dim
+    layer = (2 * arch.hidden_size * q + 2 * arch.hidden_size * kv
+             + 3 * arch.hidden_size * arch.intermediate_size + 2 * arch.hidden_size
+             + (q + 2 * kv if arch.attention_bias else 0))
+    return arch.num_hidden_layers * layer + arch.hidden_size, arch.vocab_size * arch.hidden_size
+
+
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2"])  # qwen2: tied lm_head, biases
+def test_kernels_reports_decode_floor_and_prefill_fraction(hifc, tmp_path, preset):
+    out = tmp_path / "kernels.json"
+    code, stdout, _ = hifc("bench", "kernels", "--model", f"random:{preset}", *SMALL,
+                           "--json", out)
+    assert code == 0
+    result = json.loads(out.read_text())
+    assert {"model", "dtype", "device", "copy_gbps", "matmul_tflops", "decode",
+            "prefill"} <= set(result)
+    assert (result["model"], result["dtype"], result["device"]) == (f"random:{preset}",
+                                                                    "float32", "cpu")
+    assert result["copy_gbps"] > 0 and result["matmul_tflops"] > 0
+
+    arch = PRESETS[preset]
+    body, head = matmul_params(arch)
+    weight_bytes = 4 * (body + head)
+    kv_token_bytes = 2 * arch.num_hidden_layers * arch.num_key_value_heads * arch.head_dim * 4
+    assert result["weight_bytes_read"] == weight_bytes
+    assert [r["batch"] for r in result["decode"]] == [1, 3]
+    for r in result["decode"]:
+        assert set(r) == ROW_KEYS
+        assert r["context"] == 40 and r["steps"] == 2 and r["graph_steps"] == 0  # CPU: eager
+        assert r["step_ms"] > 0 and r["tokens_per_s"] == pytest.approx(
+            1000 * r["batch"] / r["step_ms"])
+        assert r["bytes_read"] == weight_bytes + r["batch"] * (40 + 1 + 1) * kv_token_bytes
+        assert r["floor_ms"] == pytest.approx(1000 * r["bytes_read"] / (result["copy_gbps"] * 1e9))
+        assert r["step_over_floor"] == pytest.approx(r["step_ms"] / r["floor_ms"])
+
+    p = result["prefill"]
+    assert set(p) == {"tokens", "seconds", "tflops", "fraction_of_matmul", "tokens_per_s"}
+    assert p["tokens"] == 96 and p["seconds"] > 0
+    assert p["tokens_per_s"] == pytest.approx(96 / p["seconds"])
+    flops = 2 * body * 96 + 2 * head + 2 * arch.num_hidden_layers * arch.num_attention_heads \
+        * arch.head_dim * 96 ** 2
+    assert p["tflops"] == pytest.approx(flops / p["seconds"] / 1e12)
+    assert p["fraction_of_matmul"] == pytest.approx(p["tflops"] / result["matmul_tflops"])
+    assert "step/floor" in stdout and "of the matmul rate" in stdout
+
+
+@pytest.mark.parametrize("argv", [["--batch-sizes", "1,0"], ["--batch-sizes", "1,x"],
+                                  ["--context", "0"], ["--steps", "-1"], ["--prefill-len", "0"],
+                                  ["--prefill-repeats", "0"], ["--warmup", "0"]])
+def test_argparse_rejects_non_positive_options(hifc, argv):
+    with pytest.raises(SystemExit) as exc:
+        hifc("bench", "kernels", *argv)
+    assert exc.value.code == 2
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--max-num-batched-tokens", "256", "--prefill-len", "512"],
+     "--max-num-batched-tokens 256 is below max_model_len 513"),
+    (["--max-model-len", "64", "--prefill-len", "96"], "--max-model-len 64 is below the 97"),
+    (["--prefill-len", "2000"], "exceeds the model's context length 1024"),
+])
+def test_sizes_the_engine_cannot_hold_are_refused(hifc, argv, message):
+    code, _, stderr = hifc("bench", "kernels", "--model", "random:tiny-llama", "--device", "cpu",
+                           "--batch-sizes", "1", "--context", "16", *argv)
+    assert code == 2
+    assert message in stderr
