@@ -18,8 +18,10 @@ for the one token whose logits are computed, and causal attention (QK^T and PV, 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
 import json
+import pstats
 import random
 import statistics
 import time
@@ -29,6 +31,7 @@ from hifc.bench.sweeps import int_list
 from hifc.entrypoints.engine_args import add_engine_args, engine_config_from_args
 
 DEFAULT_BATCHED_TOKENS = 65536  # tokens per prefill step while the decode batches are admitted
+PROFILED_STEPS = 8  # decode steps after the timed ones that --profile runs under cProfile
 
 
 def register(subparsers) -> None:
@@ -42,6 +45,9 @@ def register(subparsers) -> None:
     p.add_argument("--prefill-len", type=positive_int, default=8192,
                    help="tokens of the timed one-step prefill")
     p.add_argument("--prefill-repeats", type=positive_int, default=3, help="timed prefills")
+    p.add_argument("--profile", action="store_true",
+                   help="list the kernels of each batch's decode graph, longest first, and the "
+                        "host functions of a few more steps (cProfile)")
     p.add_argument("--json", dest="json_out", help="write results as JSON here")
     add_engine_args(p, model_default="random:ds-r1-llama-8b")
     p.set_defaults(func=run)
@@ -136,7 +142,7 @@ def prefill_flops(engine, tokens: int) -> float:
 def decode_max_tokens(batches, context: int, steps: int, warmup: int, batched_tokens: int) -> int:
     """New tokens per decode request: enough for every admission step, warm-up and timed step."""
     admit_steps = -(-max(batches) // max(1, batched_tokens // context))
-    return admit_steps + warmup + steps + 4
+    return admit_steps + warmup + steps + PROFILED_STEPS + 4
 
 
 def kv_blocks(num_seqs: int, tokens_per_seq: int, block_size: int) -> int:
@@ -171,8 +177,58 @@ def sized_options(options: dict, batches, context: int, steps: int, warmup: int,
 
 
 # ---- measurements ---------------------------------------------------------------------------
+def replay_times(engine, batch: int, profile: bool, repeats: int = 20) -> dict:
+    """GPU time of the decode graph the last step replayed (``forward_ms``: model and logits,
+    no host work), re-replayed ``repeats`` times between CUDA events; it rewrites the same K/V
+    from the same inputs. With ``profile``, the kernels of one replay, longest first
+    (``kernels``: name, calls, ms). Empty without captured graphs."""
+    graphs = engine.runner.decode_graphs
+    size = graphs.batch_size_for_rows(batch) if graphs is not None and graphs.graphs else None
+    if size is None:
+        return {}
+    import torch
+    graph = graphs.graphs[size]
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.cuda.device(engine.device):
+        sync(engine.device)
+        start.record()
+        for _ in range(repeats):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        result = {"padded_batch": size, "forward_ms": start.elapsed_time(end) / repeats}
+        if profile:
+            result["kernels"] = profile_replay(graph)
+    return result
+
+
+def profile_replay(graph, top: int = 15) -> list[dict]:
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    kernels = {}
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            calls, us = kernels.get(e.name, (0, 0.0))
+            kernels[e.name] = (calls + 1, us + e.device_time)
+    ranked = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:top]
+    return [{"name": name, "calls": calls, "ms": us / 1000} for name, (calls, us) in ranked]
+
+
+def host_functions(prof: cProfile.Profile, steps: int, top: int = 12) -> list[dict]:
+    """The functions the timed steps spent most host time in (own time, ms per step)."""
+    stats = pstats.Stats(prof).stats  # (file, line, name) -> (cc, nc, tottime, cumtime, ...)
+    ranked = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    return [{"function": f"{name} ({file.rsplit('/', 1)[-1]}:{line})", "calls": nc,
+             "ms_per_step": 1000 * tottime / steps}
+            for (file, line, name), (_, nc, tottime, _, _) in ranked]
+
+
 def measure_decode(engine, batch: int, context: int, steps: int, warmup: int,
-                   max_tokens: int) -> tuple[dict, list[list[int]]]:
+                   max_tokens: int, profile: bool = False) -> tuple[dict, list[list[int]]]:
     """Decode step time with ``batch`` sequences of about ``context`` tokens; returns the row and
     each request's greedy tokens at the last timed step."""
     from hifc.sampling_params import SamplingParams
@@ -200,6 +256,11 @@ def measure_decode(engine, batch: int, context: int, steps: int, warmup: int,
                                "raise --num-gpu-blocks or lower the batch sizes")
         last.update({o.request_id: o.outputs[0].token_ids for o in outs})
     graph_steps = engine.stats()["graph_decode_steps"] - graph_steps0
+    forward = replay_times(engine, batch, profile)
+    if profile:  # after the timed steps: cProfile slows the steps it watches
+        host = cProfile.Profile()
+        host.runcall(lambda: [engine.step() for _ in range(PROFILED_STEPS)])
+        forward["host_functions"] = host_functions(host, PROFILED_STEPS)
     engine.abort_request(ids)
     while engine.has_unfinished_requests():
         engine.step()
@@ -207,8 +268,8 @@ def measure_decode(engine, batch: int, context: int, steps: int, warmup: int,
     kv_read = batch * (context + warmup + steps // 2) * kv_bytes_per_token(engine)
     row = {"batch": batch, "context": context, "steps": steps, "step_ms": 1000 * step_s,
            "mean_step_ms": 1000 * statistics.mean(times), "tokens_per_s": batch / step_s,
-           "graph_steps": graph_steps,
-           "bytes_read": weight_bytes_read(engine) + kv_read}
+           "graph_steps": graph_steps, "bytes_read": weight_bytes_read(engine) + kv_read,
+           **forward}
     return row, [last[rid] for rid in ids]
 
 
@@ -216,6 +277,8 @@ def add_floor(row: dict, copy_rate_gbps: float) -> dict:
     """The step's memory floor: its reads at the copy's (read + write) rate."""
     row["floor_ms"] = 1000 * row["bytes_read"] / (copy_rate_gbps * 1e9)
     row["step_over_floor"] = row["step_ms"] / row["floor_ms"]
+    if "forward_ms" in row:
+        row["forward_over_floor"] = row["forward_ms"] / row["floor_ms"]
     return row
 
 
@@ -263,7 +326,7 @@ def run(args: argparse.Namespace) -> int:
     max_tokens = decode_max_tokens(batches, args.context, args.steps, args.warmup,
                                    options["max_num_batched_tokens"])
     rows = [add_floor(measure_decode(engine, b, args.context, args.steps, args.warmup,
-                                     max_tokens)[0], copy_rate) for b in batches]
+                                     max_tokens, args.profile)[0], copy_rate) for b in batches]
     prefill = measure_prefill(engine, args.prefill_len, args.prefill_repeats, matmul_rate)
     graphs = engine.runner.decode_graphs
     result = {"model": engine.model_name, "dtype": str(engine.dtype).removeprefix("torch."),
@@ -283,11 +346,18 @@ def print_result(result: dict) -> None:
           f"copy {result['copy_gbps']:.1f} GB/s (read+write)  matmul "
           f"{result['matmul_tflops']:.2f} TFLOP/s  graph sizes {result['captured_sizes'] or '-'}")
     print(f"{'batch':>6} {'context':>8} {'step ms':>9} {'tokens/s':>10} {'floor ms':>9} "
-          f"{'step/floor':>10} {'graph steps':>11}")
+          f"{'step/floor':>10} {'graph steps':>11} {'forward ms':>10} {'fwd/floor':>9}")
     for r in result["decode"]:
+        fwd = (f"{r['forward_ms']:>10.2f} {r['forward_over_floor']:>9.2f}"
+               if "forward_ms" in r else f"{'-':>10} {'-':>9}")
         print(f"{r['batch']:>6} {r['context']:>8} {r['step_ms']:>9.2f} {r['tokens_per_s']:>10.1f} "
               f"{r['floor_ms']:>9.3f} {r['step_over_floor']:>10.2f} "
-              f"{str(r['graph_steps']) + '/' + str(r['steps']):>11}")
+              f"{str(r['graph_steps']) + '/' + str(r['steps']):>11} {fwd}")
+        for k in r.get("kernels", []):
+            print(f"{'':>8}{k['ms']:>8.3f} ms {k['calls']:>4}x  {k['name'][:90]}")
+        for f in r.get("host_functions", []):
+            print(f"{'':>8}{f['ms_per_step']:>8.3f} ms/step host {f['calls']:>6}x  "
+                  f"{f['function'][:80]}")
     p = result["prefill"]
     print(f"prefill {p['tokens']} tokens: {1000 * p['seconds']:.1f} ms, {p['tokens_per_s']:.0f} "
           f"tokens/s, {p['tflops']:.2f} TFLOP/s = {p['fraction_of_matmul']:.2f} of the matmul rate")

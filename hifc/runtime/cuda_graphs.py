@@ -99,11 +99,15 @@ class DecodeGraphs:
         self.capture_seconds = 0.0
         self.capture_bytes = 0  # device memory the graphs' pool holds after capture
 
+    def batch_size_for_rows(self, num_rows: int) -> int | None:
+        """The padded size a decode step of num_rows sequences runs at (None: eagerly)."""
+        return padded_batch_size(num_rows, self.batch_sizes)
+
     def batch_size_for(self, work: list[ScheduledSeq]) -> int | None:
         """The padded size this step runs at, or None when it must run eagerly."""
         if not fits_decode_layout(work, self.layout):
             return None
-        return padded_batch_size(len(work), self.batch_sizes)
+        return self.batch_size_for_rows(len(work))
 
     def _forward(self, batch: int, seq_lens_cpu: list[int]) -> torch.Tensor:
         """The padded forward over the device buffer's first ``batch`` rows -> logits [b, V]."""

@@ -80,3 +80,17 @@ def test_sizes_the_engine_cannot_hold_are_refused(hifc, argv, message):
                            "--batch-sizes", "1", "--context", "16", *argv)
     assert code == 2
     assert message in stderr
+
+
+def test_profile_lists_the_host_functions_of_decode_steps(hifc, tmp_path):
+    out = tmp_path / "kernels.json"
+    code, stdout, _ = hifc("bench", "kernels", "--model", "random:tiny-llama", *SMALL,
+                           "--profile", "--json", out)
+    assert code == 0
+    for r in json.loads(out.read_text())["decode"]:
+        assert "kernels" not in r  # CPU: no decode graph to profile
+        functions = r["host_functions"]
+        assert 0 < len(functions) <= 12
+        assert all(f["calls"] > 0 and f["ms_per_step"] >= 0 for f in functions)
+        assert any("step" in f["function"] or "forward" in f["function"] for f in functions)
+    assert "ms/step host" in stdout
