@@ -6,6 +6,49 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest  # noqa: E402
 
 
+def _patch_triton_interpreter() -> None:
+    """Under TRITON_INTERPRET=1 (Triton kernels run on the CPU), fix two things in Triton 3.6's
+    interpreter for every test package:
+
+    - it turns one-element arrays into loop bounds with ``int(array)``, which numpy >= 2.?
+      rejects: give its tensors an ``__index__`` that takes the element;
+    - it converts float32 <-> bfloat16 by bit surgery that truncates (and garbles some values),
+      where the GPU rounds to nearest even: convert through torch, which rounds as the GPU does.
+    """
+    try:
+        import numpy as np
+        import torch
+        import triton.language as tl
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    if hasattr(interpreter, "_patch_lang_tensor"):
+        original_patch = interpreter._patch_lang_tensor
+
+        def _patch_lang_tensor(tensor, scope):
+            original_patch(tensor, scope)
+            scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
+
+        interpreter._patch_lang_tensor = _patch_lang_tensor
+    if hasattr(interpreter, "_convert_float"):
+        original_convert = interpreter._convert_float
+
+        def _convert_float(data, src_dtype, dst_dtype, rounding_mode):
+            if src_dtype == tl.float32 and dst_dtype == tl.bfloat16:
+                x = torch.from_numpy(np.ascontiguousarray(data, dtype=np.float32))
+                return x.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+            if src_dtype == tl.bfloat16 and dst_dtype == tl.float32:
+                x = torch.from_numpy(np.ascontiguousarray(data).view(np.int16))
+                return x.view(torch.bfloat16).float().numpy().view(np.uint32)
+            return original_convert(data, src_dtype, dst_dtype, rounding_mode)
+
+        interpreter._convert_float = _convert_float
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _patch_triton_interpreter()
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     """(our LLM on SmolLM2-135M GGUF, transformers' model of the same file, transformers' parsed

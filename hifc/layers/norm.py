@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from hifc.layers import triton_fused
+
 
 class RMSNorm(nn.Module):
     """``weight * x / rms(x)``, computed in float32 and cast back, as Hugging Face Llama does."""
@@ -19,8 +21,10 @@ class RMSNorm(nn.Module):
         """Normalize ``x + residual`` (or ``x``); x, residual: [T, H].
 
         Returns ``(normed, summed)``: summed ([T, H]) is the residual stream the next sub-layer's
-        output is added to.
+        output is added to. On CUDA one fused Triton kernel does it all (same rounding).
         """
+        if triton_fused.usable(x):
+            return triton_fused.rms_norm(x, self.weight, self.eps, residual)
         if residual is not None:
             x = x + residual
         input_dtype = x.dtype

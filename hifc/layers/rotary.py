@@ -11,6 +11,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from hifc.layers import triton_fused
+
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -83,6 +85,9 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor,
                 k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotated copies of q and k (one fused Triton kernel on CUDA, same rounding)."""
+        if triton_fused.usable(q):
+            return triton_fused.rotary(positions, q, k, self.cos_cache, self.sin_cache)
         cos = self.cos_cache[positions].unsqueeze(1)  # [T, 1, D/2]
         sin = self.sin_cache[positions].unsqueeze(1)  # [T, 1, D/2]
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
