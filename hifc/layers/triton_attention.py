@@ -32,8 +32,11 @@ except ImportError:  # CPU-only install: the module imports, the backend refuses
     tl = None
 
 
-def _jit(fn):
-    return triton.jit(fn) if triton is not None else fn
+def _jit(fn=None, **options):
+    """triton.jit (a no-op without triton); options as triton.jit's."""
+    if fn is None:
+        return lambda f: _jit(f, **options)
+    return triton.jit(fn, **options) if triton is not None else fn
 
 
 LOG2E = 1.4426950408889634
@@ -99,7 +102,9 @@ def _attend_tile(q, m_i, l_i, acc, tile, block_row, k_base, v_base, kv_end, last
     return m_new, l_i, acc
 
 
-@_jit
+# num_seqs changes every step: not specialised (Triton would compile a variant for 1, for
+# multiples of 16 and for the rest, in the middle of a run)
+@_jit(do_not_specialize=["num_seqs"])
 def _paged_attention_kernel(
     out_ptr, segm_out_ptr, segm_max_ptr, segm_sum_ptr,
     q_ptr, k_cache_ptr, v_cache_ptr,
