@@ -13,6 +13,7 @@ BLOCK_SIZES = (16, 32, 64, 128, 256)
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 KV_OFFLOAD = ("none", "dram", "flash")
 FLASH_POLICIES = ("append", "left-append")
+FLASH_BACKENDS = ("auto", "kvikio", "posix")
 PREEMPTION = ("recompute", "swap", "auto")
 
 
@@ -37,6 +38,7 @@ class EngineConfig:
     flash_size_gib: float | None = None  # size of the flash tier
     flash_policy: str = "append"  # append (sequential log) | left-append (lowest free block)
     flash_io_threads: int = 8
+    flash_backend: str = "auto"  # auto: kvikio where GPUDirect Storage works, else posix
     swap_space: float | None = None  # GiB of pinned DRAM for kv_offload="dram" (vLLM's name)
     preemption: str | None = None  # recompute | swap | auto; default: swap with a tier
     tier_fault_injection: bool = False  # tests: expose engine.tier.faults
@@ -84,6 +86,9 @@ class EngineConfig:
         if self.kv_offload not in KV_OFFLOAD:
             raise ValueError(f"kv_offload must be one of {', '.join(KV_OFFLOAD)}, "
                              f"got {self.kv_offload!r}")
+        if self.flash_backend not in FLASH_BACKENDS:
+            raise ValueError(f"flash_backend must be one of {', '.join(FLASH_BACKENDS)}, "
+                             f"got {self.flash_backend!r}")
         if self.flash_policy not in FLASH_POLICIES:
             raise ValueError(f"flash_policy must be one of {', '.join(FLASH_POLICIES)}, "
                              f"got {self.flash_policy!r}")

@@ -245,5 +245,6 @@ def _build_tier(config: EngineConfig, kv_cache: torch.Tensor):
         tier_config = TierConfig(kind="flash", path=config.flash_path,
                                  size_gib=config.flash_size_gib, policy=config.flash_policy,
                                  io_threads=config.flash_io_threads,
+                                 backend=config.flash_backend,
                                  fault_injection=config.tier_fault_injection)
     return make_tier(tier_config, geometry_of(kv_cache), device=kv_cache.device)

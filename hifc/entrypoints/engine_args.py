@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import argparse
 
-from hifc.config import (ATTENTION_BACKENDS, BLOCK_SIZES, DTYPES, FLASH_POLICIES, KV_OFFLOAD,
-                         PREEMPTION, EngineConfig)
+from hifc.config import (ATTENTION_BACKENDS, BLOCK_SIZES, DTYPES, FLASH_BACKENDS,
+                         FLASH_POLICIES, KV_OFFLOAD, PREEMPTION, EngineConfig)
 
 
 def add_engine_args(parser: argparse.ArgumentParser, model_default: str = "smollm2-135m") -> None:
@@ -31,6 +31,9 @@ def add_engine_args(parser: argparse.ArgumentParser, model_default: str = "smoll
     t.add_argument("--flash-size-gib", type=float, help="flash tier size in GiB")
     t.add_argument("--flash-policy", default="append", choices=FLASH_POLICIES)
     t.add_argument("--flash-io-threads", type=int, default=8)
+    t.add_argument("--flash-backend", default="auto", choices=FLASH_BACKENDS,
+                   help="flash tier I/O: kvikio (cuFile) or posix O_DIRECT; auto: kvikio where "
+                        "GPUDirect Storage works, else posix")
     t.add_argument("--swap-space", type=float, help="pinned DRAM tier size in GiB (--kv-offload dram)")
     t.add_argument("--preemption", choices=PREEMPTION,
                    help="recompute, swap or auto (default: swap when a tier is set)")
@@ -46,4 +49,4 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         enforce_eager=args.enforce_eager, kv_offload=args.kv_offload,
         flash_path=args.flash_path, flash_size_gib=args.flash_size_gib,
         flash_policy=args.flash_policy, flash_io_threads=args.flash_io_threads,
-        swap_space=args.swap_space, preemption=args.preemption)
+        flash_backend=args.flash_backend, swap_space=args.swap_space, preemption=args.preemption)

@@ -28,6 +28,15 @@ def kvikio_available() -> bool:
     return True
 
 
+def gds_available() -> bool:
+    """True when kvikio can do GPUDirect Storage here (kvikio imports, a CUDA device, the
+    nvidia-fs driver loaded, compat mode not forced)."""
+    if not kvikio_available():
+        return False
+    import kvikio.defaults
+    return not kvikio.defaults.is_compat_mode_preferred() and _gds_driver_present()
+
+
 def _gds_driver_present() -> bool:
     try:
         import kvikio.cufile_driver

@@ -131,3 +131,23 @@ def test_offload_options_are_validated(tmp_path):
         LLM(MODEL, device="cpu", kv_offload="ssd")
     with pytest.raises(ValueError, match="flash_policy"):
         LLM(MODEL, device="cpu", kv_offload="dram", swap_space=1, flash_policy="random")
+    with pytest.raises(ValueError, match="flash_backend"):
+        LLM(MODEL, device="cpu", kv_offload="flash", flash_path=str(tmp_path / "kv"),
+            flash_size_gib=0.01, flash_backend="spdk")
+
+
+def test_flash_backend_flag_reaches_the_tier(tmp_path):
+    import argparse
+
+    from hifc.entrypoints.engine_args import add_engine_args, engine_config_from_args
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    args = parser.parse_args(["--model", MODEL, "--device", "cpu", "--kv-offload", "flash",
+                              "--flash-path", str(tmp_path / "kv"), "--flash-size-gib", "0.01",
+                              "--flash-backend", "posix"])
+    config = engine_config_from_args(args)
+    assert config.flash_backend == "posix"
+    llm = LLM(**{**vars(config), "num_gpu_blocks": 16})
+    assert llm.engine.tier.stats()["backend"] == "posix"
+    llm.engine.close()
+    assert engine_config_from_args(parser.parse_args([])).flash_backend == "auto"

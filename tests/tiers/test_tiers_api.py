@@ -199,3 +199,15 @@ def test_everything_free_at_the_end(flash):
     stats = tier.stats()
     assert tier.num_free_blocks == 16 and stats["inflight_blocks"] == 0
     assert stats["pending_jobs"] == 0 and stats["swap_out_ok"] == 10
+
+
+@pytest.mark.parametrize("gds, device, expected", [(True, "cuda", "kvikio"),
+                                                    (False, "cuda", "posix"),
+                                                    (True, "cpu", "posix")])
+def test_auto_backend_is_kvikio_only_where_gds_works(monkeypatch, gds, device, expected):
+    from hifc.tiers import flash
+    monkeypatch.setattr(flash, "gds_available", lambda: gds)
+    assert flash.resolve_backend("auto", device) == expected
+    assert flash.resolve_backend("posix", device) == "posix"
+    with pytest.raises(ValueError, match="unknown I/O backend"):
+        flash.resolve_backend("spdk", device)
