@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The paper's experiments at a reduced scale, on one H200 (random-weight presets, bf16, Triton).
 # Usage, repo root on the GPU machine:   bash scripts/gpu_paper_run.sh OUTDIR [STAGE ...]
-# Stages, each sized for one device call of a few minutes. The times are estimates from the
-# engine's ~25-30 ms per decode step (8B, host-bound) plus ~5-10 s per engine start; not measured:
-#   fig4            Fig 4 concurrency 2..16, 2k context (1792 in + 256 out), 16 prompts,
+# Stages, each sized for one device call of a few minutes. Measured on the H200 with CUDA graphs
+# (256 output tokens then): fig4 102 s, fig6 119 s; the other times are older estimates from the
+# eager engine's ~25-30 ms per decode step, now 2-4x less:
+#   fig4            Fig 4 concurrency 2..16, 2.3k context (1792 in + 512 out), 16 prompts,
 #                   2 GiB KV                                                                ~4 min
-#   fig6            Fig 6 block size 16..256, 4k context (3840 + 256), batch 10, 3 GiB KV   ~4 min
+#   fig6            Fig 6 block size 16..256, 4.3k context (3840 + 512), batch 10, 3 GiB KV ~4 min
 #   fig3            Fig 3 input 512..3072 at output 128, output 128..1024 at input 512,
 #                   batch 10, 1 GiB KV                                                      ~6 min
 #   analysis        none/dram/flash on 1024 in + 512 out, 16 prompts, 1 GiB KV, FC traces
@@ -18,7 +19,7 @@
 # Each stage writes JSON/PNG under OUTDIR and its log to OUTDIR/STAGE.log; a failed stage does not
 # stop the others, and the exit status counts the failed stages.
 # HIFC_SMOKE=1 runs the same commands on the CPU with random:tiny-llama-sized settings
-# (tests/bench/test_paper_script.py runs a stage that way; tests/bench/test_throughput.py runs
+# (tests/bench/test_bench_paper_script.py runs a stage that way; tests/bench/test_throughput.py runs
 # the analysis stage's chain in-process).
 set -uo pipefail
 out=${1:?usage: bash scripts/gpu_paper_run.sh OUTDIR [STAGE ...]}
@@ -56,9 +57,10 @@ else
   tiers=(--swap-space 8 --flash-size-gib 8 --flash-path "$flash")
   fig3=(--input-lens 512,1024,2048,3072 --output-lens 128,256,512,1024 --input-len 512
         --output-len 128 --kv-cache-gib 1)
-  fig4=(--concurrency 2,4,8,12,16 --input-len 1792 --output-len 256 --num-prompts 16
+  fig4=(--concurrency 2,4,8,12,16 --input-len 1792 --output-len 512 --num-prompts 16
         --kv-cache-gib 2)
-  fig6=(--block-sizes 16,32,64,128,256 --input-len 3840 --output-len 256 --kv-cache-gib 3)
+  # 512 output tokens: ~6 admitted prompts fill the 3 GiB pool and their growth forces swaps
+  fig6=(--block-sizes 16,32,64,128,256 --input-len 3840 --output-len 512 --kv-cache-gib 3)
   analysis=(--input-len 1024 --output-len 512 --num-prompts 16 --max-num-seqs 16 --kv-cache-gib 1)
   table3=(--num-prompts 8 --max-num-seqs 8 --swap-space 16 --flash-size-gib 16
           --flash-path "$flash")  # 14B narrativeqa: ~3.6 GiB a swapped sequence
