@@ -227,10 +227,14 @@ def run_variant(engine, name: str, requests: list[BenchRequest], progress: bool,
                            SamplingParams(max_tokens=r.output_tokens, temperature=0.0,
                                           ignore_eos=True))
     bar = tqdm(total=len(requests), desc=f"{label}{name}", unit="req", disable=not progress)
-    t0 = time.perf_counter()
+    step_s = []  # wall time of each step() (the last one ends when it returns)
+    t0 = last = time.perf_counter()
     while engine.has_unfinished_requests():
         bar.update(sum(o.finished for o in engine.step()))
-    elapsed = time.perf_counter() - t0
+        now = time.perf_counter()
+        step_s.append(now - last)
+        last = now
+    elapsed = last - t0
     bar.close()
     after = engine.stats()
     prompt_tokens = sum(len(r.prompt_token_ids) for r in requests)
@@ -244,6 +248,7 @@ def run_variant(engine, name: str, requests: list[BenchRequest], progress: bool,
         "block_bytes": engine.limits.block_bytes, "gpu_blocks_total": after["gpu_blocks_total"],
         "max_model_len": engine.limits.max_model_len,
         **{k: after[k] - before[k] for k in COUNTERS},
+        "step_ms_percentiles": step_percentiles_ms(step_s),
         "tier_blocks_total": after["tier_blocks_total"], "tier_allocator": None,
         "trace_path": None,
     }
@@ -255,6 +260,17 @@ def run_variant(engine, name: str, requests: list[BenchRequest], progress: bool,
             engine.tier.allocator.export_trace(trace_path)
             result["trace_path"] = trace_path
     return result
+
+
+def step_percentiles_ms(step_s: list[float]) -> dict[str, float]:
+    """p50/p90/p99/max of the steps' wall times in ms (all 0.0 without steps): tells a cost
+    spread over every step from a few slow ones."""
+    if not step_s:
+        return {"p50": 0.0, "p90": 0.0, "p99": 0.0, "max": 0.0}
+    ordered = sorted(step_s)
+    at = {name: min(len(ordered) - 1, int(q * len(ordered)))
+          for name, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))}
+    return {**{name: 1000 * ordered[i] for name, i in at.items()}, "max": 1000 * ordered[-1]}
 
 
 WARMUP_REQUESTS = 2

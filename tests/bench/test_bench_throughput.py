@@ -12,7 +12,8 @@ VARIANT_KEYS = {
     "total_tokens_per_s", "requests_per_s", "block_bytes", "gpu_blocks_total", "max_model_len",
     "preemptions", "swap_out_blocks", "swap_in_blocks", "tier_bytes_written", "tier_bytes_read",
     "swap_io_seconds", "swap_stall_seconds", "recomputed_sequences", "swap_failures", "steps",
-    "tier_blocks_total", "tier_allocator", "trace_path", "ratio_to_dram", "tier_write_gibps"}
+    "tier_blocks_total", "tier_allocator", "trace_path", "ratio_to_dram", "tier_write_gibps",
+    "step_ms_percentiles"}
 
 
 def test_compare_all_variants_then_analysis_tools(hifc, tiers, tmp_path):
@@ -34,6 +35,8 @@ def test_compare_all_variants_then_analysis_tools(hifc, tiers, tmp_path):
         assert set(r) == VARIANT_KEYS
         assert r["requests"] == 8 and r["output_tokens"] == 8 * 48
         assert r["output_tokens_per_s"] > 0 and r["swap_failures"] == 0
+        p = r["step_ms_percentiles"]
+        assert 0 < p["p50"] <= p["p90"] <= p["p99"] <= p["max"] <= 1000 * r["elapsed_s"]
     assert by["dram"]["ratio_to_dram"] == 1.0
     assert by["none"]["preemptions"] == 0 and by["none"]["tier_allocator"] is None
     for name in ("dram", "flash"):  # the budget forces swapping, and all of it comes back
@@ -141,3 +144,11 @@ def test_argparse_rejects_malformed_options(hifc, argv):
     with pytest.raises(SystemExit) as exc:
         hifc("bench", "throughput", *TINY, *argv)
     assert exc.value.code == 2
+
+
+def test_step_percentiles_pick_ranks():
+    from hifc.bench.throughput import step_percentiles_ms
+    steps = [i / 1000 for i in range(1, 101)]  # 1..100 ms
+    assert step_percentiles_ms(steps) == pytest.approx({"p50": 51, "p90": 91, "p99": 100,
+                                                        "max": 100})
+    assert step_percentiles_ms([]) == {"p50": 0.0, "p90": 0.0, "p99": 0.0, "max": 0.0}
