@@ -3,7 +3,8 @@
 Each case runs twice: on the CPU through Triton's interpreter (with TRITON_INTERPRET=1, as the other
 Triton tests; tests/conftest.py patches the interpreter so that it rounds float32 -> bfloat16 as
 the GPU does), and compiled on CUDA (marked gpu). Without TRITON_INTERPRET=1 the CPU cases run in
-a child pytest that sets it (test_interpreter_cases), so the default suite covers the kernels.
+a child pytest that sets it (tests/test_triton_interpreter.py), so the default suite covers the
+kernels.
 
 What must match:
 - rotary: bit for bit (each product rounded to the dtype, then the sum or difference).
@@ -16,10 +17,7 @@ What must match:
   flips rarely, which the weight multiply can make 2 ulps (at most 2, in under 1% of elements).
 """
 import os
-import subprocess
-import sys
 from contextlib import contextmanager
-from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -208,18 +206,3 @@ def test_kernels_replay_from_a_cuda_graph():
     torch.cuda.synchronize()
     for replayed, eager in zip(outputs, step()):
         assert torch.equal(replayed, eager)
-
-
-@pytest.mark.skipif(not HAS_TRITON or INTERPRET or HAS_CUDA,
-                    reason="needs triton; runs the CPU cases when they are not run directly")
-def test_interpreter_cases():
-    """The interpreter cases above, in a child pytest with TRITON_INTERPRET=1 (it must be set
-    before triton is imported, which would slow every other Triton test in this process)."""
-    root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-         "-k", "interpreter and not interpreter_cases", str(Path(__file__).relative_to(root))],
-        cwd=root, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert " passed" in result.stdout and "skipped" not in result.stdout, result.stdout[-2000:]
