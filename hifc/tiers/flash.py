@@ -1,12 +1,13 @@
 """``FlashTier``: KV blocks swapped to a preallocated cache file on an SSD.
 
-Wires together the cache file (superblock, epoch), the layout, an I/O backend (kvikio for GPU
-KV caches where GPUDirect Storage works, else POSIX O_DIRECT; see ``resolve_backend``), optional
-fault injection and the chunk swapper. A swap's pairs are cut, in the order given, into chunks of consecutive tier ids (adjacent blocks
-coalesced into large I/Os, at most ``chunk_mib`` each); every chunk runs through the two-stage
-pipeline of :mod:`hifc.tiers.pipeline` (its I/O on the tier's ``io_threads`` threads, its gather,
-checksums and scatter on ``prep_threads`` others), so a job is a batch of chunk futures whose
-completion ``poll`` checks. Staging memory: ``io_threads + prep_threads`` chunk buffers.
+Wires together the cache file (superblock, epoch), the layout, an I/O backend (kvikio for GPU KV
+caches where GPUDirect Storage works, else POSIX O_DIRECT; see ``resolve_backend``), optional fault
+injection and the chunk swapper. A swap's pairs are cut, in the order given, into chunks of
+consecutive tier ids (adjacent blocks coalesced into large I/Os, at most ``chunk_mib`` each); every
+chunk runs through the two-stage pipeline of :mod:`hifc.tiers.pipeline` (its I/O on the tier's
+``io_threads`` threads, its gather, checksums and scatter on ``prep_threads`` others), so a job is
+a batch of chunk futures whose completion ``poll`` checks. Staging memory: ``io_threads +
+prep_threads`` chunk buffers.
 """
 from __future__ import annotations
 
