@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hifc import LLM, LLMEngine, SamplingParams  # noqa: E402
-from hifc.bench import kernels  # noqa: E402
+from hifc.bench import kernels, probes  # noqa: E402
 
 
 def _free() -> None:
@@ -144,7 +144,7 @@ def decode_mode(args, enforce_eager: bool, batches: list[int]) -> tuple[list[dic
 
 def run_decode(args) -> dict:
     batches = [int(b) for b in args.batch_sizes.split(",")]
-    rate = kernels.copy_gbps("cuda")
+    rate = probes.copy_gbps("cuda")
     result = {"model": args.model, "copy_gbps": rate, "modes": {}}
     for mode in ("eager", "graph"):
         rows, meta = decode_mode(args, mode == "eager", batches)

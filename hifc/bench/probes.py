@@ -1,0 +1,113 @@
+"""Probes of the device for ``hifc bench kernels``: its copy and matrix rates, the GPU time of a
+decode step's CUDA graph, and where a step's time goes (the graph's kernels, the host functions of
+``LLMEngine.step``)."""
+from __future__ import annotations
+
+import cProfile
+import gc
+import pstats
+import time
+
+
+def sync(device) -> None:
+    import torch
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def free_device_memory(device) -> None:
+    import torch
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def copy_gbps(device, nbytes: int | None = None, repeats: int = 10) -> float:
+    """Device-to-device copy rate in GB/s, (read + write) bytes / s; 1 GiB on CUDA, 64 MiB
+    elsewhere unless nbytes says."""
+    import torch
+    device = torch.device(device)
+    nbytes = nbytes or (1 << 30 if device.type == "cuda" else 64 << 20)
+    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        dst.copy_(src)
+    sync(device)
+    rate = 2 * repeats * nbytes / (time.perf_counter() - t0) / 1e9
+    del src, dst
+    free_device_memory(device)
+    return rate
+
+
+def matmul_tflops(device, dtype, n: int | None = None, repeats: int = 10) -> float:
+    """TFLOP/s (2 n^3 per product) of n x n matmuls in dtype; n = 8192 on CUDA, 512 elsewhere."""
+    import torch
+    device = torch.device(device)
+    n = n or (8192 if device.type == "cuda" else 512)
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    out = torch.empty(n, n, device=device, dtype=dtype)
+    for _ in range(3):
+        torch.matmul(a, b, out=out)
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        torch.matmul(a, b, out=out)
+    sync(device)
+    rate = 2 * n ** 3 * repeats / (time.perf_counter() - t0) / 1e12
+    del a, b, out
+    free_device_memory(device)
+    return rate
+
+
+def replay_times(engine, batch: int, profile: bool, repeats: int = 20) -> dict:
+    """GPU time of the decode graph the last step replayed (``forward_ms``: model and logits,
+    no host work), re-replayed ``repeats`` times between CUDA events; it rewrites the same K/V
+    from the same inputs. With ``profile``, the kernels of one replay, longest first
+    (``kernels``: name, calls, ms). Empty without captured graphs."""
+    graphs = engine.runner.decode_graphs
+    size = graphs.batch_size_for_rows(batch) if graphs is not None and graphs.graphs else None
+    if size is None:
+        return {}
+    import torch
+    graph = graphs.graphs[size]
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.cuda.device(engine.device):
+        sync(engine.device)
+        start.record()
+        for _ in range(repeats):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        result = {"padded_batch": size, "forward_ms": start.elapsed_time(end) / repeats}
+        if profile:
+            result["kernels"] = profile_replay(graph)
+    return result
+
+
+def profile_replay(graph, top: int = 15) -> list[dict]:
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    kernels = {}
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            calls, us = kernels.get(e.name, (0, 0.0))
+            kernels[e.name] = (calls + 1, us + e.device_time)
+    ranked = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:top]
+    return [{"name": name, "calls": calls, "ms": us / 1000} for name, (calls, us) in ranked]
+
+
+def host_functions(prof: cProfile.Profile, steps: int, top: int = 12) -> list[dict]:
+    """The functions the timed steps spent most host time in (own time, ms per step)."""
+    stats = pstats.Stats(prof).stats  # (file, line, name) -> (cc, nc, tottime, cumtime, ...)
+    ranked = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    return [{"function": f"{name} ({file.rsplit('/', 1)[-1]}:{line})", "calls": nc,
+             "ms_per_step": 1000 * tottime / steps}
+            for (file, line, name), (_, nc, tottime, _, _) in ranked]
