@@ -26,19 +26,17 @@ sides and the file's cached pages are dropped before every read phase; tmpfs is 
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
 import datetime
-import errno
 import json
 import os
-import queue
 import random
-import re
 import statistics
 import time
 
+from hifc.bench.rawio import (MIB, RawIO, describe_sizes, filesystem_of, io_summary,
+                              kvikio_task_bytes, precondition_tasks, split_pieces, tier_io_tasks)
+
 GIB = 1 << 30
-MIB = 1 << 20
 TARGET_RATIO = 0.95
 SEQ_ORDERS = (("raw_seq_write", "tier_seq_write", "raw_seq_read", "tier_seq_read"),  # A B,
               ("tier_seq_write", "raw_seq_write", "tier_seq_read", "raw_seq_read"))  # B A
@@ -91,125 +89,6 @@ def register(subparsers) -> argparse.ArgumentParser:
     add_geometry_args(p)
     p.set_defaults(func=run)
     return p
-
-
-# -- the I/O each side issues -------------------------------------------------------------------
-def tier_io_tasks(layout, ids: list[int], batch: int, chunk_blocks: int) -> list[list[tuple]]:
-    """The ``(file offset, length)`` runs of swapping ``ids`` in jobs of ``batch`` blocks: one
-    list per chunk task, i.e. what one tier worker thread transfers in one go."""
-    from hifc.tiers.flash import split_chunks
-
-    tasks = []
-    for i in range(0, len(ids), batch):
-        for chunk in split_chunks([(0, b) for b in ids[i:i + batch]], 1, chunk_blocks):
-            plan = layout.chunk_plan(chunk[0][1], len(chunk))
-            tasks.append([(offset, length) for offset, _, length in plan.runs])
-    return tasks
-
-
-def split_pieces(tasks: list[list[tuple]], piece: int | None) -> list[list[tuple]]:
-    """kvikio fans every request out over its thread pool in ``piece``-byte tasks."""
-    if not piece:
-        return tasks
-    return [[(offset + at, min(piece, length - at))]
-            for task in tasks for offset, length in task for at in range(0, length, piece)]
-
-
-def kvikio_task_bytes() -> int | None:
-    import kvikio.defaults
-    for read in (lambda: kvikio.defaults.get("task_size"), lambda: kvikio.defaults.task_size()):
-        try:
-            return int(read())
-        except Exception:  # the setting moved between kvikio versions
-            continue
-    return None
-
-
-def io_summary(tasks: list[list[tuple]]) -> dict:
-    sizes = [length for task in tasks for _, length in task]
-    return {"ios": len(sizes), "bytes": sum(sizes), "io_bytes_min": min(sizes),
-            "io_bytes_max": max(sizes), "io_bytes_mean": sum(sizes) / len(sizes)}
-
-
-def describe_sizes(s: dict) -> str:
-    lo, hi = s["io_bytes_min"] / MIB, s["io_bytes_max"] / MIB
-    mean = s["io_bytes_mean"] / MIB
-    size = f"{hi:.2f} MiB" if lo == hi else f"{lo:.2f}-{hi:.2f} MiB (mean {mean:.2f})"
-    return f"{s['ios']} I/Os of {size}"
-
-
-def filesystem_of(path: str) -> dict:
-    """File system type and source of the mount holding ``path`` (from /proc/self/mounts)."""
-    where = os.path.realpath(os.path.dirname(os.path.abspath(path)))
-    best = {"type": "unknown", "source": "?", "mount": "/"}
-    try:
-        with open("/proc/self/mounts") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return best
-    for line in lines:
-        fields = line.split()
-        if len(fields) < 3:
-            continue
-        mount = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1])  # \040
-        inside = where == mount or where.startswith(mount.rstrip("/") + "/")
-        if inside and len(mount) >= len(best["mount"]):
-            best = {"type": fields[2], "source": fields[0], "mount": mount}
-    return best
-
-
-class RawIO:
-    """The baseline: plain (O_DIRECT where possible) ``pwritev``/``preadv`` on the cache file
-    from ``threads`` threads, one I/O task per thread at a time, nothing but I/O."""
-
-    def __init__(self, path: str, threads: int, buffer_bytes: int, want_direct: bool):
-        import torch
-
-        from hifc.tiers.io_base import aligned_empty, host_view
-        from hifc.tiers.posix_io import open_data_fd
-
-        control = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            self.fd, self.direct, self.note = open_data_fd(control, path, want_direct)
-        finally:
-            os.close(control)
-        self._buffers: queue.SimpleQueue = queue.SimpleQueue()
-        for _ in range(threads):
-            buf = aligned_empty(buffer_bytes, torch.device("cpu"))
-            self._buffers.put(buf.copy_(torch.randint(0, 256, (buffer_bytes,), dtype=torch.uint8)))
-        self._pool = cf.ThreadPoolExecutor(threads, thread_name_prefix="hifc-raw-io")
-        self._view = host_view
-        self.sync_writes = False  # buffered I/O: a write phase ends with fdatasync, timed
-
-    def _task(self, call, runs) -> None:
-        buf = self._buffers.get()
-        try:
-            for offset, length in runs:
-                if call(self.fd, [self._view(buf[:length])], offset) != length:
-                    raise OSError(errno.EIO, f"raw {call.__name__} short at offset {offset}")
-        finally:
-            self._buffers.put(buf)
-
-    def run(self, tasks, write: bool) -> float:
-        call = os.pwritev if write else os.preadv
-        start = time.perf_counter()
-        list(self._pool.map(lambda runs: self._task(call, runs), tasks))
-        if write:
-            self.sync()
-        return time.perf_counter() - start
-
-    def sync(self) -> None:
-        if self.sync_writes:
-            os.fdatasync(self.fd)
-
-    def drop_cache(self) -> None:
-        """Write back and evict the file's cached pages (all descriptors share them)."""
-        os.fdatasync(self.fd)
-        os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)
-        os.close(self.fd)
 
 
 # -- the tier's phases --------------------------------------------------------------------------
@@ -310,10 +189,6 @@ def _describe_sides(chunk_blocks: int, tier_tasks, raw_tasks, piece, threads: in
     return tier, raw
 
 
-def _precondition_tasks(start: int, end: int, io_bytes: int) -> list[list[tuple]]:
-    return [[(at, min(io_bytes, end - at))] for at in range(start, end, io_bytes)]
-
-
 def _median_stats(per_repeat: list[dict]) -> dict:
     out = {}
     for key in ("seq_write_gibps", "seq_read_gibps", "rand_write_gibps", "rand_read_gibps",
@@ -363,7 +238,7 @@ def measure(args) -> dict:
         # allocated blocks; the first write into freshly preallocated (unwritten) extents costs
         # the file system extra metadata work and is reported on its own.
         data = (SUPERBLOCK_BYTES, layout.file_bytes)
-        first_s = raw.run(_precondition_tasks(*data, io_bytes), write=True)
+        first_s = raw.run(precondition_tasks(*data, io_bytes), write=True)
         shape = (geometry.num_layers, 2, batch, geometry.block_size, geometry.num_kv_heads,
                  geometry.head_dim)
         kv = torch.randn(shape, dtype=torch.float32, device=device).to(getattr(torch,
