@@ -20,7 +20,6 @@ matmuls read, lm_head included, plus the KV, at the device-to-device copy rate m
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import random
 import sys
@@ -33,11 +32,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hifc import LLM, LLMEngine, SamplingParams  # noqa: E402
 from hifc.bench import kernels, probes  # noqa: E402
-
-
-def _free() -> None:
-    gc.collect()
-    torch.cuda.empty_cache()
 
 
 def _prompts(n: int, lengths: tuple[int, int], vocab: int, seed: int) -> list[list[int]]:
@@ -91,7 +85,7 @@ def parity_case(name, model, dtype, num_prompts, lengths, max_tokens, max_num_se
                       "capture_mib": graphs.capture_bytes / 2**20 if graphs else 0.0}
         outputs[mode] = [o.token_ids for o in outs]
         del llm, outs, graphs
-        _free()
+        probes.free_device_memory("cuda")
     diverged = {i: _first_divergence(e, g)
                 for i, (e, g) in enumerate(zip(outputs["eager"], outputs["graph"])) if e != g}
     return {"case": name, "model": model, "dtype": dtype, "requests": num_prompts,
@@ -138,7 +132,7 @@ def decode_mode(args, enforce_eager: bool, batches: list[int]) -> tuple[list[dic
             "captured_sizes": sorted(graphs.graphs) if graphs else [],
             "weight_bytes_read": kernels.weight_bytes_read(engine), "tokens": tokens}
     del engine, graphs
-    _free()
+    probes.free_device_memory("cuda")
     return rows, meta
 
 

@@ -11,6 +11,7 @@ import json
 import random
 import time
 
+from hifc.bench.probes import sync
 from hifc.entrypoints.engine_args import add_engine_args, engine_config_from_args
 
 
@@ -24,12 +25,6 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def _sync(engine) -> None:
-    if engine.device.type == "cuda":
-        import torch
-        torch.cuda.synchronize(engine.device)
-
-
 def measure(engine, batch: int, context: int, steps: int, seed: int = 0) -> dict:
     from hifc.sampling_params import SamplingParams
 
@@ -41,11 +36,11 @@ def measure(engine, batch: int, context: int, steps: int, seed: int = 0) -> dict
     while engine.scheduler.waiting:  # prefill (one or more steps)
         engine.step()
     engine.step()  # first decode: warm-up
-    _sync(engine)
+    sync(engine.device)
     t0 = time.perf_counter()
     for _ in range(steps):
         engine.step()
-    _sync(engine)
+    sync(engine.device)
     elapsed = time.perf_counter() - t0
     while engine.has_unfinished_requests():
         engine.step()

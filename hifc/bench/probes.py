@@ -15,10 +15,12 @@ def sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def free_device_memory(device) -> None:
+def free_device_memory(device=None) -> None:
+    """Collect garbage and return cached CUDA memory (device None: if CUDA is there at all)."""
     import torch
     gc.collect()
-    if torch.device(device).type == "cuda":
+    on_cuda = torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"
+    if on_cuda:
         torch.cuda.empty_cache()
 
 

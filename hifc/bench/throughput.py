@@ -26,7 +26,6 @@ throughput as a ratio to the DRAM variant (the paper's baseline) measured in the
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import statistics
@@ -35,6 +34,7 @@ from typing import Callable
 
 from tqdm.auto import tqdm
 
+from hifc.bench.probes import free_device_memory
 from hifc.bench.workloads import (PROFILES, SHAREGPT_FILE, BenchRequest, fixed_requests,
                                   profile_requests, read_sharegpt, sharegpt_requests,
                                   token_lengths)
@@ -210,7 +210,7 @@ def compare(variants: list[str], base: dict, make_workload: WorkloadBuilder, *,
         finally:
             engine.close()
             del engine
-            _release_device_memory()
+            free_device_memory()
         if on_result is not None:
             on_result(workload, [done[v] for v in variants if v in done])
     return workload, [done[v] for v in variants]
@@ -287,13 +287,6 @@ def _warm_up(engine, name: str, requests: list[BenchRequest]) -> None:
                            SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
     while engine.has_unfinished_requests():
         engine.step()
-
-
-def _release_device_memory() -> None:
-    gc.collect()
-    import torch
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 # ---- command -------------------------------------------------------------------------------

@@ -24,19 +24,9 @@ import torch
 
 from hifc.layers.attention import AttentionMetadata, write_kv_cache
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # CPU-only install: the module imports, the backend refuses to run
-    triton = None
-    tl = None
-
-
-def _jit(fn=None, **options):
-    """triton.jit (a no-op without triton); options as triton.jit's."""
-    if fn is None:
-        return lambda f: _jit(f, **options)
-    return triton.jit(fn, **options) if triton is not None else fn
+# without Triton (a CPU-only install) this module imports and the backend refuses to run
+from hifc.layers.triton_jit import jit as _jit
+from hifc.layers.triton_jit import tl, triton
 
 
 LOG2E = 1.4426950408889634

@@ -18,18 +18,13 @@ import os
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
+from hifc.layers.triton_jit import jit as _jit
+from hifc.layers.triton_jit import tl, triton
+
+if triton is not None:
     from triton.language.extra import libdevice
-except ImportError:  # CPU-only install: the module imports, the torch code runs instead
-    triton = None
-    tl = None
+else:  # CPU-only install: the module imports, the torch code runs instead
     libdevice = None
-
-
-def _jit(fn):
-    return triton.jit(fn) if triton is not None else fn
 
 
 def usable(*tensors: torch.Tensor) -> bool:

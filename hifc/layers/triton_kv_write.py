@@ -8,16 +8,8 @@ from __future__ import annotations
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:
-    triton = None
-    tl = None
-
-
-def _jit(fn):
-    return triton.jit(fn) if triton is not None else fn
+from hifc.layers.triton_jit import jit as _jit
+from hifc.layers.triton_jit import tl, triton
 
 
 @_jit
