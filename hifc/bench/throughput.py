@@ -250,10 +250,12 @@ def run_variant(engine, name: str, requests: list[BenchRequest], progress: bool,
         **{k: after[k] - before[k] for k in COUNTERS},
         "step_ms_percentiles": step_percentiles_ms(step_s),
         "tier_blocks_total": after["tier_blocks_total"], "tier_allocator": None,
-        "trace_path": None,
+        "tier_backend": None, "trace_path": None,
     }
     if engine.tier is not None:
-        alloc = engine.tier.stats()["allocator"]
+        tier_stats = engine.tier.stats()
+        alloc = tier_stats["allocator"]
+        result["tier_backend"] = tier_stats.get("backend")  # the flash I/O path `auto` chose
         result["tier_allocator"] = {k: alloc[k] for k in (
             "blocks_written", "sequential_runs", "wraps", "backward_jumps", "mean_run_blocks")}
         if trace_path:

@@ -13,7 +13,7 @@ VARIANT_KEYS = {
     "preemptions", "swap_out_blocks", "swap_in_blocks", "tier_bytes_written", "tier_bytes_read",
     "swap_io_seconds", "swap_stall_seconds", "recomputed_sequences", "swap_failures", "steps",
     "tier_blocks_total", "tier_allocator", "trace_path", "ratio_to_dram", "tier_write_gibps",
-    "step_ms_percentiles"}
+    "step_ms_percentiles", "tier_backend"}
 
 
 def test_compare_all_variants_then_analysis_tools(hifc, tiers, tmp_path):
@@ -45,6 +45,8 @@ def test_compare_all_variants_then_analysis_tools(hifc, tiers, tmp_path):
         assert by[name]["tier_bytes_written"] == by[name]["swap_out_blocks"] * 8192
     assert by["recompute"]["recomputed_sequences"] > 0 and by["recompute"]["swap_out_blocks"] == 0
     assert by["flash"]["tier_allocator"]["blocks_written"] == by["flash"]["swap_out_blocks"]
+    assert by["flash"]["tier_backend"] == "posix"  # auto on a CPU cache
+    assert by["dram"]["tier_backend"] is None and by["none"]["tier_backend"] is None
     assert summary["workload"]["kind"] == "fixed" and summary["settings"]["block_size"] == 16
     assert summary["tps_test"] == by["flash"]["output_tokens_per_s"]
     assert summary["tps_ideal"] == by["none"]["output_tokens_per_s"]
