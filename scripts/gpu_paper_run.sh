@@ -1,26 +1,25 @@
 #!/usr/bin/env bash
 # The paper's experiments at a reduced scale, on one H200 (random-weight presets, bf16, Triton).
 # Usage, repo root on the GPU machine:   bash scripts/gpu_paper_run.sh OUTDIR [STAGE ...]
-# Stages, each sized for one device call of a few minutes. Measured on the H200 with CUDA graphs
-# (256 output tokens then): fig4 102 s, fig6 119 s; the other times are older estimates from the
-# eager engine's ~25-30 ms per decode step, now 2-4x less:
+# Stages, each sized for one device call of a few minutes; times measured on one H200 with CUDA
+# graphs (2026-11-30, docs/RESULTS.md):
 #   fig4            Fig 4 concurrency 2..16, 2.3k context (1792 in + 512 out), 16 prompts,
-#                   2 GiB KV                                                                ~4 min
-#   fig6            Fig 6 block size 16..256, 4.3k context (3840 + 512), batch 10, 3 GiB KV ~4 min
+#                   2 GiB KV                                                               170 s
+#   fig6            Fig 6 block size 16..256, 4.3k context (3840 + 512), batch 10, 3 GiB KV 174 s
 #   fig3            Fig 3 input 512..3072 at output 128, output 128..1024 at input 512,
-#                   batch 10, 1 GiB KV                                                      ~6 min
+#                   batch 10, 1 GiB KV                                                     127 s
 #   analysis        none/dram/flash on 1024 in + 512 out, 16 prompts, 1 GiB KV, FC traces
-#                   (append, then left-append), then hifc wafsim, stall and endurance       ~4 min
+#                   (append, then left-append), then hifc wafsim, stall and endurance       88 s
 #   table3-8b       Table 3: qasper/govreport/narrativeqa profiles, 8 prompts, max_num_seqs 8,
 #   table3-14b      KV budgets of 300/700/1400 blocks of 64 tokens (~5 of the 8 sequences fit),
-#   table3-mistral  dram vs flash; one stage per model                              ~3 min each
+#   table3-mistral  dram vs flash; one stage per model                         114 / 158 / 118 s
 # Default: all stages in the order above (more than one call holds: pass a few per call).
 # The 8B preset serves every figure; ds-r1-qwen-32b is left out (Table 3 does not use it).
 # Each stage writes JSON/PNG under OUTDIR and its log to OUTDIR/STAGE.log; a failed stage does not
 # stop the others, and the exit status counts the failed stages.
 # HIFC_SMOKE=1 runs the same commands on the CPU with random:tiny-llama-sized settings
-# (tests/bench/test_bench_paper_script.py runs a stage that way; tests/bench/test_throughput.py runs
-# the analysis stage's chain in-process).
+# (tests/bench/test_bench_paper_script.py runs a stage that way;
+# tests/bench/test_bench_throughput.py runs the analysis stage's chain in-process).
 set -uo pipefail
 out=${1:?usage: bash scripts/gpu_paper_run.sh OUTDIR [STAGE ...]}
 shift
