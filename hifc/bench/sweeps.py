@@ -207,7 +207,7 @@ def print_sweep(sweep: dict) -> None:
     print(f"model {s['model']}  prompts/point {sweep['num_prompts']}  KV budget {budget}")
     print(f"{'panel':>12} {'x':>6} {'in':>6} {'out':>6} {'seqs':>4} {'block':>5} "
           f"{'variant':>9} {'out tok/s':>10} {'x dram':>7} {'preempt':>7} {'swap out':>8} "
-          f"{'io s':>7} {'stall s':>7}")
+          f"{'io s':>7} {'stall s':>7} {'of it out':>9}")
     for p in sweep["points"]:
         for r in p["variants"]:
             ratio = f"{r['ratio_to_dram']:.3f}" if r["ratio_to_dram"] is not None else "-"
@@ -215,4 +215,4 @@ def print_sweep(sweep: dict) -> None:
                   f"{p['max_num_seqs']:>4} {p['block_size']:>5} {r['variant']:>9} "
                   f"{r['output_tokens_per_s']:>10.1f} {ratio:>7} {r['preemptions']:>7} "
                   f"{r['swap_out_blocks']:>8} {r['swap_io_seconds']:>7.2f} "
-                  f"{r['swap_stall_seconds']:>7.2f}")
+                  f"{r['swap_stall_seconds']:>7.2f} {r['swap_out_stall_seconds']:>9.2f}")

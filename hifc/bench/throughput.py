@@ -45,8 +45,8 @@ FLASH_TIER_VARIANTS = ("flash", "auto")
 DEFAULT_OUTPUT_LEN = 128
 # engine.stats() counters reported per variant (deltas over the timed run)
 COUNTERS = ("preemptions", "swap_out_blocks", "swap_in_blocks", "tier_bytes_written",
-            "tier_bytes_read", "swap_io_seconds", "swap_stall_seconds", "recomputed_sequences",
-            "swap_failures", "steps")
+            "tier_bytes_read", "swap_io_seconds", "swap_stall_seconds", "swap_out_stall_seconds",
+            "recomputed_sequences", "swap_failures", "steps")
 # engine options left out of the JSON's "settings" (each variant sets its own tier and policy)
 NOT_SETTINGS = ("kv_offload", "preemption", "tier_fault_injection")
 
@@ -356,7 +356,7 @@ def print_table(summary: dict, model: str) -> None:
           f"max_num_seqs {s['max_num_seqs']}  block {s['block_size']}")
     head = (f"{'variant':>9} {'out tok/s':>10} {'req/s':>7} {'x dram':>7} {'preempt':>7} "
             f"{'swap out':>8} {'swap in':>8} {'GiB wr':>7} {'GiB rd':>7} {'io s':>7} "
-            f"{'stall s':>7} {'recomp':>6} {'fail':>4}")
+            f"{'stall s':>7} {'of it out':>9} {'recomp':>6} {'fail':>4}")
     print(head)
     for r in summary["variants"]:
         ratio = f"{r['ratio_to_dram']:.3f}" if r["ratio_to_dram"] is not None else "-"
@@ -364,5 +364,6 @@ def print_table(summary: dict, model: str) -> None:
               f"{ratio:>7} {r['preemptions']:>7} {r['swap_out_blocks']:>8} "
               f"{r['swap_in_blocks']:>8} {r['tier_bytes_written'] / 2**30:>7.2f} "
               f"{r['tier_bytes_read'] / 2**30:>7.2f} {r['swap_io_seconds']:>7.2f} "
-              f"{r['swap_stall_seconds']:>7.2f} {r['recomputed_sequences']:>6} "
+              f"{r['swap_stall_seconds']:>7.2f} {r['swap_out_stall_seconds']:>9.2f} "
+              f"{r['recomputed_sequences']:>6} "
               f"{r['swap_failures']:>4}")

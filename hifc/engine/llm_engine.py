@@ -222,6 +222,7 @@ class LLMEngine:
             "tier_bytes_read": swapper.bytes_read if swapper else 0,
             "swap_io_seconds": swapper.io_seconds if swapper else 0.0,
             "swap_stall_seconds": swapper.stall_seconds if swapper else 0.0,
+            "swap_out_stall_seconds": swapper.swap_out_stall_seconds if swapper else 0.0,
             "swap_jobs_pending": swapper.num_pending if swapper else 0,
             "running": len(sched.running),
             "waiting": len(sched.waiting),

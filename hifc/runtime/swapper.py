@@ -34,6 +34,7 @@ class KVSwapper:
         self.bytes_read = 0
         self.io_seconds = 0.0
         self.stall_seconds = 0.0
+        self.swap_out_stall_seconds = 0.0  # the part of stall_seconds spent on a swap-out
         self.errors: list[str] = []
 
     @property
@@ -54,14 +55,19 @@ class KVSwapper:
         self._jobs[job.job_id] = (request_id, job)
 
     def collect(self, block: bool) -> list[SwapResult]:
-        """Finished swaps. With ``block``, waits for at least one if any is pending; the wait
-        counts as stall time (the engine blocks only when nothing else can run)."""
+        """Finished swaps. With ``block``, waits for the oldest job if none has finished; the
+        wait counts as stall time (the engine blocks only when nothing else can run), and as
+        swap-out stall when that job is a swap-out: sequences then wait for the GPU blocks its
+        write still holds, rather than for a swapped sequence to come back."""
         finished = self.tier.poll()
         if block and not finished and self._jobs:
             t0 = time.perf_counter()
             oldest = next(iter(self._jobs.values()))[1]
             finished = [self.tier.wait(oldest)] + self.tier.poll()
-            self.stall_seconds += time.perf_counter() - t0
+            waited = time.perf_counter() - t0
+            self.stall_seconds += waited
+            if oldest.op == "swap_out":
+                self.swap_out_stall_seconds += waited
         return [self._result(job) for job in finished if job.job_id in self._jobs]
 
     def _result(self, job: Job) -> SwapResult:

@@ -13,7 +13,7 @@ VARIANT_KEYS = {
     "preemptions", "swap_out_blocks", "swap_in_blocks", "tier_bytes_written", "tier_bytes_read",
     "swap_io_seconds", "swap_stall_seconds", "recomputed_sequences", "swap_failures", "steps",
     "tier_blocks_total", "tier_allocator", "trace_path", "ratio_to_dram", "tier_write_gibps",
-    "step_ms_percentiles", "tier_backend"}
+    "step_ms_percentiles", "tier_backend", "swap_out_stall_seconds"}
 
 
 def test_compare_all_variants_then_analysis_tools(hifc, tiers, tmp_path):
@@ -35,6 +35,7 @@ def test_compare_all_variants_then_analysis_tools(hifc, tiers, tmp_path):
         assert set(r) == VARIANT_KEYS
         assert r["requests"] == 8 and r["output_tokens"] == 8 * 48
         assert r["output_tokens_per_s"] > 0 and r["swap_failures"] == 0
+        assert 0 <= r["swap_out_stall_seconds"] <= r["swap_stall_seconds"]
         p = r["step_ms_percentiles"]
         assert 0 < p["p50"] <= p["p90"] <= p["p99"] <= p["max"] <= 1000 * r["elapsed_s"]
     assert by["dram"]["ratio_to_dram"] == 1.0

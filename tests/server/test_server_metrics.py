@@ -12,7 +12,8 @@ ENGINE_GAUGES = ("hifc_num_requests_running", "hifc_num_requests_waiting",
                  "hifc_tier_blocks_used", "hifc_tier_blocks_total", "hifc_tier_usage_ratio")
 ENGINE_COUNTERS = ("hifc_prompt_tokens", "hifc_generation_tokens", "hifc_preemptions",
                    "hifc_swap_out_blocks", "hifc_swap_in_blocks", "hifc_tier_bytes_written",
-                   "hifc_tier_bytes_read", "hifc_recomputed_sequences")
+                   "hifc_tier_bytes_read", "hifc_recomputed_sequences", "hifc_swap_stall_seconds",
+                   "hifc_swap_out_stall_seconds")
 HISTOGRAMS = ("hifc_time_to_first_token_seconds", "hifc_time_per_output_token_seconds",
               "hifc_e2e_request_latency_seconds")
 

@@ -43,6 +43,8 @@ _COUNTERS = (
     ("tier_bytes_read", "tier_bytes_read", "Bytes read from the swap tier"),
     ("swap_io_seconds", "swap_io_seconds", "Seconds spent in swap I/O"),
     ("swap_stall_seconds", "swap_stall_seconds", "Seconds steps waited for swap I/O"),
+    ("swap_out_stall_seconds", "swap_out_stall_seconds",
+     "Of the swap stall, seconds waited for GPU blocks held by swap-out writes"),
 )
 
 
