@@ -1,7 +1,7 @@
 """CUDA graphs of decode steps: one captured model forward + logits per batch size.
 
 A decode-only step of n sequences is padded to the smallest captured size b >= n. Its inputs are
-packed into one pinned host buffer (``hifc.runtime.inputs.fill_decode_inputs``), copied to the
+packed into one pinned host buffer (``hifc.runtime.inputs.write_decode_inputs``), copied to the
 device buffer the graphs were captured over in one transfer, and graph b is replayed; the logits
 of the n real rows go to the (eager, per-request seeded) sampler. Prefill and mixed steps, and
 decode batches above the largest size, run eagerly.
@@ -32,8 +32,8 @@ import torch
 
 from hifc.core.scheduler import ScheduledSeq
 from hifc.layers.attention import AttentionBackend, AttentionContext, AttentionMetadata
-from hifc.runtime.inputs import (DecodeInputLayout, decode_input_views, fill_decode_inputs,
-                                 fits_decode_layout)
+from hifc.runtime.inputs import (DecodeInputLayout, decode_input_views, fits_decode_layout,
+                                 write_decode_inputs)
 
 logger = logging.getLogger(__name__)
 
@@ -128,10 +128,11 @@ class DecodeGraphs:
         return self.model.compute_logits(hidden)  # [b, V]: one new token per row
 
     def _load(self, work: list[ScheduledSeq], batch: int) -> list[int]:
-        """Pack the step into the host buffer and start its copy to the device buffer."""
+        """Pack the step (sized by batch_size_for, so known to fit) into the host buffer and
+        start its copy to the device buffer."""
         if self._copied is not None:
             self._copied.synchronize()  # the previous step's copy has read the host buffer
-        seq_lens = fill_decode_inputs(work, batch, self.block_size, self.layout, self._host)
+        seq_lens = write_decode_inputs(work, batch, self.block_size, self.layout, self._host)
         if self._copied is not None:
             n = self.layout.prefix_len(batch)
             self.device_buffer[:n].copy_(self.host_buffer[:n], non_blocking=True)

@@ -147,6 +147,14 @@ def fill_decode_inputs(work: list[ScheduledSeq], batch: int, block_size: int,
         raise ValueError(f"{n} sequences do not fit a padded decode batch of {batch} rows "
                          f"(at most {layout.max_batch} rows of {layout.max_blocks} blocks, "
                          "one new token each)")
+    return write_decode_inputs(work, batch, block_size, layout, buffer)
+
+
+def write_decode_inputs(work: list[ScheduledSeq], batch: int, block_size: int,
+                        layout: DecodeInputLayout, buffer: np.ndarray) -> list[int]:
+    """:func:`fill_decode_inputs` for a step already known to fit (the decode hot path, whose
+    batch size came from :func:`fits_decode_layout`): the same writes, without checking."""
+    n = len(work)
     m, pad = layout.max_batch, batch - n
     positions = [w.start_pos for w in work]
     seq_lens = [p + 1 for p in positions]

@@ -41,20 +41,19 @@ class ModelRunner:
             self._generators[request_id] = gen
         return gen
 
-    def setup_padded_decode(self, max_model_len: int, max_num_seqs: int, capture: bool) -> bool:
+    def setup_padded_decode(self, max_model_len: int, max_num_seqs: int, capture: bool) -> None:
         """Run decode-only steps padded to the batch sizes of ``capture_sizes`` from persistent
         input buffers, if this device and backend allow it: replayed from CUDA graphs captured
         now (capture=True), or the same padded computation run eagerly (capture=False, which
         ``enforce_eager`` picks, so that eager and graph runs compute bit-identical logits: the
-        matrix kernels' results depend on the batch size they run at). Returns False, and decode
-        steps run unpadded, when padding is not possible here."""
+        matrix kernels' results depend on the batch size they run at). Where padding is not
+        possible here, decode steps run unpadded."""
         num_slots = self.kv_cache.shape[2] * self.block_size
         reason = graphs_unsupported_reason(self.device, self.backend, num_slots)
         if reason is not None:
             logger.info("decode steps run unpadded (no CUDA graphs): %s", reason)
-            return False
+            return
         self.use_padded_decode(max_model_len, capture_sizes(max_num_seqs), capture=capture)
-        return True
 
     def use_padded_decode(self, max_model_len: int, batch_sizes: list[int],
                           capture: bool) -> None:

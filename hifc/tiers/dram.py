@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from hifc.tiers.layout import KVGeometry
+from hifc.tiers.layout import KVGeometry, runs_of
 from hifc.tiers.swapper import TORCH_DTYPES
 from hifc.tiers.tier import SWAP_OUT, KVTier
 
@@ -58,12 +58,12 @@ class DramTier(KVTier):
                 stream.wait_event(ready)
             if op == SWAP_OUT:
                 staged = kv.index_select(2, index).permute(2, 0, 1, 3, 4, 5).contiguous()
-                for i, start, n in _runs(tier_ids):  # [n, L, 2, bs, H, D] per run
+                for start, i, n in runs_of(tier_ids):  # [n, L, 2, bs, H, D] per run
                     self.pool[start:start + n].copy_(staged[i:i + n], non_blocking=True)
             else:
                 staged = torch.empty((len(pairs), *self.pool.shape[1:]), dtype=kv.dtype,
                                      device=kv.device)
-                for i, start, n in _runs(tier_ids):
+                for start, i, n in runs_of(tier_ids):
                     staged[i:i + n].copy_(self.pool[start:start + n], non_blocking=True)
                 kv.index_copy_(2, index, staged.permute(1, 2, 0, 3, 4, 5))
         if stream is not None:
@@ -79,14 +79,3 @@ class DramTier(KVTier):
 
     def _shutdown(self) -> None:
         self.pool = None
-
-
-def _runs(ids: list[int]):
-    """(position in ids, first id, length) of each run of consecutive ids."""
-    i = 0
-    while i < len(ids):
-        n = 1
-        while i + n < len(ids) and ids[i + n] == ids[i] + n:
-            n += 1
-        yield i, ids[i], n
-        i += n

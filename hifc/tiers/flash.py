@@ -89,10 +89,8 @@ class FlashTier(KVTier):
                  layout: str, io_threads: int = 8, backend: str = "auto", device="cpu",
                  chunk_mib: int = 32, direct_io: bool = True, force: bool = False,
                  fault_injection: bool = False, prep_threads: int | None = None):
-        if prep_threads is None:
+        if prep_threads is None:  # validated by TierConfig (make_tier builds this tier)
             prep_threads = default_prep_threads(io_threads)
-        if not isinstance(prep_threads, int) or prep_threads < 1:
-            raise ValueError(f"prep_threads must be a positive int, got {prep_threads!r}")
         self.layout = make_layout(layout, geometry, num_blocks)
         self.backend = resolve_backend(backend, device)
         super().__init__(geometry, num_blocks, policy, io_threads)

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 from typing import Callable
 
-import crc32c
 import numpy as np
 import torch
 
-from hifc.tiers.layout import ChunkPlan
+from hifc.tiers.layout import ChunkPlan, runs_of
+from hifc.tiers.records import slice_crcs
 
 _INT_OF_WIDTH = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -35,18 +35,6 @@ _INT_OF_WIDTH = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 def int_view(tensor: torch.Tensor) -> np.ndarray:
     """A numpy view (no copy) of a CPU tensor, as integers of the same width."""
     return tensor.detach().view(_INT_OF_WIDTH[tensor.element_size()]).numpy()
-
-
-def runs_of(ids: list[int]) -> list[tuple[int, int, int]]:
-    """(first id, position, length) of each run of consecutive ids."""
-    runs: list[tuple[int, int, int]] = []
-    for pos, block in enumerate(ids):
-        if runs and block == runs[-1][0] + runs[-1][2]:
-            first, at, length = runs[-1]
-            runs[-1] = (first, at, length + 1)
-        else:
-            runs.append((block, pos, 1))
-    return runs
 
 
 def gather_with_crcs(kv: np.ndarray, ids: list[int], data: np.ndarray, host: memoryview,
@@ -61,9 +49,8 @@ def gather_with_crcs(kv: np.ndarray, ids: list[int], data: np.ndarray, host: mem
         for first, at, length in runs:
             np.copyto(data[layer, :, at:at + length], kv[layer, :, first:first + length])
         for i in range(plan.n):
-            for kind in (0, 1):
-                offset = plan.slice_offset(i, layer, kind)
-                crcs[i][2 * layer + kind] = crc32c.crc32c(host[offset:offset + slice_bytes])
+            offsets = [plan.slice_offset(i, layer, kind) for kind in (0, 1)]
+            crcs[i][2 * layer:2 * layer + 2] = slice_crcs(host, offsets, slice_bytes)
     return crcs
 
 

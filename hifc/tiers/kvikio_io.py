@@ -70,7 +70,7 @@ class KvikioIO(FileIO):
         self._file = kvikio.CuFile(proc if os.path.exists(proc) else path, "r+")
         compat = kvikio.defaults.is_compat_mode_preferred()
         self.direct = direct
-        self.gds = gds_available()
+        self.gds = not compat and _gds_driver_present()  # gds_available(), already imported
         mode = ("GPUDirect Storage (nvidia-fs driver present)" if self.gds else
                 "cuFile without the nvidia-fs driver (cuFile compat path)" if not compat else
                 "compat mode (no GDS: POSIX I/O through kvikio bounce buffers)")

@@ -219,3 +219,15 @@ def blocks_for_bytes(layout_name: str, geometry: KVGeometry, size_bytes: int) ->
     """How many blocks a cache file of at most ``size_bytes`` holds."""
     per_block = make_layout(layout_name, geometry, 1).per_block_file_bytes
     return max(0, (int(size_bytes) - SUPERBLOCK_BYTES) // per_block)
+
+
+def runs_of(ids: list[int]) -> list[tuple[int, int, int]]:
+    """(first id, position, length) of each run of consecutive ids."""
+    runs: list[tuple[int, int, int]] = []
+    for pos, block in enumerate(ids):
+        if runs and block == runs[-1][0] + runs[-1][2]:
+            first, at, length = runs[-1]
+            runs[-1] = (first, at, length + 1)
+        else:
+            runs.append((block, pos, 1))
+    return runs

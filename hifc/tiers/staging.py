@@ -30,7 +30,6 @@ class StagingBuffers:
     """One chunk's staging memory for KV caches on ``kv_device``."""
 
     def __init__(self, nbytes: int, kv_device: torch.device, io_device: torch.device):
-        self.kv_device = kv_device
         on_gpu = kv_device.type == "cuda"
         # zero-filled so that its pages are faulted in now, not during the first swaps
         self.host = aligned_empty(nbytes, torch.device("cpu"), pin=on_gpu).zero_()
@@ -65,7 +64,6 @@ class BufferPool:
     def __init__(self, count: int, make: Callable[[], StagingBuffers]):
         if count < 1:
             raise ValueError(f"a buffer pool needs at least one buffer set, got {count}")
-        self.size = count
         self._free = [make() for _ in range(count)]
         self._waiting: collections.deque[Callable[[StagingBuffers], None]] = collections.deque()
         self._lock = threading.Lock()

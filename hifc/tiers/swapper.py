@@ -26,10 +26,10 @@ import threading
 
 import torch
 
-from hifc.tiers.hostcopy import gather_with_crcs, int_view, runs_of, verify_then_scatter
+from hifc.tiers.hostcopy import gather_with_crcs, int_view, verify_then_scatter
 from hifc.tiers.io_base import FileIO, host_view
 from hifc.tiers.jobs import ShortReadError
-from hifc.tiers.layout import HEADER_BYTES, ChunkPlan, Layout
+from hifc.tiers.layout import HEADER_BYTES, ChunkPlan, Layout, runs_of
 from hifc.tiers.pipeline import CPU, IO, ChunkTask
 from hifc.tiers.records import pack_header, slice_crcs, verify_header, verify_slices
 from hifc.tiers.staging import BufferPool, StagingBuffers
