@@ -72,19 +72,16 @@ def parity_case(name, model, dtype, num_prompts, lengths, max_tokens, max_num_se
             prompts = _prompts(num_prompts, lengths, llm.engine.arch.vocab_size, seed=len(name))
         params = [SamplingParams(max_tokens=max_tokens - (i % 8) * (max_tokens // 10),
                                  temperature=0.0, ignore_eos=True) for i in range(num_prompts)]
-        torch.cuda.synchronize()
+        probes.sync("cuda")
         t0 = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
-        torch.cuda.synchronize()
-        graphs = llm.engine.runner.decode_graphs
+        probes.sync("cuda")
         info[mode] = {"seconds": time.perf_counter() - t0,
                       "steps": llm.stats()["steps"],
                       "graph_decode_steps": llm.stats()["graph_decode_steps"],
-                      "captured_sizes": sorted(graphs.graphs) if graphs else [],
-                      "capture_seconds": graphs.capture_seconds if graphs else 0.0,
-                      "capture_mib": graphs.capture_bytes / 2**20 if graphs else 0.0}
+                      **probes.graph_capture_info(llm.engine)}
         outputs[mode] = [o.token_ids for o in outs]
-        del llm, outs, graphs
+        del llm, outs
         probes.free_device_memory("cuda")
     diverged = {i: _first_divergence(e, g)
                 for i, (e, g) in enumerate(zip(outputs["eager"], outputs["graph"])) if e != g}
@@ -112,7 +109,8 @@ def run_parity(args) -> list[dict]:
     return rows
 
 
-def decode_mode(args, enforce_eager: bool, batches: list[int]) -> tuple[list[dict], dict]:
+def decode_mode(args, enforce_eager: bool,
+                batches: list[int]) -> tuple[list[dict], dict, dict[int, list[list[int]]]]:
     """One engine (eager or with decode graphs); hifc.bench.kernels measures each batch."""
     options = kernels.sized_options(
         dict(model=args.model, device="cuda", dtype="bfloat16", block_size=args.block_size,
@@ -121,29 +119,26 @@ def decode_mode(args, enforce_eager: bool, batches: list[int]) -> tuple[list[dic
     engine = LLMEngine.from_options(**options)
     max_tokens = kernels.decode_max_tokens(batches, args.context, args.steps, args.warmup,
                                            options["max_num_batched_tokens"])
-    graphs = engine.runner.decode_graphs
     rows, tokens = [], {}
     for batch in batches:
         row, tokens[batch] = kernels.measure_decode(engine, batch, args.context, args.steps,
                                                     args.warmup, max_tokens)
         rows.append(row)
-    meta = {"capture_seconds": graphs.capture_seconds if graphs else 0.0,
-            "capture_mib": graphs.capture_bytes / 2**20 if graphs else 0.0,
-            "captured_sizes": sorted(graphs.graphs) if graphs else [],
-            "weight_bytes_read": kernels.weight_bytes_read(engine), "tokens": tokens}
-    del engine, graphs
+    meta = {**probes.graph_capture_info(engine),
+            "weight_bytes_read": kernels.weight_bytes_read(engine)}
+    del engine
     probes.free_device_memory("cuda")
-    return rows, meta
+    return rows, meta, tokens
 
 
 def run_decode(args) -> dict:
     batches = [int(b) for b in args.batch_sizes.split(",")]
     rate = probes.copy_gbps("cuda")
     result = {"model": args.model, "copy_gbps": rate, "modes": {}}
+    tokens = {}
     for mode in ("eager", "graph"):
-        rows, meta = decode_mode(args, mode == "eager", batches)
-        result["modes"][mode] = {"rows": rows, **{k: v for k, v in meta.items() if k != "tokens"}}
-        result["modes"][mode]["_tokens"] = meta["tokens"]
+        rows, meta, tokens[mode] = decode_mode(args, mode == "eager", batches)
+        result["modes"][mode] = {"rows": rows, **meta}
     eager, graph = (result["modes"][m] for m in ("eager", "graph"))
     print(f"model {args.model} bf16, block {args.block_size}, context {args.context}, "
           f"copy {rate:.0f} GB/s (read+write); graph capture {graph['capture_seconds']:.1f} s, "
@@ -152,7 +147,7 @@ def run_decode(args) -> dict:
           f"{'graph tok/s':>11} {'floor ms':>8} {'graph/floor':>11} {'same tokens':>11}")
     for e, g in zip(eager["rows"], graph["rows"]):
         floor_ms = kernels.add_floor(g, rate)["floor_ms"]  # reads at the copy's read+write rate
-        same = eager["_tokens"][e["batch"]] == graph["_tokens"][g["batch"]]
+        same = tokens["eager"][e["batch"]] == tokens["graph"][g["batch"]]
         g["same_tokens_as_eager"] = same
         print(f"{e['batch']:>5} {e['step_ms']:>9.2f} {g['step_ms']:>9.2f} "
               f"{e['step_ms'] / g['step_ms']:>8.2f} {e['tokens_per_s']:>11.1f} "
@@ -161,8 +156,6 @@ def run_decode(args) -> dict:
         if g["graph_steps"] != g["steps"]:
             print(f"  note: only {g['graph_steps']} of {g['steps']} graph-mode steps replayed "
                   "a graph")
-    for m in ("eager", "graph"):
-        result["modes"][m].pop("_tokens")
     return result
 
 

@@ -83,6 +83,17 @@ def non_negative_int(text: str) -> int:
     return _int_at_least(text, 0, ">= 0")
 
 
+def int_list(text: str) -> tuple[int, ...]:
+    """argparse type: comma-separated positive integers ("" = none)."""
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}")
+    if any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"values must be positive: {text!r}")
+    return values
+
+
 def read_text(path: str | Path) -> str:
     """A file's text; InputError naming the file if it is missing or unreadable."""
     path = Path(path)

@@ -22,13 +22,13 @@ from __future__ import annotations
 import argparse
 import cProfile
 import json
-import random
 import statistics
 import time
 
-from hifc.analysis.common import positive_int
-from hifc.bench.probes import copy_gbps, host_functions, matmul_tflops, replay_times, sync
-from hifc.bench.sweeps import int_list
+from hifc.analysis.common import int_list, positive_int
+from hifc.bench.probes import (copy_gbps, graph_capture_info, host_functions, matmul_tflops,
+                               replay_times, sync)
+from hifc.bench.workloads import fixed_requests
 from hifc.entrypoints.engine_args import add_engine_args, engine_config_from_args
 
 DEFAULT_BATCHED_TOKENS = 65536  # tokens per prefill step while the decode batches are admitted
@@ -129,12 +129,11 @@ def measure_decode(engine, batch: int, context: int, steps: int, warmup: int,
     each request's greedy tokens at the last timed step."""
     from hifc.sampling_params import SamplingParams
 
-    rng = random.Random(batch)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     ids = [f"b{batch}-{i}" for i in range(batch)]
-    for rid in ids:
-        engine.add_request(rid, [rng.randrange(3, engine.arch.vocab_size)
-                                 for _ in range(context)], params)
+    prompts = fixed_requests(context, max_tokens, batch, engine.arch.vocab_size, seed=batch)
+    for rid, request in zip(ids, prompts):
+        engine.add_request(rid, request.prompt_token_ids, params)
     while engine.scheduler.waiting:
         engine.step()
     for _ in range(warmup):
@@ -182,13 +181,12 @@ def measure_prefill(engine, tokens: int, repeats: int, matmul_rate_tflops: float
     """Median time of a one-step prefill of ``tokens`` random ids (after one warm-up)."""
     from hifc.sampling_params import SamplingParams
 
-    rng = random.Random(tokens)
     params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     times = []
-    for i in range(repeats + 1):
+    prompts = fixed_requests(tokens, 1, repeats + 1, engine.arch.vocab_size, seed=tokens)
+    for i, request in enumerate(prompts):
         rid = f"prefill-{i}"
-        engine.add_request(rid, [rng.randrange(3, engine.arch.vocab_size)
-                                 for _ in range(tokens)], params)
+        engine.add_request(rid, request.prompt_token_ids, params)
         sync(engine.device)
         t0 = time.perf_counter()
         outs = engine.step()
@@ -224,11 +222,10 @@ def run(args: argparse.Namespace) -> int:
     rows = [add_floor(measure_decode(engine, b, args.context, args.steps, args.warmup,
                                      max_tokens, args.profile)[0], copy_rate) for b in batches]
     prefill = measure_prefill(engine, args.prefill_len, args.prefill_repeats, matmul_rate)
-    graphs = engine.runner.decode_graphs
     result = {"model": engine.model_name, "dtype": str(engine.dtype).removeprefix("torch."),
               "device": str(engine.device), "copy_gbps": copy_rate, "matmul_tflops": matmul_rate,
               "block_size": config.block_size, "weight_bytes_read": weight_bytes_read(engine),
-              "captured_sizes": sorted(graphs.graphs) if graphs else [],
+              "captured_sizes": graph_capture_info(engine)["captured_sizes"],
               "decode": rows, "prefill": prefill}
     print_result(result)
     if args.json_out:

@@ -65,6 +65,14 @@ def matmul_tflops(device, dtype, n: int | None = None, repeats: int = 10) -> flo
     return rate
 
 
+def graph_capture_info(engine) -> dict:
+    """The decode CUDA graphs the engine captured: batch sizes, capture time and memory."""
+    graphs = engine.runner.decode_graphs
+    return {"captured_sizes": sorted(graphs.graphs) if graphs else [],
+            "capture_seconds": graphs.capture_seconds if graphs else 0.0,
+            "capture_mib": graphs.capture_bytes / 2**20 if graphs else 0.0}
+
+
 def replay_times(engine, batch: int, profile: bool, repeats: int = 20) -> dict:
     """GPU time of the decode graph the last step replayed (``forward_ms``: model and logits,
     no host work), re-replayed ``repeats`` times between CUDA events; it rewrites the same K/V

@@ -19,7 +19,8 @@ import random
 import time
 from dataclasses import asdict, dataclass, field
 
-from hifc.bench.workloads import PROFILES, BenchRequest, fixed_requests, profile_requests
+from hifc.bench.workloads import (DEFAULT_OUTPUT_LEN, PROFILES, BenchRequest, fixed_requests,
+                                  get_profile, profile_requests)
 
 PERCENTILES = (50, 90, 99)
 
@@ -82,13 +83,11 @@ def build_requests(args, vocab_size: int, max_model_len: int) -> list[BenchReque
     if args.output_len is not None and args.output_len < 1:
         raise ValueError("--output-len must be positive")
     if args.dataset == "random":
-        return fixed_requests(args.input_len, args.output_len or 128, args.num_prompts,
-                              vocab_size, args.seed)
+        return fixed_requests(args.input_len, args.output_len or DEFAULT_OUTPUT_LEN,
+                              args.num_prompts, vocab_size, args.seed)
     if args.dataset == "profile":
-        profile = PROFILES[args.profile]
-        if args.output_len:
-            profile = type(profile)(profile.name, profile.mean_input_tokens, args.output_len)
-        return profile_requests(profile, args.num_prompts, vocab_size, max_model_len, args.seed)
+        return profile_requests(get_profile(args.profile, args.output_len), args.num_prompts,
+                                vocab_size, max_model_len, args.seed)
     from hifc.bench.workloads import read_sharegpt, sharegpt_requests, token_lengths
 
     tokenizer = None
@@ -158,7 +157,7 @@ async def run_load(args, model: str, requests: list[BenchRequest]) -> tuple[list
     """(results, duration in seconds, peak requests in flight)."""
     import httpx
 
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    headers = auth_headers(args.api_key)
     offsets = arrival_offsets(len(requests), args.request_rate, args.seed)
     cap = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else None
     in_flight = peak = 0
@@ -189,7 +188,7 @@ def server_model(args) -> tuple[str, int | None, int | None]:
     """(model name, vocab size, max_model_len) from the server's /v1/models."""
     import httpx
 
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    headers = auth_headers(args.api_key)
     try:
         resp = httpx.get(f"{args.base_url}/v1/models", headers=headers, timeout=30)
     except httpx.TransportError as exc:
@@ -207,6 +206,10 @@ def server_model(args) -> tuple[str, int | None, int | None]:
         raise ValueError("the server does not say its vocab size and max_model_len: pass "
                          "--vocab-size and --max-model-len")
     return card["id"], vocab, max_len
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 # ---- report -----------------------------------------------------------------------------------

@@ -24,8 +24,10 @@ import argparse
 import json
 from dataclasses import asdict, dataclass
 
-from hifc.bench.throughput import (check_budget, compare, engine_settings, fixed_workload,
-                                   parse_variants, summarize, variant_options)
+from hifc.analysis.common import int_list
+from hifc.bench.throughput import (SWEEP_COLUMNS, check_budget, compare, engine_settings,
+                                   fixed_workload, parse_variants, summarize, variant_cells,
+                                   variant_header, variant_options)
 from hifc.config import BLOCK_SIZES, EngineConfig
 from hifc.entrypoints.engine_args import add_engine_args, engine_config_from_args
 
@@ -75,17 +77,6 @@ class SweepPoint:
     output_len: int
     max_num_seqs: int
     block_size: int
-
-
-def int_list(text: str) -> tuple[int, ...]:
-    """argparse type: comma-separated positive integers ("" = none)."""
-    try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}")
-    if any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"values must be positive: {text!r}")
-    return values
 
 
 def register(subparsers) -> None:
@@ -206,13 +197,8 @@ def print_sweep(sweep: dict) -> None:
     print(f"{sweep['paper']}-like sweep ({sweep['figure']}): {sweep['title']}")
     print(f"model {s['model']}  prompts/point {sweep['num_prompts']}  KV budget {budget}")
     print(f"{'panel':>12} {'x':>6} {'in':>6} {'out':>6} {'seqs':>4} {'block':>5} "
-          f"{'variant':>9} {'out tok/s':>10} {'x dram':>7} {'preempt':>7} {'swap out':>8} "
-          f"{'io s':>7} {'stall s':>7} {'of it out':>9}")
+          + variant_header(SWEEP_COLUMNS))
     for p in sweep["points"]:
         for r in p["variants"]:
-            ratio = f"{r['ratio_to_dram']:.3f}" if r["ratio_to_dram"] is not None else "-"
             print(f"{p['panel']:>12} {p['x']:>6} {p['input_len']:>6} {p['output_len']:>6} "
-                  f"{p['max_num_seqs']:>4} {p['block_size']:>5} {r['variant']:>9} "
-                  f"{r['output_tokens_per_s']:>10.1f} {ratio:>7} {r['preemptions']:>7} "
-                  f"{r['swap_out_blocks']:>8} {r['swap_io_seconds']:>7.2f} "
-                  f"{r['swap_stall_seconds']:>7.2f} {r['swap_out_stall_seconds']:>9.2f}")
+                  f"{p['max_num_seqs']:>4} {p['block_size']:>5} " + variant_cells(r, SWEEP_COLUMNS))

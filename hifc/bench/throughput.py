@@ -35,14 +35,13 @@ from typing import Callable
 from tqdm.auto import tqdm
 
 from hifc.bench.probes import free_device_memory
-from hifc.bench.workloads import (PROFILES, SHAREGPT_FILE, BenchRequest, fixed_requests,
-                                  profile_requests, read_sharegpt, sharegpt_requests,
-                                  token_lengths)
+from hifc.bench.workloads import (DEFAULT_OUTPUT_LEN, PROFILES, SHAREGPT_FILE, BenchRequest,
+                                  fixed_requests, get_profile, profile_requests, read_sharegpt,
+                                  sharegpt_requests, token_lengths)
 from hifc.entrypoints.engine_args import add_engine_args, engine_config_from_args
 
 VARIANTS = ("none", "dram", "flash", "recompute", "auto")
 FLASH_TIER_VARIANTS = ("flash", "auto")
-DEFAULT_OUTPUT_LEN = 128
 # engine.stats() counters reported per variant (deltas over the timed run)
 COUNTERS = ("preemptions", "swap_out_blocks", "swap_in_blocks", "tier_bytes_written",
             "tier_bytes_read", "swap_io_seconds", "swap_stall_seconds", "swap_out_stall_seconds",
@@ -100,9 +99,7 @@ def check_workload_args(args) -> None:
 def build_workload(args, engine) -> tuple[list[BenchRequest], dict]:
     vocab_size, max_model_len = engine.arch.vocab_size, engine.limits.max_model_len
     if args.profile:
-        profile = PROFILES[args.profile]
-        if args.output_len:
-            profile = type(profile)(profile.name, profile.mean_input_tokens, args.output_len)
+        profile = get_profile(args.profile, args.output_len)
         requests = profile_requests(profile, args.num_prompts, vocab_size, max_model_len,
                                     args.seed)
         info = {"kind": "profile", "profile": profile.name,
@@ -354,16 +351,36 @@ def print_table(summary: dict, model: str) -> None:
     s = summary["settings"]
     print(f"model {model}  {describe_workload(summary['workload'])}  "
           f"max_num_seqs {s['max_num_seqs']}  block {s['block_size']}")
-    head = (f"{'variant':>9} {'out tok/s':>10} {'req/s':>7} {'x dram':>7} {'preempt':>7} "
-            f"{'swap out':>8} {'swap in':>8} {'GiB wr':>7} {'GiB rd':>7} {'io s':>7} "
-            f"{'stall s':>7} {'of it out':>9} {'recomp':>6} {'fail':>4}")
-    print(head)
+    print(variant_header(VARIANT_COLUMNS))
     for r in summary["variants"]:
-        ratio = f"{r['ratio_to_dram']:.3f}" if r["ratio_to_dram"] is not None else "-"
-        print(f"{r['variant']:>9} {r['output_tokens_per_s']:>10.1f} {r['requests_per_s']:>7.3f} "
-              f"{ratio:>7} {r['preemptions']:>7} {r['swap_out_blocks']:>8} "
-              f"{r['swap_in_blocks']:>8} {r['tier_bytes_written'] / 2**30:>7.2f} "
-              f"{r['tier_bytes_read'] / 2**30:>7.2f} {r['swap_io_seconds']:>7.2f} "
-              f"{r['swap_stall_seconds']:>7.2f} {r['swap_out_stall_seconds']:>9.2f} "
-              f"{r['recomputed_sequences']:>6} "
-              f"{r['swap_failures']:>4}")
+        print(variant_cells(r, VARIANT_COLUMNS))
+
+
+# The table columns of a variant's result: header -> (width, cell text)
+_CELLS = {
+    "variant": (9, lambda r: r["variant"]),
+    "out tok/s": (10, lambda r: f"{r['output_tokens_per_s']:.1f}"),
+    "req/s": (7, lambda r: f"{r['requests_per_s']:.3f}"),
+    "x dram": (7, lambda r: "-" if r["ratio_to_dram"] is None else f"{r['ratio_to_dram']:.3f}"),
+    "preempt": (7, lambda r: r["preemptions"]),
+    "swap out": (8, lambda r: r["swap_out_blocks"]),
+    "swap in": (8, lambda r: r["swap_in_blocks"]),
+    "GiB wr": (7, lambda r: f"{r['tier_bytes_written'] / 2**30:.2f}"),
+    "GiB rd": (7, lambda r: f"{r['tier_bytes_read'] / 2**30:.2f}"),
+    "io s": (7, lambda r: f"{r['swap_io_seconds']:.2f}"),
+    "stall s": (7, lambda r: f"{r['swap_stall_seconds']:.2f}"),
+    "of it out": (9, lambda r: f"{r['swap_out_stall_seconds']:.2f}"),
+    "recomp": (6, lambda r: r["recomputed_sequences"]),
+    "fail": (4, lambda r: r["swap_failures"]),
+}
+VARIANT_COLUMNS = tuple(_CELLS)  # `bench throughput`'s table
+SWEEP_COLUMNS = ("variant", "out tok/s", "x dram", "preempt", "swap out", "io s", "stall s",
+                 "of it out")  # `bench sweep`'s, after each point's own columns
+
+
+def variant_header(columns) -> str:
+    return " ".join(f"{name:>{_CELLS[name][0]}}" for name in columns)
+
+
+def variant_cells(r: dict, columns) -> str:
+    return " ".join(f"{cell(r):>{width}}" for width, cell in (_CELLS[name] for name in columns))

@@ -14,7 +14,7 @@ import json
 import logging
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -33,6 +33,13 @@ PROFILES = {
     "govreport": Profile("govreport", 8700, 512),
     "narrativeqa": Profile("narrativeqa", 18400, 128),
 }
+DEFAULT_OUTPUT_LEN = 128  # output tokens of fixed-length and random workloads unless given
+
+
+def get_profile(name: str, output_len: int | None = None) -> Profile:
+    """The named profile, with its output length replaced when ``output_len`` is given."""
+    profile = PROFILES[name]
+    return replace(profile, output_tokens=output_len) if output_len else profile
 
 
 @dataclass(frozen=True)
