@@ -71,3 +71,17 @@ def smollm2():
     hf, parsed = hf_model_from_gguf(smollm2_gguf_path(), torch.float32, config=config)
     hf.generation_config.eos_token_id = None  # run on past EOS, like ignore_eos=True
     return llm, hf, parsed
+
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture
+def assert_png():
+    """Check that a path holds a PNG image of more than ``min_bytes`` bytes (each caller passes
+    the minimum that rules out a trivial image for its plots)."""
+    def check(path, min_bytes: int) -> None:
+        data = path.read_bytes()
+        assert data[:8] == PNG_MAGIC, f"{path} is not a PNG"
+        assert len(data) > min_bytes, f"{path} is suspiciously small ({len(data)} bytes)"
+    return check

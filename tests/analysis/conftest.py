@@ -23,12 +23,3 @@ def cli():
             return exc.code
         return args.func(args)
     return run
-
-
-@pytest.fixture
-def assert_png():
-    """Check that a path holds a non-trivial PNG image."""
-    def check(path) -> None:
-        data = path.read_bytes()
-        assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 1000
-    return check

@@ -1,7 +1,6 @@
-"""Fixtures of the benchmark tests: one torch thread, tier options, in-process CLI, PNG check."""
+"""Fixtures of the benchmark tests: one torch thread, tier options, in-process CLI, argparse
+rejection check (the PNG check is in tests/conftest.py)."""
 import pytest
-
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(autouse=True)
@@ -36,9 +35,10 @@ def hifc(capsys):
 
 
 @pytest.fixture
-def assert_png():
-    def check(path):
-        data = path.read_bytes()
-        assert data[:8] == PNG_MAGIC, f"{path} is not a PNG"
-        assert len(data) > 5000, f"{path} is suspiciously small ({len(data)} bytes)"
+def argparse_rejects(hifc):
+    """Check that ``hifc <argv>`` fails in argparse itself: SystemExit with code 2."""
+    def check(*argv):
+        with pytest.raises(SystemExit) as exc:
+            hifc(*argv)
+        assert exc.value.code == 2
     return check

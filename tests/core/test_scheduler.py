@@ -123,11 +123,18 @@ def fill_two_sequences(sched, seqs):
         run_step(sched, seqs)
 
 
-def test_swap_out_holds_gpu_blocks_until_the_write_completes():
-    tier = FakeTier(16)
+def swap_pair(tier_blocks=16):
+    """A swap-mode scheduler over a 4-block pool, with two sequences filled by
+    ``fill_two_sequences``: returns ``(sched, kv, tier, seqs)``."""
+    tier = FakeTier(tier_blocks)
     sched, kv = make_scheduler(num_blocks=4, mode="swap", tier=tier)
     seqs = {f"r{i}": make_seq(f"r{i}", 16, arrival=i) for i in range(2)}
     fill_two_sequences(sched, seqs)
+    return sched, kv, tier, seqs
+
+
+def test_swap_out_holds_gpu_blocks_until_the_write_completes():
+    sched, kv, tier, seqs = swap_pair()
     out = sched.schedule()
     assert [o.request_id for o in out.swap_out] == ["r1"]
     assert out.swap_out[0].pairs == [(b, t) for b, t in zip(kv.block_table("r1"), [0, 1])]
@@ -141,10 +148,7 @@ def test_swap_out_holds_gpu_blocks_until_the_write_completes():
 
 
 def test_swap_in_restores_and_failed_swap_falls_back_to_recompute():
-    tier = FakeTier(16)
-    sched, kv = make_scheduler(num_blocks=4, mode="swap", tier=tier)
-    seqs = {f"r{i}": make_seq(f"r{i}", 16, arrival=i) for i in range(2)}
-    fill_two_sequences(sched, seqs)
+    sched, kv, tier, seqs = swap_pair()
     sched.schedule()  # r1 swaps out
     victim = seqs["r1"]
     computed = victim.num_computed_tokens
@@ -162,10 +166,7 @@ def test_swap_in_restores_and_failed_swap_falls_back_to_recompute():
 
 
 def test_swapped_sequence_resumes_decoding_where_it_stopped():
-    tier = FakeTier(16)
-    sched, kv = make_scheduler(num_blocks=4, mode="swap", tier=tier)
-    seqs = {f"r{i}": make_seq(f"r{i}", 16, arrival=i) for i in range(2)}
-    fill_two_sequences(sched, seqs)
+    sched, kv, tier, seqs = swap_pair()
     sched.schedule()
     sched.swap_out_done("r1", ok=True)
     sched.finish(seqs["r0"], SequenceStatus.FINISHED_ABORTED)
@@ -178,19 +179,14 @@ def test_swapped_sequence_resumes_decoding_where_it_stopped():
 
 
 def test_tier_full_preempts_by_recompute():
-    sched, kv = make_scheduler(num_blocks=4, mode="swap", tier=FakeTier(1))
-    seqs = {f"r{i}": make_seq(f"r{i}", 16, arrival=i) for i in range(2)}
-    fill_two_sequences(sched, seqs)
+    sched, kv, tier, seqs = swap_pair(tier_blocks=1)
     out = sched.schedule()
     assert out.swap_out == [] and out.preempted_request_ids == ["r1"]
     assert sched.num_recomputed_sequences == 1
 
 
 def test_abort_while_swapping_out_frees_everything_on_completion():
-    tier = FakeTier(16)
-    sched, kv = make_scheduler(num_blocks=4, mode="swap", tier=tier)
-    seqs = {f"r{i}": make_seq(f"r{i}", 16, arrival=i) for i in range(2)}
-    fill_two_sequences(sched, seqs)
+    sched, kv, tier, seqs = swap_pair()
     sched.schedule()
     sched.finish(seqs["r1"], SequenceStatus.FINISHED_ABORTED)
     assert kv.num_free_blocks == 0  # I/O still in flight: nothing released yet

@@ -38,3 +38,17 @@ def random_prompts(n: int, lengths: tuple[int, int], seed: int = 0,
                    vocab: int = 512) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(3, vocab) for _ in range(rng.randint(*lengths))] for _ in range(n)]
+
+
+def staggered(n: int, max_tokens: int = 8, step: int = 3, temperature: float = 0.0,
+              seed: int | None = None) -> list[SamplingParams]:
+    """max_tokens, max_tokens + step, ...: the batch shrinks one sequence at a time, crossing the
+    padded/captured batch sizes. With a seed, sequence i samples with seed + i."""
+    return [SamplingParams(max_tokens=max_tokens + step * i, temperature=temperature,
+                           ignore_eos=True, seed=None if seed is None else seed + i)
+            for i in range(n)]
+
+
+def output_tokens(llm, prompts, params) -> list[list[int]]:
+    """The generated token ids of each prompt."""
+    return [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]

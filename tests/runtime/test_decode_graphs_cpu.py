@@ -3,16 +3,10 @@ the unpadded path, with batches crossing the captured sizes, admissions, swaps, 
 import pytest
 
 from hifc import LLM, SamplingParams
-from tests.runtime.helpers import SkipPaddingReference, random_prompts
+from tests.runtime.helpers import SkipPaddingReference, output_tokens, random_prompts, staggered
 
 MODEL = "random:tiny-llama"
 SIZES = [1, 2, 4]  # 5 or more sequences decode unpadded (eagerly)
-
-
-def staggered(n, temperature=0.0, seed=None):
-    """max_tokens 6, 9, 12, ...: the batch shrinks one sequence at a time."""
-    return [SamplingParams(max_tokens=6 + 3 * i, temperature=temperature, ignore_eos=True,
-                           seed=None if seed is None else seed + i) for i in range(n)]
 
 
 def make_llm(padded: bool, **options):
@@ -24,17 +18,14 @@ def make_llm(padded: bool, **options):
     return llm
 
 
-def run(llm, prompts, params):
-    return [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
-
-
 @pytest.mark.parametrize("max_num_seqs", [8, 3])
 def test_padded_decode_gives_the_unpadded_greedy_outputs(max_num_seqs):
     prompts = random_prompts(6, (1, 40), seed=max_num_seqs)
-    params = staggered(6)
-    ref = run(make_llm(False, num_gpu_blocks=64, max_num_seqs=max_num_seqs), prompts, params)
+    params = staggered(6, max_tokens=6)
+    ref = output_tokens(make_llm(False, num_gpu_blocks=64, max_num_seqs=max_num_seqs), prompts,
+                        params)
     llm = make_llm(True, num_gpu_blocks=64, max_num_seqs=max_num_seqs)
-    assert run(llm, prompts, params) == ref
+    assert output_tokens(llm, prompts, params) == ref
     stats = llm.stats()
     assert 0 < llm.engine.runner.num_padded_decode_steps < stats["steps"]
     assert stats["graph_decode_steps"] == 0  # padded, never replayed: no graphs on CPU
@@ -43,19 +34,19 @@ def test_padded_decode_gives_the_unpadded_greedy_outputs(max_num_seqs):
 
 def test_seeded_sampling_is_unchanged_by_padding():
     prompts = random_prompts(5, (3, 30), seed=11)
-    params = staggered(5, temperature=0.9, seed=100)
-    ref = run(make_llm(False, num_gpu_blocks=64), prompts, params)
-    assert run(make_llm(True, num_gpu_blocks=64), prompts, params) == ref
+    params = staggered(5, max_tokens=6, temperature=0.9, seed=100)
+    ref = output_tokens(make_llm(False, num_gpu_blocks=64), prompts, params)
+    assert output_tokens(make_llm(True, num_gpu_blocks=64), prompts, params) == ref
 
 
 @pytest.mark.parametrize("tier", [None, "dram"])
 def test_padded_decode_keeps_outputs_under_preemption(tier, tmp_path):
     prompts = random_prompts(5, (8, 12), seed=3)
     params = [SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)] * 5
-    ref = run(make_llm(False, num_gpu_blocks=64), prompts, params)
+    ref = output_tokens(make_llm(False, num_gpu_blocks=64), prompts, params)
     options = dict(kv_offload="dram", swap_space=0.01) if tier else {}
     llm = make_llm(True, num_gpu_blocks=7, **options)  # 5 x 2 blocks do not fit in 7
-    assert run(llm, prompts, params) == ref
+    assert output_tokens(llm, prompts, params) == ref
     stats = llm.stats()
     assert stats["preemptions"] > 0 and llm.engine.runner.num_padded_decode_steps > 0
     if tier:

@@ -8,23 +8,13 @@ import torch
 
 from hifc import LLM, LLMEngine, SamplingParams
 from hifc.runtime.cuda_graphs import DecodeGraphs, capture_sizes
-from tests.runtime.helpers import decode_work, random_prompts
+from tests.runtime.helpers import decode_work, output_tokens, random_prompts, staggered
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 MODEL = "random:tiny-llama"
-
-
-def staggered(n, max_tokens=8, step=3):
-    """The batch shrinks one sequence at a time, crossing the captured sizes."""
-    return [SamplingParams(max_tokens=max_tokens + step * i, temperature=0.0, ignore_eos=True)
-            for i in range(n)]
-
-
-def tokens(llm, prompts, params):
-    return [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
 
 
 @torch.inference_mode()
@@ -59,10 +49,10 @@ def test_graph_and_eager_engines_give_identical_greedy_outputs(model, dtype, max
                   max_num_seqs=max_num_seqs)
     eager = LLM(model, enforce_eager=True, **common)
     assert not eager.engine.runner.decode_graphs.graphs  # padded like the graphs, not captured
-    expected = tokens(eager, prompts, params)
+    expected = output_tokens(eager, prompts, params)
     graphed = LLM(model, **common)
     assert sorted(graphed.engine.runner.decode_graphs.graphs) == capture_sizes(max_num_seqs)
-    assert tokens(graphed, prompts, params) == expected
+    assert output_tokens(graphed, prompts, params) == expected
     stats = graphed.stats()
     assert 0 < stats["graph_decode_steps"] < stats["steps"]
     assert eager.stats()["graph_decode_steps"] == 0
@@ -77,9 +67,9 @@ def test_contexts_near_max_model_len():
     params = staggered(3, max_tokens=16, step=20)
     common = dict(device="cuda", dtype="float32", block_size=64, max_model_len=1024,
                   num_gpu_blocks=64, max_num_seqs=4)
-    expected = tokens(LLM(MODEL, enforce_eager=True, **common), prompts, params)
+    expected = output_tokens(LLM(MODEL, enforce_eager=True, **common), prompts, params)
     graphed = LLM(MODEL, **common)
-    assert tokens(graphed, prompts, params) == expected
+    assert output_tokens(graphed, prompts, params) == expected
     assert graphed.stats()["graph_decode_steps"] > 0
 
 
@@ -87,12 +77,12 @@ def test_contexts_near_max_model_len():
 def test_swapping_with_graphs_keeps_outputs(kind, tmp_path):
     prompts = random_prompts(5, (10, 12), seed=4)
     params = [SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)] * 5
-    expected = tokens(LLM(MODEL, device="cuda", dtype="bfloat16", block_size=16,
-                          num_gpu_blocks=64, enforce_eager=True), prompts, params)
+    expected = output_tokens(LLM(MODEL, device="cuda", dtype="bfloat16", block_size=16,
+                                 num_gpu_blocks=64, enforce_eager=True), prompts, params)
     tier = (dict(kv_offload="dram", swap_space=0.01) if kind == "dram" else
             dict(kv_offload="flash", flash_path=str(tmp_path / "kv.hifc"), flash_size_gib=0.01))
     llm = LLM(MODEL, device="cuda", dtype="bfloat16", block_size=16, num_gpu_blocks=7, **tier)
-    assert tokens(llm, prompts, params) == expected
+    assert output_tokens(llm, prompts, params) == expected
     stats = llm.stats()
     assert stats["swap_out_blocks"] > 0 and stats["graph_decode_steps"] > 0
     assert stats["gpu_blocks_free"] == stats["gpu_blocks_total"]
@@ -104,18 +94,18 @@ def test_seeded_sampling_is_the_same_with_graphs():
     params = [SamplingParams(max_tokens=20, temperature=0.8, top_p=0.9, seed=i, ignore_eos=True)
               for i in range(6)]
     common = dict(device="cuda", dtype="float32", block_size=16, num_gpu_blocks=128)
-    expected = tokens(LLM(MODEL, enforce_eager=True, **common), prompts, params)
-    assert tokens(LLM(MODEL, **common), prompts, params) == expected
+    expected = output_tokens(LLM(MODEL, enforce_eager=True, **common), prompts, params)
+    assert output_tokens(LLM(MODEL, **common), prompts, params) == expected
 
 
 def test_torch_backend_runs_unpadded_and_enforce_eager_runs_padded_without_graphs():
     llm = LLM(MODEL, device="cuda", block_size=16, num_gpu_blocks=16, attention_backend="torch")
     assert llm.engine.runner.decode_graphs is None
-    tokens(llm, [[5, 6, 7]], staggered(1))
+    output_tokens(llm, [[5, 6, 7]], staggered(1))
     assert llm.stats()["graph_decode_steps"] == 0
     llm = LLM(MODEL, device="cuda", block_size=16, num_gpu_blocks=16, enforce_eager=True)
     assert not llm.engine.runner.decode_graphs.graphs
-    tokens(llm, [[5, 6, 7]], staggered(1))
+    output_tokens(llm, [[5, 6, 7]], staggered(1))
     assert llm.stats()["graph_decode_steps"] == 0
     assert llm.engine.runner.num_padded_decode_steps > 0
 

@@ -1,4 +1,5 @@
-"""Helpers of the server tests: start/stop a real ``hifc serve`` process, read its metrics."""
+"""Helpers of the server tests: start/stop a real ``hifc serve`` process, read its metrics, or
+serve an engine in-process through a TestClient."""
 from __future__ import annotations
 
 import os
@@ -8,8 +9,14 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
+
+if TYPE_CHECKING:
+    from fastapi.testclient import TestClient
+
+    from hifc.engine.llm_engine import LLMEngine
 
 API_KEY = "test-key"
 MODEL_NAME = "tiny-chat"
@@ -99,3 +106,19 @@ def wait_until_idle(server: Server, timeout_s: float = 30.0) -> dict[str, float]
         if idle or time.monotonic() > deadline:
             return values
         time.sleep(0.1)
+
+
+def app_client(engine: LLMEngine, name: str = "m") -> TestClient:
+    """A fastapi TestClient of the app serving ``engine`` (an LLMEngine) as model ``name``, with
+    its metrics wired up as ``hifc serve`` does; the AsyncEngine is
+    ``client.app.state.async_engine``. Enter it (``with``) to start the engine thread."""
+    from fastapi.testclient import TestClient
+
+    from hifc.entrypoints.server.app import ServerSettings, build_app
+    from hifc.entrypoints.server.async_engine import AsyncEngine
+    from hifc.entrypoints.server.metrics import ServerMetrics
+
+    metrics = ServerMetrics(name)
+    async_engine = AsyncEngine(engine, observer=metrics)
+    metrics.export_engine_stats(async_engine.stats)
+    return TestClient(build_app(async_engine, metrics, ServerSettings((name,))))

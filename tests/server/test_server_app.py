@@ -9,19 +9,14 @@ import pytest
 from fastapi.testclient import TestClient
 
 from hifc.engine.llm_engine import LLMEngine
-from hifc.entrypoints.server.app import ServerSettings, build_app
-from hifc.entrypoints.server.async_engine import AsyncEngine
 from hifc.entrypoints.server.cli import bind_warning
-from hifc.entrypoints.server.metrics import ServerMetrics
+from tests.server.helpers import app_client
 
 
 def _client(model: str, name: str = "m") -> TestClient:
     engine = LLMEngine.from_options(model, device="cpu", block_size=16, max_model_len=128,
                                     num_gpu_blocks=16)
-    metrics = ServerMetrics(name)
-    async_engine = AsyncEngine(engine, observer=metrics)
-    metrics.export_engine_stats(async_engine.stats)
-    return TestClient(build_app(async_engine, metrics, ServerSettings((name,))))
+    return app_client(engine, name)
 
 
 @pytest.fixture(scope="module")

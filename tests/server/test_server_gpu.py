@@ -3,7 +3,6 @@ graphs were captured in another thread), while swapping to the flash tier."""
 from __future__ import annotations
 
 import concurrent.futures as cf
-import random
 
 import pytest
 import torch
@@ -11,9 +10,8 @@ from fastapi.testclient import TestClient
 
 from hifc import LLM, SamplingParams
 from hifc.engine.llm_engine import LLMEngine
-from hifc.entrypoints.server.app import ServerSettings, build_app
-from hifc.entrypoints.server.async_engine import AsyncEngine
-from hifc.entrypoints.server.metrics import ServerMetrics
+from tests.runtime.helpers import random_prompts
+from tests.server.helpers import app_client
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
@@ -35,8 +33,7 @@ def _complete(client: TestClient, ids: list[int], max_tokens: int) -> str:
 
 def test_server_on_cuda_with_graphs_and_flash_swaps(tmp_path, tiny_model_dir):
     model = str(tiny_model_dir)  # a tiny HF model with a tokenizer (tests/server/conftest.py)
-    rng = random.Random(0)
-    prompts = [[rng.randrange(3, 300) for _ in range(rng.randint(20, 60))] for _ in range(8)]
+    prompts = random_prompts(8, (20, 60), seed=0, vocab=300)
     alone = LLM(model, num_gpu_blocks=64, **COMMON).generate(
         [prompts[0]], SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True),
         use_tqdm=False)[0]
@@ -45,15 +42,12 @@ def test_server_on_cuda_with_graphs_and_flash_swaps(tmp_path, tiny_model_dir):
                                     flash_path=str(tmp_path / "kv.hifc"), flash_size_gib=0.01,
                                     **COMMON)
     assert engine.runner.decode_graphs.graphs  # captured here, replayed in the engine thread
-    metrics = ServerMetrics("m")
-    async_engine = AsyncEngine(engine, observer=metrics)
-    metrics.export_engine_stats(async_engine.stats)
-    with TestClient(build_app(async_engine, metrics, ServerSettings(("m",)))) as client:
+    with app_client(engine, "m") as client:
         # one request alone decodes at batch 1 as the offline run did: the same tokens
         assert _complete(client, prompts[0], 24) == alone.text
         with cf.ThreadPoolExecutor(8) as pool:  # 8 at once do not fit 12 blocks: swaps
             list(pool.map(lambda ids: _complete(client, ids, 40), prompts))
-        stats = async_engine.stats()
+        stats = client.app.state.async_engine.stats()
     assert stats["graph_decode_steps"] > 0 and stats["swap_out_blocks"] > 0
     assert stats["swap_in_blocks"] == stats["swap_out_blocks"]
     assert stats["gpu_blocks_free"] == stats["gpu_blocks_total"]

@@ -1,6 +1,7 @@
-"""One-shot GPU-machine benchmark of the flash tier (not a test; run by hand on the device).
+"""One-shot GPU-machine benchmark of the flash tier (run by hand on the device, from the
+repository root).
 
-    PYTHONPATH=. python3 tests/tiers/gpu_bench_run.py [--size-gib 4] [--dir DIR] [--out OUT]
+    PYTHONPATH=. python3 scripts/gpu_tier_bench.py [--size-gib 4] [--dir DIR] [--out OUT]
 
 Runs ``hifc bench io`` (``--repeats`` interleaved raw/tier repeats each) for kvikio and POSIX
 backends, both layouts, on a GPU KV cache (and one CPU KV cache run), then ``hifc bench init`` at
