@@ -55,7 +55,7 @@ class LLM:
         order = []
         for prompt, ids, p in zip(prompt_list, token_prompts, params):
             request_id = f"gen-{next(self._ids)}"
-            self.engine.add_request(request_id, prompt if isinstance(prompt, str) else ids, p)
+            self.engine.add_request(request_id, prompt, p, prompt_ids=ids)
             order.append(request_id)
         return self._run(order, use_tqdm)
 

@@ -112,13 +112,16 @@ class LLMEngine:
         return ids
 
     def add_request(self, request_id: str, prompt: str | list[int],
-                    sampling_params: SamplingParams | None = None) -> None:
+                    sampling_params: SamplingParams | None = None, *,
+                    prompt_ids: list[int] | None = None) -> None:
+        """Queue a request. ``prompt_ids``: what ``tokenize_prompt(prompt)`` returned, for a
+        caller that tokenized first (it is not tokenized and checked again)."""
         if request_id in self._requests or self.scheduler.is_tracking(request_id):
             raise ValueError(f"request id {request_id!r} is already in use")
         params = sampling_params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError("sampling_params must be a SamplingParams")
-        ids = self.tokenize_prompt(prompt)
+        ids = self.tokenize_prompt(prompt) if prompt_ids is None else prompt_ids
         seq = Sequence(request_id, ids, params, self._eos, next(self._arrivals))
         self.scheduler.add(seq)
         detok = (IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens, params.stop)

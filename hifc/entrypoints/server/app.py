@@ -12,7 +12,9 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
 from hifc.entrypoints.server.async_engine import AsyncEngine
-from hifc.entrypoints.server.errors import APIError, install_error_handlers, validation_error
+from hifc.entrypoints.server.cli import DEFAULT_MAX_REQUEST_BYTES
+from hifc.entrypoints.server.errors import (APIError, error_body, install_error_handlers,
+                                           validation_error)
 from hifc.entrypoints.server.metrics import ServerMetrics
 from hifc.entrypoints.server.protocol import ChatCompletionRequest, CompletionRequest
 from hifc.entrypoints.server.serving import create_chat_completion, create_completion
@@ -24,7 +26,7 @@ _Body = TypeVar("_Body", bound=BaseModel)
 class ServerSettings:
     served_model_names: tuple[str, ...]
     api_key: str | None = None
-    max_request_bytes: int = 1 << 20
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
 
 
 def build_app(engine: AsyncEngine, metrics: ServerMetrics, settings: ServerSettings) -> FastAPI:
@@ -46,9 +48,7 @@ def build_app(engine: AsyncEngine, metrics: ServerMetrics, settings: ServerSetti
     async def health() -> Response:
         if engine.is_healthy:
             return Response(status_code=200)
-        return JSONResponse({"error": {"message": "the engine is not running",
-                                       "type": "service_unavailable_error", "param": None,
-                                       "code": None}}, status_code=503)
+        return JSONResponse(error_body(503, "the engine is not running"), status_code=503)
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:

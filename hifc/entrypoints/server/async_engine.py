@@ -219,7 +219,8 @@ class AsyncEngine:
                     f"{len(prompt_ids) + params.max_tokens} were requested "
                     f"({len(prompt_ids)} in the prompt, {params.max_tokens} to generate); "
                     "reduce the prompt or max_tokens")
-            self.engine.add_request(request.request_id, prompt_ids, params)
+            self.engine.add_request(request.request_id, request.prompt, params,
+                                    prompt_ids=prompt_ids)
         except Exception as exc:  # ValueError: bad input (400); anything else: 500
             self._deliver([(stream, exc)])
             return

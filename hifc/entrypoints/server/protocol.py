@@ -83,7 +83,7 @@ class _GenerationRequest(_Strict):
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
             top_k=-1 if self.top_k is None else self.top_k,
-            seed=self.seed, stop=self.stop or (), stop_token_ids=tuple(self.stop_token_ids or ()),
+            seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos, skip_special_tokens=self.skip_special_tokens)
 
 

@@ -17,6 +17,7 @@ from hifc.entrypoints.server.async_engine import (AsyncEngine, EngineDeadError, 
 from hifc.entrypoints.server.errors import APIError, error_body
 from hifc.entrypoints.server.protocol import (ChatCompletionRequest, CompletionRequest,
                                               DEFAULT_COMPLETION_MAX_TOKENS)
+from hifc.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ async def create_completion(engine: AsyncEngine, body: CompletionRequest, reques
     body.check_supported()
     max_tokens = (DEFAULT_COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens)
     params = _sampling_params(body, max_tokens)
-    call = _new_call(body, chat=False)
+    call = _new_call(body, params, chat=False)
     stream = await _submit(engine, GenerateRequest(call.response_id, body.prompt, params))
     return await _respond(stream, call, bool(body.stream), request)
 
@@ -76,7 +77,7 @@ async def create_chat_completion(engine: AsyncEngine, body: ChatCompletionReques
         raise APIError(400, str(exc), param="messages") from None
     max_tokens = body.requested_max_tokens
     params = _sampling_params(body, 1 if max_tokens is None else max_tokens)
-    call = _new_call(body, chat=True)
+    call = _new_call(body, params, chat=True)
     stream = await _submit(engine, GenerateRequest(call.response_id, prompt, params,
                                                    fill_context=max_tokens is None))
     return await _respond(stream, call, bool(body.stream), request)
@@ -89,11 +90,10 @@ def _sampling_params(body, max_tokens: int):
         raise APIError(400, str(exc)) from None
 
 
-def _new_call(body, chat: bool) -> _Call:
+def _new_call(body, params: SamplingParams, chat: bool) -> _Call:
     prefix = "chatcmpl" if chat else "cmpl"
-    stops = body.stop if isinstance(body.stop, list) else [body.stop] if body.stop else []
     return _Call(chat, f"{prefix}-{uuid.uuid4().hex}", body.model, int(time.time()),
-                 body.include_usage, max((len(s) for s in stops), default=1) - 1)
+                 body.include_usage, max(map(len, params.stop), default=1) - 1)
 
 
 async def _submit(engine: AsyncEngine, request: GenerateRequest) -> RequestStream:
@@ -161,7 +161,8 @@ async def _collect_unless_disconnected(stream: RequestStream,
 
 
 async def _sse(stream: RequestStream, call: _Call) -> AsyncIterator[str]:
-    """Server-sent events; the request is aborted if the client goes away mid-stream."""
+    """Server-sent events (wrapped in :class:`_AbortingStreamingResponse`, which aborts the
+    request however the stream ends)."""
     def event(payload: dict) -> str:
         return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
@@ -171,27 +172,24 @@ async def _sse(stream: RequestStream, call: _Call) -> AsyncIterator[str]:
             payload["usage"] = None
         return payload
 
+    if call.chat:
+        first = chunk("", None)
+        first["choices"][0]["delta"]["role"] = "assistant"
+        yield event(first)
+    sent, final = 0, None
     try:
-        if call.chat:
-            first = chunk("", None)
-            first["choices"][0]["delta"]["role"] = "assistant"
-            yield event(first)
-        sent, final = 0, None
-        try:
-            async for out in stream:
-                final = out
-                text = out.text
-                upto = len(text) if out.finished else max(sent, len(text) - call.holdback)
-                if upto > sent:
-                    yield event(chunk(text[sent:upto], None))
-                    sent = upto
-        except EngineDeadError as exc:
-            yield event(error_body(503, str(exc)))
-            yield "data: [DONE]\n\n"
-            return
-        yield event(chunk(None if call.chat else "", final.finish_reason))
-        if call.include_usage:
-            yield event({**_envelope(call, [], chunk=True), "usage": _usage(final)})
+        async for out in stream:
+            final = out
+            text = out.text
+            upto = len(text) if out.finished else max(sent, len(text) - call.holdback)
+            if upto > sent:
+                yield event(chunk(text[sent:upto], None))
+                sent = upto
+    except EngineDeadError as exc:
+        yield event(error_body(503, str(exc)))
         yield "data: [DONE]\n\n"
-    finally:
-        stream.abort()
+        return
+    yield event(chunk(None if call.chat else "", final.finish_reason))
+    if call.include_usage:
+        yield event({**_envelope(call, [], chunk=True), "usage": _usage(final)})
+    yield "data: [DONE]\n\n"
