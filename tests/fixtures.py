@@ -196,7 +196,7 @@ def greedy_decode_paged(model, prompts: list[list[int]], num_tokens: int, block_
     for step in range(num_tokens):
         counts = [len(t) for t in new_tokens]
         meta = paged_metadata(tables, starts, counts, block_size, device)
-        ctx = AttentionContext(meta, kv_caches, backend, arch.head_dim ** -0.5)
+        ctx = AttentionContext(meta, kv_caches, backend, model.attention_layers)
         ids = torch.tensor([t for toks in new_tokens for t in toks], device=device)  # [T]
         positions = torch.tensor([p for s, n in zip(starts, counts) for p in range(s, s + n)],
                                  device=device)  # [T]
