@@ -83,7 +83,8 @@ def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device, name: str) 
     spec = spec_for(arch.architecture)
     model = spec.build(arch, dtype, device)
     spec.load_weights(model, iter_gguf_weights(reader, arch, dtype))
-    tokenizer = Tokenizer.from_gguf(path, arch.eos_token_ids)
+    has_tokenizer = "tokenizer.ggml.tokens" in reader.fields  # weights-only files have none
+    tokenizer = Tokenizer.from_gguf(path, arch.eos_token_ids) if has_tokenizer else None
     return LoadedModel(model, arch, tokenizer, name)
 
 
@@ -93,6 +94,7 @@ def load_model(model: str, dtype: torch.dtype, device: torch.device | str,
 
     model: a Hugging Face directory (config.json + safetensors + tokenizer), a ``.gguf`` file,
     an alias (``smollm2-135m``) or ``random:<preset>`` (seeded random weights, no tokenizer).
+    Directories and GGUF files without a tokenizer load with tokenizer None.
     Raises ValueError naming the problem for anything it cannot load.
     """
     device = torch.device(device)
