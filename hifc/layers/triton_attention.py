@@ -273,7 +273,11 @@ def plan_launch(max_query_len: int, max_seq_len: int, num_seqs: int, num_q_heads
     block_m = max(block_m, 16, _next_pow2(group))
     block_q = block_m // group
     # Tile shapes measured on an H200 (docs/RESULTS.md, "Triton paged attention (issue 2)").
-    if elem_size > 2 or head_dim_pad > 128:
+    if elem_size > 2 and head_dim_pad > 128:
+        # float32 with Gemma 2's head_dim 256: half the tile keeps two stages of K and V (and
+        # the q tile) well inside an SM's shared memory
+        tile, num_warps, num_stages = 16, 4, 2
+    elif elem_size > 2 or head_dim_pad > 128:
         tile, num_warps, num_stages = 32, 4 if block_m <= 64 else 8, 2
     elif block_m >= 128:
         tile, num_warps, num_stages = 128, 8, 2  # prefill 8k: 1533 us; tile 64: 1709 us

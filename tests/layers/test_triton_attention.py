@@ -193,6 +193,16 @@ def test_sliding_window_and_softcap(sliding_window, logit_softcap, split_kv):
           logit_softcap)
 
 
+@device_test
+@pytest.mark.skipif(INTERPRET, reason="head_dim 256 is slow in the interpreter")
+@pytest.mark.parametrize("split_kv", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_gemma2_shape_window_and_softcap(dtype, split_kv):
+    # Gemma-2-9B per layer: 16 query / 8 KV heads of 256, window 4096 crossed, scores capped at 50.
+    step = make_step([1, 300, 1, 1], [5000, 0, 4000, 100], 16, 8, 256, 16, dtype, seed=31)
+    check(TritonAttentionBackend(split_kv=split_kv), *step, dtype, 4096, 50.0)
+
+
 def test_reference_honours_window_and_softcap():
     # 3 new tokens after 40 cached ones; keys 0..42, block size 4, one KV head for 2 query heads.
     gen = torch.Generator().manual_seed(3)

@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from hifc import LLM, SamplingParams
 from hifc.loader import load_model
 from hifc.models import PRESETS, preset_arch, size_estimate
 from tests.fixtures import greedy_decode_paged, make_tiny_hf_model
@@ -67,6 +68,17 @@ def test_tiny_presets_are_seeded_and_run(preset):
 ])
 def test_real_size_presets_have_the_published_parameter_counts(preset, num_params):
     assert size_estimate(preset_arch(preset), torch.bfloat16).parameter_bytes == 2 * num_params
+
+
+def test_sliding_window_leaves_the_context_length_alone():
+    # Attention honours the window, so sequences may outgrow it (up to the model's context).
+    llm = LLM("random:tiny-mistral", device="cpu", block_size=16, num_gpu_blocks=128)
+    window = preset_arch("tiny-mistral").sliding_window
+    assert llm.engine.limits.max_model_len == 1024 > 2 * window
+    prompt = list(range(3, 3 + 2 * window))
+    out = llm.generate([prompt], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True),
+                       use_tqdm=False)
+    assert len(out[0].token_ids) == 4
 
 
 def test_llama_8b_preset_has_llama31_rope_scaling():
