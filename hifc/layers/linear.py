@@ -38,13 +38,12 @@ class Linear(nn.Module):
         self.bias = (nn.Parameter(torch.empty(out_features, dtype=dtype, device=device),
                                   requires_grad=False) if bias else None)  # [O]
 
-    @property
-    def shard_ids(self) -> tuple[ShardId, ...]:
-        """The shards a checkpoint may give separately (none: only the whole tensor)."""
-        return ()
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}")
 
     def shard_rows(self, shard: ShardId) -> tuple[int, int]:
-        """(first row, rows) of the output that ``shard`` fills."""
+        """(first row, rows) of the output that ``shard`` fills (here only the whole)."""
         if shard is not None:
             raise ValueError(f"{type(self).__name__} has no shard {shard!r}")
         return 0, self.out_features
@@ -76,14 +75,10 @@ class MergedColumnLinear(ColumnLinear):
         super().__init__(in_features, sum(output_sizes), bias, dtype, device)
         self.output_sizes = list(output_sizes)
 
-    @property
-    def shard_ids(self) -> tuple[ShardId, ...]:
-        return tuple(range(len(self.output_sizes)))
-
     def shard_rows(self, shard: ShardId) -> tuple[int, int]:
         if shard is None:
             return 0, self.out_features
-        if shard not in self.shard_ids:
+        if not (isinstance(shard, int) and 0 <= shard < len(self.output_sizes)):
             raise ValueError(f"{type(self).__name__} has no shard {shard!r}")
         return sum(self.output_sizes[:shard]), self.output_sizes[shard]
 
@@ -100,17 +95,10 @@ class QKVLinear(MergedColumnLinear):
         super().__init__(hidden_size, [self.q_size, self.kv_size, self.kv_size], bias, dtype,
                          device)
 
-    @property
-    def shard_ids(self) -> tuple[ShardId, ...]:
-        return self.SHARDS
-
     def shard_rows(self, shard: ShardId) -> tuple[int, int]:
-        if shard is None:
-            return 0, self.out_features
-        if shard not in self.SHARDS:
+        if shard is not None and shard not in self.SHARDS:
             raise ValueError(f"QKVLinear has no shard {shard!r}")
-        index = self.SHARDS.index(shard)
-        return sum(self.output_sizes[:index]), self.output_sizes[index]
+        return super().shard_rows(None if shard is None else self.SHARDS.index(shard))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x: [T, H] -> q [T, Hq*D], k [T, Hkv*D], v [T, Hkv*D] (views of one output)."""
