@@ -152,7 +152,7 @@ def new_figure(width: float = 6.4, height: float = 4.0):
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:  # pragma: no cover - matplotlib is in the dev environment
-        raise InputError("--plot needs matplotlib (pip install matplotlib)") from None
+        raise InputError("--plot needs matplotlib (pip install 'hifc[bench]')") from None
     fig = Figure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(fig)
     return fig

@@ -29,7 +29,7 @@ from hifc.analysis.common import int_list, positive_int
 from hifc.bench.probes import (copy_gbps, graph_capture_info, host_functions, matmul_tflops,
                                replay_times, sync)
 from hifc.bench.workloads import fixed_requests
-from hifc.entrypoints.engine_args import add_engine_args, engine_config_from_args
+from hifc.config import add_engine_args, engine_config_from_args
 
 DEFAULT_BATCHED_TOKENS = 65536  # tokens per prefill step while the decode batches are admitted
 PROFILED_STEPS = 8  # decode steps after the timed ones that --profile runs under cProfile
@@ -50,7 +50,7 @@ def register(subparsers) -> None:
                    help="list the kernels of each batch's decode graph, longest first, and the "
                         "host functions of a few more steps (cProfile)")
     p.add_argument("--json", dest="json_out", help="write results as JSON here")
-    add_engine_args(p, model_default="random:ds-r1-llama-8b")
+    add_engine_args(p, model="random:ds-r1-llama-8b")
     p.set_defaults(func=run)
 
 
@@ -212,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--batch-sizes is empty")
     device = resolve_device(config)
     dtype = resolve_dtype(config, device)
-    options = sized_options(vars(config), batches, args.context, args.steps, args.warmup,
+    options = sized_options(config.options(), batches, args.context, args.steps, args.warmup,
                             args.prefill_len)
     copy_rate = copy_gbps(device)
     matmul_rate = matmul_tflops(device, dtype)

