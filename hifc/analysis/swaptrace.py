@@ -31,8 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from hifc.analysis.common import InputError, read_text
-
-POLICIES = ("append", "left-append")
+from hifc.tiers.allocator import POLICIES
 
 
 @dataclass(frozen=True)

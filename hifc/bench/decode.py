@@ -12,7 +12,7 @@ import random
 import time
 
 from hifc.bench.probes import sync
-from hifc.entrypoints.engine_args import add_engine_args, engine_config_from_args
+from hifc.config import add_engine_args, engine_config_from_args
 
 
 def register(subparsers) -> None:
@@ -21,7 +21,7 @@ def register(subparsers) -> None:
     p.add_argument("--context", type=int, default=1024, help="prompt tokens per request")
     p.add_argument("--steps", type=int, default=32, help="timed decode steps per batch size")
     p.add_argument("--json", dest="json_out", help="write results as JSON here")
-    add_engine_args(p, model_default="random:ds-r1-llama-8b")
+    add_engine_args(p, model="random:ds-r1-llama-8b")
     p.set_defaults(func=run)
 
 
@@ -56,13 +56,13 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("batch sizes, --context and --steps must be positive")
     config = engine_config_from_args(args)
     need = max(batches) * (args.context + args.steps + 3)
-    options = dict(vars(config), max_num_seqs=max(config.max_num_seqs, max(batches)),
+    options = dict(config.options(), max_num_seqs=max(config.max_num_seqs, max(batches)),
                    max_num_batched_tokens=config.max_num_batched_tokens or
                    max(8192, max(batches) * args.context))
     if config.num_gpu_blocks is None and config.kv_cache_gib is None:
         options["num_gpu_blocks"] = -(-need // config.block_size)
     engine = LLMEngine.from_options(**options)
-    rows = [measure(engine, b, args.context, args.steps, args.seed) for b in batches]
+    rows = [measure(engine, b, args.context, args.steps, config.seed) for b in batches]
     print(f"model {engine.model_name}  dtype {engine.dtype}  device {engine.device}  "
           f"block {config.block_size}  context {args.context}")
     print(f"{'batch':>6} {'step ms':>9} {'tokens/s':>10}")

@@ -21,7 +21,7 @@ from hifc.bench.io import add_geometry_args, device_from_args, geometry_from_arg
 
 
 def register(subparsers) -> argparse.ArgumentParser:
-    from hifc.tiers.layout import DEFAULT_LAYOUT, LAYOUTS
+    from hifc.tiers.flash.layout import DEFAULT_LAYOUT, LAYOUTS
 
     p = subparsers.add_parser("init", help="KV tier init time: flash file vs pinned DRAM "
                               "(Table 6)", description=__doc__.split("\n\n")[0])
@@ -53,7 +53,8 @@ def measure(args, path: str) -> dict:
         raise ValueError("--repeat must be at least 1")
     geometry = geometry_from_args(args)
     device = device_from_args(args)
-    flash = TierConfig(kind="flash", path=path, size_gib=args.size_gib, layout=args.layout)
+    flash = TierConfig(kv_offload="flash", flash_path=path, flash_size_gib=args.size_gib,
+                       flash_layout=args.layout)
     create_s, created = _timed(lambda: make_tier(flash, geometry, device))
     reopen = [_timed(lambda: make_tier(flash, geometry, device)) for _ in range(args.repeat)]
     result = {
@@ -68,7 +69,7 @@ def measure(args, path: str) -> dict:
         == 1 + len(reopen),
     }
     if not args.skip_dram:
-        dram = TierConfig(kind="dram", size_gib=args.size_gib)
+        dram = TierConfig(kv_offload="dram", swap_space=args.size_gib)
         dram_s, dstats = _timed(lambda: make_tier(dram, geometry, device))
         result.update(dram_alloc_s=dram_s, dram_pinned=dstats["pinned"],
                       dram_bytes=dstats["pool_bytes"],

@@ -55,7 +55,7 @@ def add_geometry_args(p: argparse.ArgumentParser) -> None:
 
 
 def geometry_from_args(args):
-    from hifc.tiers.layout import KVGeometry
+    from hifc.tiers.geometry import KVGeometry
     return KVGeometry(args.layers, args.kv_heads, args.head_dim, args.block_size, args.dtype)
 
 
@@ -69,8 +69,8 @@ def device_from_args(args) -> str:
 
 
 def register(subparsers) -> argparse.ArgumentParser:
-    from hifc.tiers.flash import BACKENDS
-    from hifc.tiers.layout import DEFAULT_LAYOUT, LAYOUTS
+    from hifc.tiers.config import FLASH_BACKENDS
+    from hifc.tiers.flash.layout import DEFAULT_LAYOUT, LAYOUTS
 
     p = subparsers.add_parser("io", help="flash tier I/O bandwidth vs raw O_DIRECT (Table 5)",
                               description=__doc__.split("\n\n")[0])
@@ -78,7 +78,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--size-gib", type=float, required=True, help="cache file size")
     p.add_argument("--json", dest="json_out", help="write results as JSON here")
     p.add_argument("--layout", default=DEFAULT_LAYOUT, choices=LAYOUTS)
-    p.add_argument("--backend", default="auto", choices=BACKENDS)
+    p.add_argument("--backend", default="auto", choices=FLASH_BACKENDS)
     p.add_argument("--threads", type=int, default=8, help="I/O threads (tier and raw)")
     p.add_argument("--chunk-mib", type=int, default=32, help="largest coalesced I/O")
     p.add_argument("--batch-blocks", type=int, default=32, help="blocks per swap job")
@@ -206,15 +206,16 @@ def measure(args) -> dict:
     import torch
 
     from hifc.tiers import TierConfig, make_tier
-    from hifc.tiers.layout import SUPERBLOCK_BYTES
+    from hifc.tiers.flash.layout import SUPERBLOCK_BYTES
 
     geometry = geometry_from_args(args)
     device = device_from_args(args)
     if min(args.batch_blocks, args.threads, args.chunk_mib, args.repeats) < 1:
         raise ValueError("--batch-blocks, --threads, --chunk-mib and --repeats must be positive")
-    config = TierConfig(kind="flash", path=args.path, size_gib=args.size_gib, layout=args.layout,
-                        backend=args.backend, io_threads=args.threads, chunk_mib=args.chunk_mib,
-                        direct_io=not args.no_direct)
+    config = TierConfig(kv_offload="flash", flash_path=args.path, flash_size_gib=args.size_gib,
+                        flash_layout=args.layout, flash_backend=args.backend,
+                        flash_io_threads=args.threads, flash_chunk_mib=args.chunk_mib,
+                        flash_direct_io=not args.no_direct)
     tier = make_tier(config, geometry, device)
     raw = None
     try:

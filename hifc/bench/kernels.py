@@ -26,10 +26,11 @@ import statistics
 import time
 
 from hifc.analysis.common import int_list, positive_int
+from hifc.bench.costs import kv_bytes_per_token, prefill_flops, weight_bytes_read
 from hifc.bench.probes import (copy_gbps, graph_capture_info, host_functions, matmul_tflops,
                                replay_times, sync)
 from hifc.bench.workloads import fixed_requests
-from hifc.entrypoints.engine_args import add_engine_args, engine_config_from_args
+from hifc.config import add_engine_args, engine_config_from_args
 
 DEFAULT_BATCHED_TOKENS = 65536  # tokens per prefill step while the decode batches are admitted
 PROFILED_STEPS = 8  # decode steps after the timed ones that --profile runs under cProfile
@@ -50,38 +51,8 @@ def register(subparsers) -> None:
                    help="list the kernels of each batch's decode graph, longest first, and the "
                         "host functions of a few more steps (cProfile)")
     p.add_argument("--json", dest="json_out", help="write results as JSON here")
-    add_engine_args(p, model_default="random:ds-r1-llama-8b")
+    add_engine_args(p, model="random:ds-r1-llama-8b")
     p.set_defaults(func=run)
-
-
-# ---- model sizes ----------------------------------------------------------------------------
-def parameter_counts(engine) -> tuple[int, int]:
-    """(decoder-layer parameters incl. the final norm, lm_head parameters): every parameter but
-    the embedding table, whose rows are gathered, not multiplied (tied: it is the lm_head)."""
-    total = sum(p.numel() for p in engine.runner.model.parameters())
-    arch = engine.arch
-    head = arch.vocab_size * arch.hidden_size
-    return total - head * (1 if arch.tie_word_embeddings else 2), head
-
-
-def weight_bytes_read(engine) -> int:
-    """Weight bytes a decode step reads: the layers' and the lm_head's."""
-    body, head = parameter_counts(engine)
-    return (body + head) * engine.dtype.itemsize
-
-
-def kv_bytes_per_token(engine) -> int:
-    return engine.limits.block_bytes // engine.config.block_size
-
-
-def prefill_flops(engine, tokens: int) -> float:
-    """Matmul FLOPs of prefilling one prompt: layers on every token, lm_head on the last one,
-    causal attention (QK^T and PV over half the T x T square)."""
-    body, head = parameter_counts(engine)
-    arch = engine.arch
-    attention = 2 * 2 * arch.num_hidden_layers * arch.num_attention_heads * arch.head_dim \
-        * tokens ** 2 / 2
-    return 2 * body * tokens + 2 * head + attention
 
 
 # ---- engine sizing --------------------------------------------------------------------------
@@ -212,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--batch-sizes is empty")
     device = resolve_device(config)
     dtype = resolve_dtype(config, device)
-    options = sized_options(vars(config), batches, args.context, args.steps, args.warmup,
+    options = sized_options(config.options(), batches, args.context, args.steps, args.warmup,
                             args.prefill_len)
     copy_rate = copy_gbps(device)
     matmul_rate = matmul_tflops(device, dtype)

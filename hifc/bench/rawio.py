@@ -16,7 +16,7 @@ MIB = 1 << 20
 def tier_io_tasks(layout, ids: list[int], batch: int, chunk_blocks: int) -> list[list[tuple]]:
     """The ``(file offset, length)`` runs of swapping ``ids`` in jobs of ``batch`` blocks: one
     list per chunk task, i.e. what one tier worker thread transfers in one go."""
-    from hifc.tiers.flash import split_chunks
+    from hifc.tiers.flash.tier import split_chunks
 
     tasks = []
     for i in range(0, len(ids), batch):
@@ -84,8 +84,8 @@ class RawIO:
     def __init__(self, path: str, threads: int, buffer_bytes: int, want_direct: bool):
         import torch
 
-        from hifc.tiers.io_base import aligned_empty, host_view
-        from hifc.tiers.posix_io import open_data_fd
+        from hifc.tiers.flash.io_base import aligned_empty, host_view
+        from hifc.tiers.flash.posix_io import open_data_fd
 
         control = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:

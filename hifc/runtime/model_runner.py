@@ -5,6 +5,7 @@ import logging
 
 import torch
 
+from hifc.core.outputs import SamplerOutput
 from hifc.core.scheduler import ScheduledSeq, SchedulerOutput
 from hifc.layers.attention import AttentionBackend, AttentionContext
 from hifc.layers.sampler import Sampler
@@ -82,13 +83,13 @@ class ModelRunner:
         return self.model.compute_logits(hidden.index_select(0, last))  # [B, V]
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> list[int]:
-        """Compute the scheduled tokens' K/V and return one sampled token per sequence."""
+    def execute(self, out: SchedulerOutput) -> SamplerOutput:
+        """Compute the scheduled tokens' K/V and sample one token per sequence."""
         for request_id in out.finished_request_ids:
             self._generators.pop(request_id, None)
         work = out.scheduled
         if not work:
-            return []
+            return SamplerOutput([])
         logits = self.decode_graphs.run(work) if self.decode_graphs is not None else None
         if logits is None:
             logits = self.eager_logits(work)  # [B, V]

@@ -1,36 +1,35 @@
 """Swap tiers: where preempted sequences' KV blocks live (flash cache file or pinned DRAM).
 
-Public API
-==========
+The contract
+============
 
 Build::
 
     from hifc.tiers import TierConfig, make_tier, geometry_of
-    tier = make_tier(TierConfig(kind="flash", path="/nvme/hifc.kvc", size_gib=64,
-                                policy="append", layout="block-record", io_threads=8,
-                                backend="auto"),          # auto | kvikio | posix
+    tier = make_tier(TierConfig(kv_offload="flash", flash_path="/nvme/hifc.kvc",
+                                flash_size_gib=64),
                      geometry_of(kv_cache), device=kv_cache.device)
 
-``TierConfig`` (frozen, validated): ``kind`` flash|dram, ``path``, exactly one of ``size_gib`` /
-``num_blocks``, ``policy`` append|left-append, ``layout`` block-record|layer-kv, ``io_threads``
-(flash: threads that only issue I/O), ``prep_threads`` (flash: threads that gather, checksum and
-scatter; default min(io_threads, cores, 4)), ``backend``, ``chunk_mib`` (largest coalesced I/O),
-``direct_io``, ``force`` (overwrite a file that is not an hifc cache file), ``fault_injection``
-(tests: ``tier.faults.arm(...)``).
+``TierConfig`` (:mod:`hifc.tiers.config`, frozen, validated once) holds every tier option under
+the name users give it: ``kv_offload`` none|dram|flash, ``flash_path``, ``flash_size_gib`` /
+``swap_space`` (or ``num_tier_blocks``), ``flash_policy`` append|left-append, ``flash_layout``
+block-record|layer-kv, ``flash_io_threads``, ``flash_prep_threads``, ``flash_backend``
+auto|kvikio|posix, ``flash_chunk_mib``, ``flash_direct_io``, ``flash_force``,
+``tier_fault_injection`` (tests: ``tier.faults.arm(...)``).
 
 The KV cache is one tensor ``[num_layers, 2, num_blocks, block_size, kv_heads, head_dim]``
 (float32/float16/bfloat16, CPU or CUDA); block ``b`` of layer ``l``, kind ``k`` is
 ``kv_cache[l, k, b]``. Each tier has its own block id space.
 
-``KVTier`` methods (call from one thread; data moves in the tier's worker threads):
+``KVTier`` methods (:mod:`hifc.tiers.tier`; call from one thread, data moves in the tier's
+worker threads):
 
 * ``can_reserve(n) -> bool`` - never changes state.
 * ``reserve(n) -> list[int]`` - tier block ids in policy order (ValueError if fewer are free).
 * ``submit_swap_out(kv_cache, pairs, owner) -> Job`` - pairs are (gpu_block, tier_block), the
   tier blocks reserved; ``owner = (seq_id, generation)`` is stamped into every record.
 * ``submit_swap_in(kv_cache, pairs, owner) -> Job`` - pairs are (tier_block, gpu_block), the exact
-  reverse of a swap-out; records are verified (magic, epoch, block id, owner, crc32c) before a
-  byte reaches ``kv_cache``.
+  reverse of a swap-out; records are verified before a byte reaches ``kv_cache``.
 * ``swap_out_blocks(kv_cache, gpu_ids, owner) -> Job`` - reserve + submit; a TIER_FULL job when
   there is no room.
 * ``poll() -> list[Job]`` - finished jobs, never blocks; ``wait(job, timeout=None) -> Job`` blocks.
@@ -40,45 +39,43 @@ The KV cache is one tensor ``[num_layers, 2, num_blocks, block_size, kv_heads, h
 * ``stats() -> dict``, ``close()`` (waits for jobs in flight), context manager.
 * ``num_blocks``, ``num_free_blocks``; flash only: ``epoch``, ``faults``, ``cache_file``.
 
-``Job`` fields: ``job_id``, ``op`` ("swap_out"/"swap_in"), ``pairs``, ``owner``, ``status``
-(JobStatus PENDING/OK/FAILED), ``ok``, ``done``, ``error`` (message), ``error_kind`` (ErrorKind
-IO_ERROR, NO_SPACE, SHORT_READ, INTEGRITY, TIER_FULL, BUSY, INTERNAL), ``errno``, ``nbytes``,
-``tier_blocks``, ``submitted_at``/``finished_at``/``latency_s``. Errors are reported on jobs,
-never raised; only misuse (bad shapes, unreserved ids, repeated ids) raises ValueError at submit.
+``Job`` (:mod:`hifc.tiers.jobs`) fields: ``job_id``, ``op`` ("swap_out"/"swap_in"), ``pairs``,
+``owner``, ``status`` (JobStatus PENDING/OK/FAILED), ``ok``, ``done``, ``error`` (message),
+``error_kind`` (ErrorKind IO_ERROR, NO_SPACE, SHORT_READ, INTEGRITY, TIER_FULL, BUSY, INTERNAL),
+``errno``, ``nbytes``, ``tier_blocks``, ``submitted_at``/``finished_at``/``latency_s``. Errors are
+reported on jobs, never raised; only misuse (bad shapes, unreserved ids, repeated ids) raises
+ValueError at submit.
 
 Engine contract: free GPU blocks only after a swap-out job is OK; on a failed swap-in, recompute.
 
-Modules: ``layout`` (byte offsets), ``allocator`` (FC allocator, torch-free), ``cache_file``
-(superblock, epoch, open rules), ``records`` (headers, integrity), ``io_base``/``posix_io``/
-``kvikio_io`` (backends), ``faults`` (fault injection), ``staging`` (staging buffers and their
-pool), ``pipeline`` (CPU and I/O stages on separate threads), ``swapper`` (a chunk's stages),
-``hostcopy`` (CPU KV caches: copies with in-cache checksums), ``tier``
-(shared bookkeeping), ``flash``/``dram`` (the two tiers), ``factory`` (config).
+Modules at this level: ``config``, ``geometry`` (block shape, torch-free), ``allocator`` (FC block
+allocator, torch-free), ``jobs``, ``tier`` (the base class: shared bookkeeping), ``dram`` (the
+pinned-DRAM tier), ``factory`` (``make_tier``). The flash tier's internals are the sub-package
+:mod:`hifc.tiers.flash`.
 """
 from hifc.tiers.allocator import APPEND, LEFT_APPEND, AllocatorStats, FCBlockAllocator
-from hifc.tiers.jobs import ErrorKind, Job, JobStatus
-from hifc.tiers.layout import BLOCK_RECORD, DEFAULT_LAYOUT, LAYER_KV, KVGeometry
-from hifc.tiers.records import IntegrityError
+from hifc.tiers.config import TierConfig
+from hifc.tiers.geometry import KVGeometry
+from hifc.tiers.jobs import ErrorKind, IntegrityError, Job, JobStatus
 
 __all__ = [
     "APPEND", "LEFT_APPEND", "AllocatorStats", "FCBlockAllocator", "ErrorKind", "Job",
-    "JobStatus", "BLOCK_RECORD", "DEFAULT_LAYOUT", "LAYER_KV", "KVGeometry", "IntegrityError",
-    "KVTier", "FlashTier", "DramTier", "TierConfig", "make_tier", "geometry_of",
+    "JobStatus", "KVGeometry", "IntegrityError", "KVTier", "FlashTier", "DramTier", "TierConfig",
+    "make_tier", "geometry_of",
 ]
 
 
 def __getattr__(name):
-    # The torch-using classes load lazily so that ``hifc.tiers.allocator`` (and this package)
-    # can be imported where torch is unavailable.
-    if name in ("TierConfig", "make_tier", "geometry_of"):
+    # The torch-using classes load lazily so that ``hifc.tiers.allocator``, the config and the
+    # geometry (and this package) can be imported where torch is unavailable.
+    if name in ("make_tier", "geometry_of"):
         from hifc.tiers import factory
-        return {"TierConfig": factory.TierConfig, "make_tier": factory.make_tier,
-                "geometry_of": factory.geometry_of}[name]
+        return {"make_tier": factory.make_tier, "geometry_of": factory.geometry_of}[name]
     if name == "KVTier":
         from hifc.tiers.tier import KVTier
         return KVTier
     if name == "FlashTier":
-        from hifc.tiers.flash import FlashTier
+        from hifc.tiers.flash.tier import FlashTier
         return FlashTier
     if name == "DramTier":
         from hifc.tiers.dram import DramTier

@@ -7,7 +7,6 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from hifc.tiers.records import IntegrityError
 
 
 class JobStatus(enum.Enum):
@@ -28,6 +27,23 @@ class ErrorKind(enum.Enum):
 
 class ShortReadError(OSError):
     pass
+
+
+class IntegrityError(Exception):
+    """A stored record failed verification (stale, torn or corrupted)."""
+
+
+def _checked_u64(name: str, value) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 1 << 64:
+        raise ValueError(f"{name} must be an int in [0, 2**64), got {value!r}")
+    return value
+
+
+def check_owner(owner) -> tuple[int, int]:
+    """Validate an owner ``(seq_id, generation)`` pair."""
+    if not isinstance(owner, (tuple, list)) or len(owner) != 2:
+        raise ValueError(f"owner must be a (seq_id, generation) pair, got {owner!r}")
+    return _checked_u64("owner seq_id", owner[0]), _checked_u64("owner generation", owner[1])
 
 
 @dataclass(eq=False)

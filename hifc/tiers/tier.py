@@ -17,9 +17,8 @@ from dataclasses import asdict
 import torch
 
 from hifc.tiers.allocator import FCBlockAllocator
-from hifc.tiers.jobs import ErrorKind, Job, JobStatus, classify
-from hifc.tiers.layout import KVGeometry
-from hifc.tiers.records import check_owner
+from hifc.tiers.geometry import KVGeometry
+from hifc.tiers.jobs import ErrorKind, Job, JobStatus, check_owner, classify
 
 SWAP_OUT = "swap_out"
 SWAP_IN = "swap_in"

@@ -2,6 +2,7 @@
 import pytest
 
 from hifc.core.kv_manager import AllocStatus, KVCacheManager
+from hifc.core.outputs import SamplerOutput
 from hifc.core.preemption import PreemptionMode, PreemptionPolicy
 from hifc.core.scheduler import Scheduler, SchedulerLimits
 from hifc.core.sequence import Sequence, SequenceStatus
@@ -39,7 +40,7 @@ def make_seq(rid, n_prompt, max_tokens=100, arrival=0):
 
 def run_step(sched, seqs, token=5):
     out = sched.schedule()
-    sched.update(out, [token] * len(out.scheduled), seqs)
+    sched.update(out, SamplerOutput([token] * len(out.scheduled)), seqs)
     return out
 
 
@@ -144,7 +145,7 @@ def test_swap_out_holds_gpu_blocks_until_the_write_completes():
     assert seqs["r1"].status is SequenceStatus.SWAPPED and kv.num_free_blocks == 2
     out = sched.schedule()
     assert [w.request_id for w in out.scheduled] == ["r0"] and out.swap_in == []
-    sched.update(out, [5], seqs)
+    sched.update(out, SamplerOutput([5]), seqs)
 
 
 def test_swap_in_restores_and_failed_swap_falls_back_to_recompute():

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from hifc import LLM, SamplingParams
-from hifc.tiers.kvikio_io import kvikio_available
+from hifc.tiers.flash.kvikio_io import kvikio_available
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():

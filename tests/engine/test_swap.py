@@ -139,15 +139,15 @@ def test_offload_options_are_validated(tmp_path):
 def test_flash_backend_flag_reaches_the_tier(tmp_path):
     import argparse
 
-    from hifc.entrypoints.engine_args import add_engine_args, engine_config_from_args
+    from hifc.config import add_engine_args, engine_config_from_args
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
     args = parser.parse_args(["--model", MODEL, "--device", "cpu", "--kv-offload", "flash",
                               "--flash-path", str(tmp_path / "kv"), "--flash-size-gib", "0.01",
                               "--flash-backend", "posix"])
     config = engine_config_from_args(args)
-    assert config.flash_backend == "posix"
-    llm = LLM(**{**vars(config), "num_gpu_blocks": 16})
+    assert config.tier.flash_backend == "posix"
+    llm = LLM(**{**config.options(), "num_gpu_blocks": 16})
     assert llm.engine.tier.stats()["backend"] == "posix"
     llm.engine.close()
-    assert engine_config_from_args(parser.parse_args([])).flash_backend == "auto"
+    assert engine_config_from_args(parser.parse_args([])).tier.flash_backend == "auto"

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hifc.config import EngineConfig
-from hifc.entrypoints.engine_args import add_engine_args, engine_config_from_args
+from hifc.config import add_engine_args, engine_config_from_args
 from hifc.layers.attention import TorchAttentionBackend
 from hifc.runtime import inputs
 from hifc.runtime.cuda_graphs import (DecodeGraphs, capture_sizes, graphs_unsupported_reason,

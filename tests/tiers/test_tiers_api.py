@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from hifc.tiers import ErrorKind, JobStatus, KVGeometry, TierConfig, geometry_of, make_tier
-from hifc.tiers.io_base import FileIO
-from hifc.tiers.swapper import ChunkSwapper
+from hifc.tiers.flash.io_base import FileIO
+from hifc.tiers.flash.chunks import ChunkMover
 from tests.tiers.tier_helpers import SMALL, random_kv
 
 
@@ -32,7 +32,7 @@ class GatedIO(FileIO):
 
 def gated(tier):
     io = GatedIO(tier.io)
-    tier.swapper = ChunkSwapper(tier.layout, io, tier.epoch, 8, num_buffers=2)
+    tier.mover = ChunkMover(tier.layout, io, tier.epoch, 8, num_buffers=2)
     return io
 
 
@@ -152,26 +152,27 @@ def test_bad_input_raises_clear_value_errors(flash):
 
 
 def test_config_validation():
-    with pytest.raises(ValueError, match="exactly one of size_gib and num_blocks"):
-        TierConfig(path="x", size_gib=1, num_blocks=4)
+    with pytest.raises(ValueError, match="exactly one of flash_size_gib and num_tier_blocks"):
+        TierConfig(kv_offload="flash", flash_path="x", flash_size_gib=1, num_tier_blocks=4)
     with pytest.raises(ValueError, match="exactly one"):
-        TierConfig(path="x")
+        TierConfig(kv_offload="flash", flash_path="x")
     with pytest.raises(ValueError, match="policy"):
-        TierConfig(path="x", num_blocks=4, policy="lru")
+        TierConfig(kv_offload="flash", flash_path="x", num_tier_blocks=4, flash_policy="lru")
     with pytest.raises(ValueError, match="layout"):
-        TierConfig(path="x", num_blocks=4, layout="zigzag")
+        TierConfig(kv_offload="flash", flash_path="x", num_tier_blocks=4, flash_layout="zigzag")
     with pytest.raises(ValueError, match="backend"):
-        TierConfig(path="x", num_blocks=4, backend="spdk")
-    with pytest.raises(ValueError, match="kind"):
-        TierConfig(kind="hbm", num_blocks=4)
+        TierConfig(kv_offload="flash", flash_path="x", num_tier_blocks=4, flash_backend="spdk")
+    with pytest.raises(ValueError, match="kv_offload"):
+        TierConfig(kv_offload="hbm", num_tier_blocks=4)
     with pytest.raises(ValueError, match="io_threads"):
-        TierConfig(path="x", num_blocks=4, io_threads=0)
+        TierConfig(kv_offload="flash", flash_path="x", num_tier_blocks=4, flash_io_threads=0)
     with pytest.raises(ValueError, match="KVGeometry"):
-        make_tier(TierConfig(path="x", num_blocks=4), (1, 2, 3))
+        make_tier(TierConfig(kv_offload="flash", flash_path="x", num_tier_blocks=4), (1, 2, 3))
     with pytest.raises(ValueError, match="kvikio"):
         if torch.cuda.is_available():
             pytest.skip("CUDA present")
-        make_tier(TierConfig(path="/nonexistent/x", num_blocks=4, backend="kvikio"), SMALL)
+        make_tier(TierConfig(kv_offload="flash", flash_path="/nonexistent/x", num_tier_blocks=4,
+                             flash_backend="kvikio"), SMALL)
 
 
 def test_geometry_of():
@@ -205,7 +206,7 @@ def test_everything_free_at_the_end(flash):
                                                     (False, "cuda", "posix"),
                                                     (True, "cpu", "posix")])
 def test_auto_backend_is_kvikio_only_where_gds_works(monkeypatch, gds, device, expected):
-    from hifc.tiers import flash
+    from hifc.tiers.flash import tier as flash
     monkeypatch.setattr(flash, "gds_available", lambda: gds)
     assert flash.resolve_backend("auto", device) == expected
     assert flash.resolve_backend("posix", device) == "posix"

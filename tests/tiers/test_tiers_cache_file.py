@@ -4,8 +4,8 @@ import stat
 import pytest
 
 from hifc.tiers import KVGeometry, TierConfig, make_tier
-from hifc.tiers.cache_file import CacheFile, read_superblock
-from hifc.tiers.layout import BLOCK_RECORD, make_layout
+from hifc.tiers.flash.cache_file import CacheFile, read_superblock
+from hifc.tiers.flash.layout import BLOCK_RECORD, make_layout
 
 from tests.tiers.tier_helpers import SMALL
 
@@ -64,26 +64,29 @@ def test_geometry_mismatch_reinitialises(flash, tmp_path):
 def test_foreign_file_refused_unless_forced(tmp_path):
     path = tmp_path / "precious.txt"
     path.write_bytes(b"important data\n" * 100)
-    config = TierConfig(path=str(path), num_blocks=4)
+    config = TierConfig(kv_offload="flash", flash_path=str(path), num_tier_blocks=4)
     with pytest.raises(ValueError, match="not an hifc cache file"):
         make_tier(config, SMALL)
     assert path.read_bytes() == b"important data\n" * 100  # untouched
-    with make_tier(TierConfig(path=str(path), num_blocks=4, force=True), SMALL) as tier:
+    with make_tier(TierConfig(kv_offload="flash", flash_path=str(path), num_tier_blocks=4,
+                              flash_force=True), SMALL) as tier:
         assert tier.stats()["reused_file"] is False
     assert read_superblock(path)["num_blocks"] == 4
 
 
 def test_symlink_refused(tmp_path):
     target = tmp_path / "real.kvc"
-    make_tier(TierConfig(path=str(target), num_blocks=4), SMALL).close()
+    make_tier(TierConfig(kv_offload="flash", flash_path=str(target),
+                         num_tier_blocks=4), SMALL).close()
     link = tmp_path / "link.kvc"
     link.symlink_to(target)
     with pytest.raises(ValueError, match="symbolic link"):
-        make_tier(TierConfig(path=str(link), num_blocks=4), SMALL)
+        make_tier(TierConfig(kv_offload="flash", flash_path=str(link), num_tier_blocks=4), SMALL)
     dangling = tmp_path / "dangling.kvc"
     dangling.symlink_to(tmp_path / "nowhere")
     with pytest.raises(ValueError, match="symbolic link"):
-        make_tier(TierConfig(path=str(dangling), num_blocks=4), SMALL)
+        make_tier(TierConfig(kv_offload="flash", flash_path=str(dangling),
+                             num_tier_blocks=4), SMALL)
     assert not (tmp_path / "nowhere").exists()
 
 
@@ -93,7 +96,8 @@ def test_not_a_regular_file_refused(tmp_path):
     fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # so opening for writing does not block
     try:
         with pytest.raises(ValueError, match="not a regular file"):
-            make_tier(TierConfig(path=str(fifo), num_blocks=4), SMALL)
+            make_tier(TierConfig(kv_offload="flash", flash_path=str(fifo),
+                                 num_tier_blocks=4), SMALL)
     finally:
         os.close(fd)
 
@@ -101,7 +105,8 @@ def test_not_a_regular_file_refused(tmp_path):
 def test_second_opener_refused_while_in_use(flash, tmp_path):
     flash(num_blocks=4)
     with pytest.raises(ValueError, match="in use"):
-        make_tier(TierConfig(path=str(tmp_path / "cache.kvc"), num_blocks=4), SMALL)
+        make_tier(TierConfig(kv_offload="flash", flash_path=str(tmp_path / "cache.kvc"),
+                             num_tier_blocks=4), SMALL)
 
 
 def test_reopen_time_does_not_depend_on_size(tmp_path):
@@ -115,6 +120,7 @@ def test_reopen_time_does_not_depend_on_size(tmp_path):
 
 def test_empty_path_and_missing_dir(tmp_path):
     with pytest.raises(ValueError, match="path"):
-        TierConfig(kind="flash", path="", num_blocks=4)
+        TierConfig(kv_offload="flash", flash_path="", num_tier_blocks=4)
     with pytest.raises(FileNotFoundError):
-        make_tier(TierConfig(path=str(tmp_path / "no" / "such.kvc"), num_blocks=4), SMALL)
+        make_tier(TierConfig(kv_offload="flash", flash_path=str(tmp_path / "no" / "such.kvc"),
+                             num_tier_blocks=4), SMALL)

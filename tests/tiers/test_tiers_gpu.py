@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hifc.tiers import ErrorKind, KVGeometry, TierConfig, make_tier
-from hifc.tiers.kvikio_io import kvikio_available
+from hifc.tiers.flash.kvikio_io import kvikio_available
 from tests.tiers.tier_helpers import random_kv
 
 pytestmark = [pytest.mark.gpu,
@@ -20,9 +20,9 @@ GEOMETRIES = [
 
 
 def gpu_tier(tmp_path, geometry, backend, **kw):
-    kw.setdefault("num_blocks", 48)
-    config = TierConfig(path=str(tmp_path / f"{backend}.kvc"), backend=backend, chunk_mib=1,
-                        io_threads=4, **kw)
+    config = TierConfig(kv_offload="flash", flash_path=str(tmp_path / f"{backend}.kvc"),
+                        num_tier_blocks=48, flash_backend=backend, flash_chunk_mib=1,
+                        flash_io_threads=4, **kw)
     return make_tier(config, geometry, device="cuda")
 
 
@@ -48,7 +48,7 @@ def round_trip(tier, kv, owner=(2, 1), seed=0):
 def test_gpu_round_trip_bit_exact(tmp_path, backend, geometry, layout):
     if backend == "kvikio" and not kvikio_available():
         pytest.skip("kvikio not installed")
-    with gpu_tier(tmp_path, geometry, backend, layout=layout) as tier:
+    with gpu_tier(tmp_path, geometry, backend, flash_layout=layout) as tier:
         assert tier.stats()["backend"] == backend
         kv = random_kv(geometry, 40, device="cuda")
         ids = round_trip(tier, kv)
@@ -60,7 +60,7 @@ def test_gpu_corruption_rejected_and_faults_reported(tmp_path):
     if not kvikio_available():
         pytest.skip("kvikio not installed")
     geometry = GEOMETRIES[0]
-    with gpu_tier(tmp_path, geometry, "kvikio", fault_injection=True) as tier:
+    with gpu_tier(tmp_path, geometry, "kvikio", tier_fault_injection=True) as tier:
         kv = random_kv(geometry, 4, device="cuda")
         ids = tier.reserve(4)
         assert tier.wait(tier.submit_swap_out(kv, list(zip(range(4), ids)), (1, 0))).ok
@@ -83,7 +83,7 @@ def test_gpu_corruption_rejected_and_faults_reported(tmp_path):
 
 def test_pinned_dram_tier_on_gpu():
     geometry = GEOMETRIES[0]
-    tier = make_tier(TierConfig(kind="dram", num_blocks=64), geometry, device="cuda")
+    tier = make_tier(TierConfig(kv_offload="dram", num_tier_blocks=64), geometry, device="cuda")
     assert tier.stats()["pinned"] is True
     kv = random_kv(geometry, 32, device="cuda")
     round_trip(tier, kv)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hifc.tiers import ErrorKind, KVGeometry
-from hifc.tiers.layout import HEADER_BYTES, LAYOUTS
+from hifc.tiers.flash.layout import HEADER_BYTES, LAYOUTS
 from tests.tiers.tier_helpers import random_kv
 
 GEOMETRY = KVGeometry(2, 2, 16, 8, "float16")  # 512-byte slices

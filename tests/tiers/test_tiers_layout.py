@@ -2,8 +2,9 @@ import itertools
 
 import pytest
 
-from hifc.tiers.layout import (ALIGN, BLOCK_RECORD, LAYER_KV, LAYOUTS, KVGeometry,
-                               blocks_for_bytes, make_layout)
+from hifc.tiers.flash.layout import (ALIGN, BLOCK_RECORD, LAYER_KV, LAYOUTS, blocks_for_bytes,
+                                     make_layout)
+from hifc.tiers.geometry import KVGeometry
 
 GEOMETRIES = [
     KVGeometry(4, 8, 128, 64, "float16"),  # 128 KiB slices
@@ -85,7 +86,7 @@ def test_bad_input_is_named():
     with pytest.raises(ValueError, match="num_layers"):
         KVGeometry(0, 1, 1, 1, "float16")
     with pytest.raises(ValueError, match="header capacity"):
-        KVGeometry(1000, 1, 1, 1, "float16")
+        make_layout(BLOCK_RECORD, KVGeometry(1000, 1, 1, 1, "float16"), 4)
     with pytest.raises(ValueError, match="unknown layout"):
         make_layout("zigzag", GEOMETRIES[0], 4)
     with pytest.raises(ValueError, match="out of range"):

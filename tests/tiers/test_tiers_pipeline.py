@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from hifc.tiers import KVGeometry, TierConfig, make_tier
-from hifc.tiers.io_base import HUGE_PAGE, aligned_empty, host_view
-from hifc.tiers.layout import ALIGN
-from hifc.tiers.pipeline import CPU, IO, PREP_NICE, ChunkPipeline, ChunkTask, cpu_stage_pool
-from hifc.tiers.staging import BufferPool
+from hifc.tiers.flash.io_base import HUGE_PAGE, aligned_empty, host_view
+from hifc.tiers.flash.layout import ALIGN
+from hifc.tiers.flash.pipeline import CPU, IO, PREP_NICE, ChunkPipeline, ChunkTask, cpu_stage_pool
+from hifc.tiers.flash.staging import BufferPool
 from tests.tiers.tier_helpers import random_kv
 
 
@@ -76,8 +76,9 @@ def test_a_failing_stage_skips_the_rest_and_returns_the_buffers(executors):
 def test_more_chunks_than_buffers_in_both_directions_never_deadlock(tmp_path):
     """One I/O thread, one CPU thread, two buffer sets, swap-outs and swap-ins interleaved."""
     geometry = KVGeometry(2, 4, 128, 64, "float16")  # 64 KiB slices: 260 KiB records
-    config = TierConfig(path=str(tmp_path / "c.kvc"), num_blocks=64, chunk_mib=1, io_threads=1,
-                        prep_threads=1)  # chunks of 3 blocks: 11 per job
+    config = TierConfig(kv_offload="flash", flash_path=str(tmp_path / "c.kvc"), num_tier_blocks=64,
+                        flash_chunk_mib=1, flash_io_threads=1,
+                        flash_prep_threads=1)  # chunks of 3 blocks: 11 per job
     with make_tier(config, geometry) as tier:
         assert tier.stats()["chunk_blocks"] == 3
         kv = random_kv(geometry, 32)
@@ -99,7 +100,8 @@ def test_more_chunks_than_buffers_in_both_directions_never_deadlock(tmp_path):
 
 def test_prep_threads_are_checked(tmp_path):
     with pytest.raises(ValueError, match="prep_threads"):
-        TierConfig(path=str(tmp_path / "c.kvc"), num_blocks=4, prep_threads=0)
+        TierConfig(kv_offload="flash", flash_path=str(tmp_path / "c.kvc"), num_tier_blocks=4,
+                   flash_prep_threads=0)
 
 
 def test_large_host_buffers_are_huge_page_aligned_and_usable():

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from hifc.tiers import KVGeometry, TierConfig, make_tier
-from hifc.tiers.io_base import FileIO
-from hifc.tiers.layout import ALIGN, LAYOUTS
-from hifc.tiers.swapper import ChunkSwapper
+from hifc.tiers.flash.io_base import FileIO
+from hifc.tiers.flash.layout import ALIGN, LAYOUTS
+from hifc.tiers.flash.chunks import ChunkMover
 from tests.tiers.tier_helpers import SMALL, random_kv
 
 GEOMETRIES = [
@@ -92,7 +92,7 @@ def test_every_io_is_aligned(flash, layout):
     geometry = KVGeometry(3, 1, 5, 3, "bfloat16")
     tier = flash(geometry, layout=layout, num_blocks=16, chunk_mib=1)
     spy = RecordingIO(tier.io)
-    tier.swapper = ChunkSwapper(tier.layout, spy, tier.epoch, 4, num_buffers=2)
+    tier.mover = ChunkMover(tier.layout, spy, tier.epoch, 4, num_buffers=2)
     kv = random_kv(geometry, 12)
     round_trip(tier, kv, [5, 1, 2, 3, 9, 0], [0, 1, 2, 3, 4, 5])
     assert spy.ios
@@ -107,7 +107,7 @@ def test_every_io_is_aligned(flash, layout):
 
 def test_dram_tier_round_trip_and_same_interface():
     geometry = KVGeometry(2, 2, 16, 8, "bfloat16")
-    tier = make_tier(TierConfig(kind="dram", num_blocks=16), geometry)
+    tier = make_tier(TierConfig(kv_offload="dram", num_tier_blocks=16), geometry)
     kv = random_kv(geometry, 10)
     round_trip(tier, kv, [9, 3, 4], [0, 1, 2])
     assert tier.stats()["kind"] == "dram" and tier.num_free_blocks == 16
@@ -116,17 +116,19 @@ def test_dram_tier_round_trip_and_same_interface():
 
 def test_size_gib_sets_block_count(tmp_path):
     geometry = KVGeometry(2, 2, 64, 64, "float16")  # 64 KiB per block + 4 KiB header
-    config = TierConfig(path=str(tmp_path / "c.kvc"), size_gib=1 / 1024)  # 1 MiB
+    config = TierConfig(kv_offload="flash", flash_path=str(tmp_path / "c.kvc"),
+                        flash_size_gib=1 / 1024)  # 1 MiB
     with make_tier(config, geometry) as tier:
         assert tier.num_blocks == (2**20 - 4096) // (68 * 1024)
     with pytest.raises(ValueError, match="holds no block"):
-        make_tier(TierConfig(path=str(tmp_path / "d.kvc"), size_gib=1e-6), geometry)
+        make_tier(TierConfig(kv_offload="flash", flash_path=str(tmp_path / "d.kvc"),
+                             flash_size_gib=1e-6), geometry)
 
 
 def test_odirect_refused_falls_back_to_buffered(monkeypatch, tmp_path):
     import os
 
-    from hifc.tiers import posix_io
+    from hifc.tiers.flash import posix_io
 
     real = posix_io.reopen
 
@@ -136,7 +138,8 @@ def test_odirect_refused_falls_back_to_buffered(monkeypatch, tmp_path):
         return real(control_fd, path, flags)
 
     monkeypatch.setattr(posix_io, "reopen", refuse_direct)
-    with make_tier(TierConfig(path=str(tmp_path / "c.kvc"), num_blocks=8), SMALL) as tier:
+    with make_tier(TierConfig(kv_offload="flash", flash_path=str(tmp_path / "c.kvc"),
+                              num_tier_blocks=8), SMALL) as tier:
         stats = tier.stats()
         assert stats["direct_io"] is False
         assert "falling back to buffered" in " ".join(stats["io_notes"])
@@ -150,7 +153,8 @@ def test_tmpfs_or_disk_either_works():
     if not os.path.isdir("/dev/shm"):
         pytest.skip("no /dev/shm")
     with tempfile.TemporaryDirectory(dir="/dev/shm") as d:
-        config = TierConfig(path=os.path.join(d, "c.kvc"), num_blocks=8)
+        config = TierConfig(kv_offload="flash", flash_path=os.path.join(d, "c.kvc"),
+                            num_tier_blocks=8)
         with make_tier(config, SMALL) as tier:
             notes = " ".join(tier.stats()["io_notes"])
             assert ("O_DIRECT in effect" in notes) == tier.stats()["direct_io"]

@@ -6,7 +6,7 @@ import ipaddress
 import logging
 import os
 
-from hifc.entrypoints.engine_args import add_engine_args, engine_config_from_args
+from hifc.config import add_engine_args, engine_config_from_args
 
 logger = logging.getLogger(__name__)
 

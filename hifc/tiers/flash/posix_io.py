@@ -13,8 +13,8 @@ import os
 
 import torch
 
-from hifc.tiers.io_base import FileIO, aligned_empty, host_view
-from hifc.tiers.layout import ALIGN
+from hifc.tiers.flash.io_base import FileIO, aligned_empty, host_view
+from hifc.tiers.flash.layout import ALIGN
 
 
 def reopen(control_fd: int, path: str, flags: int) -> int:

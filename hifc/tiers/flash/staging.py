@@ -23,7 +23,7 @@ from typing import Callable
 
 import torch
 
-from hifc.tiers.io_base import aligned_empty
+from hifc.tiers.flash.io_base import aligned_empty
 
 
 class StagingBuffers:

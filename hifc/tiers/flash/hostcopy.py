@@ -1,6 +1,6 @@
 """CPU KV caches: gather with in-cache checksums, and verify-then-scatter, one block at a time.
 
-The CPU stages of :mod:`hifc.tiers.pipeline` run while I/O is in flight, and on a small VM they
+The CPU stages of :mod:`hifc.tiers.flash.pipeline` run while I/O is in flight, and on a small VM they
 slow that I/O down: copies that write memory compete with the disk's own transfers (measured on
 the 2-core CPU machine: a thread copying memory took raw O_DIRECT writes from 2.7 to 1.8 GiB/s,
 one running crc32c to 2.5 GiB/s). So for KV caches in host memory the stages move as few bytes
@@ -16,7 +16,7 @@ through DRAM as they can:
   is never copied; blocks of the chunk verified before it may already have been (a failed job
   leaves its destination blocks undefined, see :class:`~hifc.tiers.tier.KVTier`).
 
-GPU KV caches keep the torch path in :mod:`hifc.tiers.swapper` (gathers and scatters are GPU
+GPU KV caches keep the torch path in :mod:`hifc.tiers.flash.chunks` (gathers and scatters are GPU
 kernels there; only the checksums run on the host).
 """
 from __future__ import annotations
@@ -26,8 +26,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from hifc.tiers.layout import ChunkPlan, runs_of
-from hifc.tiers.records import slice_crcs
+from hifc.tiers.flash.layout import ChunkPlan
+from hifc.tiers.geometry import runs_of
+from hifc.tiers.flash.records import slice_crcs
 
 _INT_OF_WIDTH = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 

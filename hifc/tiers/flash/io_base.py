@@ -3,12 +3,12 @@
 A backend moves bytes between a contiguous 1-D ``uint8`` torch tensor (host or device memory)
 and the cache file. ``read``/``write`` are blocking and thread-safe; the tier calls them from its
 I/O worker threads, which is where batching, coalescing and overlap happen (see
-:mod:`hifc.tiers.swapper`). They raise ``OSError`` (with an errno) on failure and return the
+:mod:`hifc.tiers.flash.chunks`). They raise ``OSError`` (with an errno) on failure and return the
 number of bytes moved; a read that returns fewer bytes than asked is a short read.
 
-Implementations: :class:`hifc.tiers.posix_io.PosixIO` (``O_DIRECT`` where the file system allows
-it, else buffered) and :class:`hifc.tiers.kvikio_io.KvikioIO` (cuFile: GPUDirect Storage where the
-driver is present, kvikio's compat mode elsewhere). :class:`hifc.tiers.faults.FaultyIO` wraps
+Implementations: :class:`hifc.tiers.flash.posix_io.PosixIO` (``O_DIRECT`` where the file system allows
+it, else buffered) and :class:`hifc.tiers.flash.kvikio_io.KvikioIO` (cuFile: GPUDirect Storage where the
+driver is present, kvikio's compat mode elsewhere). :class:`hifc.tiers.flash.faults.FaultyIO` wraps
 either to inject faults in tests.
 
 Host staging buffers of 2 MiB or more (not pinned) are anonymous mappings advised to use
@@ -26,7 +26,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from hifc.tiers.layout import ALIGN
+from hifc.tiers.flash.layout import ALIGN
 
 HUGE_PAGE = 2 << 20  # x86-64 / arm64 (4 KiB base pages) PMD size
 

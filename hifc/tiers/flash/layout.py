@@ -1,4 +1,4 @@
-"""KV geometry and the byte layout of a flash cache file (torch-free).
+"""The byte layout of a flash cache file (torch-free).
 
 Two layouts, both with every I/O 4 KiB aligned in offset and length:
 
@@ -22,12 +22,14 @@ never part of a block's data).
 
 A :class:`ChunkPlan` describes how a chunk of n consecutive tier blocks sits in a staging buffer:
 which file runs to transfer, where each block header is and the byte strides of the data viewed
-as ``[L, 2, n, slice]``. The swapper builds tensor views from those numbers, so it never needs to
+as ``[L, 2, n, slice]``. The chunk mover builds tensor views from those numbers, so it never needs to
 know which layout is in use.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from hifc.tiers.geometry import KVGeometry
 
 ALIGN = 4096
 SUPERBLOCK_BYTES = ALIGN
@@ -35,8 +37,6 @@ HEADER_BYTES = ALIGN
 
 # A record header stores one crc32c (4 bytes) per slice after a 64-byte fixed part.
 MAX_SLICES = (HEADER_BYTES - 64) // 4
-
-DTYPE_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 LAYER_KV = "layer-kv"
 BLOCK_RECORD = "block-record"
@@ -47,54 +47,6 @@ DEFAULT_LAYOUT = BLOCK_RECORD
 
 def round_up(value: int, align: int = ALIGN) -> int:
     return -(-value // align) * align
-
-
-@dataclass(frozen=True)
-class KVGeometry:
-    """Shape of one KV block across the whole model: the cache tensor is
-    ``[num_layers, 2, num_gpu_blocks, block_size, num_kv_heads, head_dim]``."""
-
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    block_size: int
-    dtype: str
-
-    def __post_init__(self) -> None:
-        for name in ("num_layers", "num_kv_heads", "head_dim", "block_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"KVGeometry.{name} must be a positive int, got {value!r}")
-        if self.dtype not in DTYPE_ITEMSIZE:
-            raise ValueError(
-                f"KVGeometry.dtype must be one of {sorted(DTYPE_ITEMSIZE)}, got {self.dtype!r}")
-        if 2 * self.num_layers > MAX_SLICES:
-            raise ValueError(f"KVGeometry.num_layers={self.num_layers} exceeds the record header "
-                             f"capacity ({MAX_SLICES // 2} layers)")
-
-    @property
-    def itemsize(self) -> int:
-        return DTYPE_ITEMSIZE[self.dtype]
-
-    @property
-    def slice_elems(self) -> int:
-        """Elements in one (layer, K/V, block) slice."""
-        return self.block_size * self.num_kv_heads * self.head_dim
-
-    @property
-    def slice_bytes(self) -> int:
-        """The paper's block_size_bytes: one (layer, K/V, block) slice."""
-        return self.slice_elems * self.itemsize
-
-    @property
-    def num_slices(self) -> int:
-        """Slices per block: K and V of every layer."""
-        return 2 * self.num_layers
-
-    @property
-    def block_bytes(self) -> int:
-        """KV payload of one block across all layers (what a swap moves per block)."""
-        return self.num_slices * self.slice_bytes
 
 
 @dataclass(frozen=True)
@@ -122,6 +74,9 @@ class Layout:
     def __init__(self, geometry: KVGeometry, num_blocks: int):
         if not isinstance(num_blocks, int) or num_blocks <= 0:
             raise ValueError(f"num_blocks must be a positive int, got {num_blocks!r}")
+        if geometry.num_slices > MAX_SLICES:
+            raise ValueError(f"{geometry.num_layers} layers exceed the record header capacity "
+                             f"({MAX_SLICES // 2} layers)")
         self.geometry = geometry
         self.num_blocks = num_blocks
         self.slot_bytes = round_up(geometry.slice_bytes)
@@ -219,15 +174,3 @@ def blocks_for_bytes(layout_name: str, geometry: KVGeometry, size_bytes: int) ->
     """How many blocks a cache file of at most ``size_bytes`` holds."""
     per_block = make_layout(layout_name, geometry, 1).per_block_file_bytes
     return max(0, (int(size_bytes) - SUPERBLOCK_BYTES) // per_block)
-
-
-def runs_of(ids: list[int]) -> list[tuple[int, int, int]]:
-    """(first id, position, length) of each run of consecutive ids."""
-    runs: list[tuple[int, int, int]] = []
-    for pos, block in enumerate(ids):
-        if runs and block == runs[-1][0] + runs[-1][2]:
-            first, at, length = runs[-1]
-            runs[-1] = (first, at, length + 1)
-        else:
-            runs.append((block, pos, 1))
-    return runs

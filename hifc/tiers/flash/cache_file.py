@@ -29,7 +29,8 @@ import time
 
 import crc32c
 
-from hifc.tiers.layout import SUPERBLOCK_BYTES, KVGeometry, Layout
+from hifc.tiers.flash.layout import SUPERBLOCK_BYTES, Layout
+from hifc.tiers.geometry import KVGeometry
 
 SUPER_MAGIC = b"HIFCKVC1"
 FORMAT_VERSION = 1
@@ -46,7 +47,7 @@ def new_epoch(old: int = 0) -> int:
 
 class CacheFile:
     """An open, locked, preallocated cache file. ``fd`` is a buffered control descriptor; data
-    I/O uses the backends' own descriptors (see :mod:`hifc.tiers.posix_io`)."""
+    I/O uses the backends' own descriptors (see :mod:`hifc.tiers.flash.posix_io`)."""
 
     def __init__(self, path: str, fd: int, layout: Layout, epoch: int, reused: bool,
                  init_seconds: float):

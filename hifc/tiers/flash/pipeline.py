@@ -1,6 +1,6 @@
 """The flash tier's two-stage chunk pipeline: CPU work and I/O on separate thread pools.
 
-Each chunk (see :mod:`hifc.tiers.swapper`) is a short list of stages, each marked ``CPU`` or
+Each chunk (see :mod:`hifc.tiers.flash.chunks`) is a short list of stages, each marked ``CPU`` or
 ``IO``, that run in order on one set of staging buffers::
 
     swap-out:  acquire staging -> gather + crc32c + headers (CPU) -> write (IO) -> release
@@ -16,7 +16,7 @@ shared the device finished together and did their CPU work together (on a 2-core
 
 The pool holds ``io_threads + prep_threads`` buffer sets, so every I/O thread can have one in
 flight while every CPU thread prepares another. A chunk waits for a set in a queue, never in a
-thread (:class:`~hifc.tiers.staging.BufferPool`), so the stages cannot deadlock. A chunk's future
+thread (:class:`~hifc.tiers.flash.staging.BufferPool`), so the stages cannot deadlock. A chunk's future
 completes after its last stage and after its buffers are back in the pool; an exception in any
 stage skips the rest, returns the buffers and becomes the future's exception (the tier turns it
 into a job error). The GIL is not held across the heavy work: ``os.pwritev``/``preadv``, torch
@@ -35,7 +35,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
-from hifc.tiers.staging import BufferPool, StagingBuffers
+from hifc.tiers.flash.staging import BufferPool, StagingBuffers
 
 CPU = "cpu"
 IO = "io"

@@ -1,13 +1,13 @@
 """``FlashTier``: KV blocks swapped to a preallocated cache file on an SSD.
 
 Wires together the cache file (superblock, epoch), the layout, an I/O backend (kvikio for GPU KV
-caches where GPUDirect Storage works, else POSIX O_DIRECT; see ``resolve_backend``), optional fault
-injection and the chunk swapper. A swap's pairs are cut, in the order given, into chunks of
-consecutive tier ids (adjacent blocks coalesced into large I/Os, at most ``chunk_mib`` each); every
-chunk runs through the two-stage pipeline of :mod:`hifc.tiers.pipeline` (its I/O on the tier's
-``io_threads`` threads, its gather, checksums and scatter on ``prep_threads`` others), so a job is
-a batch of chunk futures whose completion ``poll`` checks. Staging memory: ``io_threads +
-prep_threads`` chunk buffers.
+caches where GPUDirect Storage works, else POSIX O_DIRECT; see ``resolve_backend``), optional
+fault injection and the chunk mover. A swap's pairs are cut, in the order given, into chunks of
+consecutive tier ids (adjacent blocks coalesced into large I/Os, at most ``flash_chunk_mib``
+each); every chunk runs through the two-stage pipeline of :mod:`hifc.tiers.flash.pipeline` (its
+I/O on the tier's ``flash_io_threads`` threads, its gather, checksums and scatter on
+``flash_prep_threads`` others), so a job is a batch of chunk futures whose completion ``poll``
+checks. Staging memory: one chunk buffer set per I/O thread and per prep thread.
 """
 from __future__ import annotations
 
@@ -16,18 +16,17 @@ import os
 
 import torch
 
-from hifc.tiers.cache_file import CacheFile
-from hifc.tiers.faults import FaultInjector, FaultyIO
-from hifc.tiers.io_base import FileIO
-from hifc.tiers.kvikio_io import KvikioIO, gds_available, kvikio_available
-from hifc.tiers.layout import KVGeometry, make_layout
-from hifc.tiers.pipeline import ChunkPipeline, cpu_stage_pool
-from hifc.tiers.posix_io import PosixIO
-from hifc.tiers.swapper import ChunkSwapper
+from hifc.tiers.config import FLASH_BACKENDS, TierConfig
+from hifc.tiers.flash.cache_file import CacheFile
+from hifc.tiers.flash.chunks import ChunkMover
+from hifc.tiers.flash.faults import FaultInjector, FaultyIO
+from hifc.tiers.flash.io_base import FileIO
+from hifc.tiers.flash.kvikio_io import KvikioIO, gds_available, kvikio_available
+from hifc.tiers.flash.layout import make_layout
+from hifc.tiers.flash.pipeline import ChunkPipeline, cpu_stage_pool
+from hifc.tiers.flash.posix_io import PosixIO
+from hifc.tiers.geometry import KVGeometry
 from hifc.tiers.tier import SWAP_OUT, KVTier
-
-BACKENDS = ("auto", "posix", "kvikio")
-
 
 def resolve_backend(backend: str, device) -> str:
     """``auto``: kvikio for GPU caches where GPUDirect Storage works, else POSIX O_DIRECT.
@@ -36,8 +35,8 @@ def resolve_backend(backend: str, device) -> str:
     into GPU staging, which then goes back to the host for the checksums: two copies more than
     POSIX into pinned host staging. On the H200 VM (no nvidia-fs) `hifc bench io` measured
     sequential reads at 0.91 of raw through kvikio and 0.97 through POSIX (docs/RESULTS.md)."""
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown I/O backend {backend!r}; choose one of {list(BACKENDS)}")
+    if backend not in FLASH_BACKENDS:
+        raise ValueError(f"unknown I/O backend {backend!r}; choose one of {list(FLASH_BACKENDS)}")
     if backend == "auto":
         on_gpu = torch.device(device).type == "cuda"
         return "kvikio" if on_gpu and gds_available() else "posix"
@@ -85,17 +84,16 @@ def split_chunks(pairs: list[tuple[int, int]], tier_index: int, max_blocks: int)
 class FlashTier(KVTier):
     kind = "flash"
 
-    def __init__(self, geometry: KVGeometry, num_blocks: int, path, *, policy: str = "append",
-                 layout: str, io_threads: int = 8, backend: str = "auto", device="cpu",
-                 chunk_mib: int = 32, direct_io: bool = True, force: bool = False,
-                 fault_injection: bool = False, prep_threads: int | None = None):
-        if prep_threads is None:  # validated by TierConfig (make_tier builds this tier)
-            prep_threads = default_prep_threads(io_threads)
-        self.layout = make_layout(layout, geometry, num_blocks)
-        self.backend = resolve_backend(backend, device)
-        super().__init__(geometry, num_blocks, policy, io_threads)
+    def __init__(self, geometry: KVGeometry, num_blocks: int, config: TierConfig, *,
+                 device="cpu"):
+        io_threads = config.flash_io_threads
+        prep_threads = config.flash_prep_threads or default_prep_threads(io_threads)
+        self.layout = make_layout(config.flash_layout, geometry, num_blocks)
+        self.backend = resolve_backend(config.flash_backend, device)
+        super().__init__(geometry, num_blocks, config.flash_policy, io_threads)
         try:
-            self.cache_file = CacheFile.open(path, self.layout, force=force)
+            self.cache_file = CacheFile.open(config.flash_path, self.layout,
+                                             force=config.flash_force)
         except BaseException:
             self._pool.shutdown()
             raise
@@ -103,18 +101,19 @@ class FlashTier(KVTier):
             io: FileIO
             if self.backend == "kvikio":
                 io = KvikioIO(self.cache_file.fd, self.cache_file.path, io_threads=io_threads,
-                              want_direct=direct_io)
+                              want_direct=config.flash_direct_io)
             else:
-                io = PosixIO(self.cache_file.fd, self.cache_file.path, want_direct=direct_io)
+                io = PosixIO(self.cache_file.fd, self.cache_file.path,
+                             want_direct=config.flash_direct_io)
         except BaseException:
             self.cache_file.close()
             self._pool.shutdown()
             raise
-        self.faults = FaultInjector() if fault_injection else None
+        self.faults = FaultInjector() if config.tier_fault_injection else None
         self.io = FaultyIO(io, self.faults) if self.faults is not None else io
-        chunk_blocks = max(1, (chunk_mib << 20) // self.layout.per_block_file_bytes)
+        chunk_blocks = max(1, (config.flash_chunk_mib << 20) // self.layout.per_block_file_bytes)
         chunk_blocks = min(chunk_blocks, num_blocks)  # no staging larger than the whole tier
-        self.swapper = ChunkSwapper(self.layout, self.io, self.cache_file.epoch, chunk_blocks,
+        self.mover = ChunkMover(self.layout, self.io, self.cache_file.epoch, chunk_blocks,
                                     num_buffers=io_threads + prep_threads, device=device)
         self.prep_threads = prep_threads
         self._cpu_pool = cpu_stage_pool(prep_threads, "hifc-flash-cpu")
@@ -125,13 +124,13 @@ class FlashTier(KVTier):
         return self.cache_file.epoch
 
     def _launch(self, op, kv_cache, pairs, owner, ready) -> list[cf.Future]:
-        swapper = self.swapper
-        limit = swapper.max_chunk_blocks
+        mover = self.mover
+        limit = mover.max_chunk_blocks
         if op == SWAP_OUT:
-            tasks = [swapper.swap_out(kv_cache, [s for s, _ in chunk], chunk[0][1], owner, ready)
+            tasks = [mover.swap_out(kv_cache, [s for s, _ in chunk], chunk[0][1], owner, ready)
                      for chunk in split_chunks(pairs, 1, limit)]
         else:
-            tasks = [swapper.swap_in(kv_cache, chunk[0][0], [d for _, d in chunk], owner, ready)
+            tasks = [mover.swap_in(kv_cache, chunk[0][0], [d for _, d in chunk], owner, ready)
                      for chunk in split_chunks(pairs, 0, limit)]
         return [self.pipeline.submit(task) for task in tasks]
 
@@ -142,11 +141,11 @@ class FlashTier(KVTier):
                 "reused_file": self.cache_file.reused,
                 "init_seconds": self.cache_file.init_seconds,
                 "file_bytes": self.layout.file_bytes,
-                "chunk_blocks": self.swapper.max_chunk_blocks,
+                "chunk_blocks": self.mover.max_chunk_blocks,
                 "prep_threads": self.prep_threads}
 
     def _shutdown(self) -> None:
         self._cpu_pool.shutdown(wait=True)
-        self.swapper.release()
+        self.mover.release()
         self.io.close()
         self.cache_file.close()

@@ -19,7 +19,8 @@ import struct
 
 import crc32c
 
-from hifc.tiers.layout import HEADER_BYTES, MAX_SLICES
+from hifc.tiers.flash.layout import HEADER_BYTES, MAX_SLICES
+from hifc.tiers.jobs import IntegrityError
 
 RECORD_MAGIC = b"HIFCREC1"
 RECORD_VERSION = 1
@@ -28,26 +29,9 @@ _CRC_FIELD = slice(12, 16)
 assert _FIXED.size == 64
 
 
-class IntegrityError(Exception):
-    """A stored record failed verification (stale, torn or corrupted)."""
-
-
 def slice_crcs(buffer: memoryview, offsets, length: int) -> list[int]:
     """crc32c of ``length`` bytes at each offset of ``buffer`` (releases the GIL)."""
     return [crc32c.crc32c(buffer[off:off + length]) for off in offsets]
-
-
-def _checked_u64(name: str, value) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 1 << 64:
-        raise ValueError(f"{name} must be an int in [0, 2**64), got {value!r}")
-    return value
-
-
-def check_owner(owner) -> tuple[int, int]:
-    """Validate an owner ``(seq_id, generation)`` pair."""
-    if not isinstance(owner, (tuple, list)) or len(owner) != 2:
-        raise ValueError(f"owner must be a (seq_id, generation) pair, got {owner!r}")
-    return _checked_u64("owner seq_id", owner[0]), _checked_u64("owner generation", owner[1])
 
 
 def pack_header(out: memoryview, *, epoch: int, block_id: int, owner: tuple[int, int],

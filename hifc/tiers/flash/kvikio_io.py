@@ -13,8 +13,8 @@ import os
 
 import torch
 
-from hifc.tiers.io_base import FileIO, host_view
-from hifc.tiers.posix_io import open_data_fd
+from hifc.tiers.flash.io_base import FileIO, host_view
+from hifc.tiers.flash.posix_io import open_data_fd
 
 
 def kvikio_available() -> bool:

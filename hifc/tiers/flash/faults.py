@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from hifc.tiers.io_base import FileIO
-from hifc.tiers.layout import ALIGN
+from hifc.tiers.flash.io_base import FileIO
+from hifc.tiers.flash.layout import ALIGN
 
 EFFECTS = {"read": ("eio", "short", "bitflip"), "write": ("eio", "enospc")}
 

@@ -1,9 +1,9 @@
 """Describes the work on one chunk of consecutive FC blocks as pipeline stages.
 
 A chunk is up to ``max_chunk_blocks`` pairs whose tier ids are consecutive, so its file bytes
-form the few large runs of a :class:`~hifc.tiers.layout.ChunkPlan` (one run in the block-record
-layout, 2L+1 in the layer-kv layout). :meth:`ChunkSwapper.swap_out` and :meth:`swap_in` return a
-:class:`~hifc.tiers.pipeline.ChunkTask` whose stages :mod:`hifc.tiers.pipeline` runs, CPU stages
+form the few large runs of a :class:`~hifc.tiers.flash.layout.ChunkPlan` (one run in the block-record
+layout, 2L+1 in the layer-kv layout). :meth:`ChunkMover.swap_out` and :meth:`swap_in` return a
+:class:`~hifc.tiers.flash.pipeline.ChunkTask` whose stages :mod:`hifc.tiers.flash.pipeline` runs, CPU stages
 and I/O stages on separate threads, on one set of staging buffers:
 
 swap-out: (CPU) gather the source blocks into an aligned staging buffer laid out exactly like the
@@ -16,7 +16,7 @@ swap-in: (IO) read the runs into staging -> (CPU) verify every header (magic, ep
 Checksums are computed where the bytes are on the host anyway (CPU caches, POSIX staging) or on
 a pinned host copy filled by a D2H copy on the buffer set's own CUDA stream; neither the engine
 thread nor its compute stream waits for them. Staging buffers and streams are allocated when the
-tier is built: ``num_buffers`` sets (:mod:`hifc.tiers.staging`).
+tier is built: ``num_buffers`` sets (:mod:`hifc.tiers.flash.staging`).
 """
 from __future__ import annotations
 
@@ -26,18 +26,17 @@ import threading
 
 import torch
 
-from hifc.tiers.hostcopy import gather_with_crcs, int_view, verify_then_scatter
-from hifc.tiers.io_base import FileIO, host_view
+from hifc.tiers.flash.hostcopy import gather_with_crcs, int_view, verify_then_scatter
+from hifc.tiers.flash.io_base import FileIO, host_view
+from hifc.tiers.geometry import runs_of
 from hifc.tiers.jobs import ShortReadError
-from hifc.tiers.layout import HEADER_BYTES, ChunkPlan, Layout, runs_of
-from hifc.tiers.pipeline import CPU, IO, ChunkTask
-from hifc.tiers.records import pack_header, slice_crcs, verify_header, verify_slices
-from hifc.tiers.staging import BufferPool, StagingBuffers
+from hifc.dtypes import torch_dtype
+from hifc.tiers.flash.layout import HEADER_BYTES, ChunkPlan, Layout
+from hifc.tiers.flash.pipeline import CPU, IO, ChunkTask
+from hifc.tiers.flash.records import pack_header, slice_crcs, verify_header, verify_slices
+from hifc.tiers.flash.staging import BufferPool, StagingBuffers
 
-TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-class ChunkSwapper:
+class ChunkMover:
     def __init__(self, layout: Layout, io: FileIO, epoch: int, max_chunk_blocks: int,
                  num_buffers: int, device=None):
         self.layout = layout
@@ -73,7 +72,7 @@ class ChunkSwapper:
     def _data_view(self, staging: torch.Tensor, plan: ChunkPlan) -> torch.Tensor:
         """Staging bytes viewed as ``[L, 2, n, block_size, kv_heads, head_dim]``."""
         g = self.geometry
-        typed = staging.view(TORCH_DTYPES[g.dtype])
+        typed = staging.view(torch_dtype(g.dtype))
         it = g.itemsize
         s_l, s_k, s_n = (s // it for s in plan.data_strides)
         size = (g.num_layers, 2, plan.n, g.block_size, g.num_kv_heads, g.head_dim)

@@ -1,0 +1,99 @@
+"""``TierConfig``: where preempted sequences' KV goes, and how (torch-free).
+
+Each option is declared once here, with the name users give it (``LLM(kv_offload="flash",
+flash_path=...)``, ``--flash-path``); the engine, ``make_tier`` and the command line all read
+this one object.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from hifc.options import check_choice, option
+from hifc.tiers.allocator import POLICIES
+from hifc.tiers.flash.layout import DEFAULT_LAYOUT, LAYOUTS
+
+KV_OFFLOAD = ("none", "dram", "flash")
+FLASH_BACKENDS = ("auto", "kvikio", "posix")
+MAX_THREADS = 256
+
+
+@dataclass(frozen=True)
+class TierConfig:
+    """KV swap tier."""
+
+    kv_offload: str = option(
+        "none", "where preempted sequences' KV goes: nowhere (recompute), pinned DRAM, or a "
+        "flash cache file", choices=KV_OFFLOAD)
+    flash_path: str | None = option(
+        None, "flash tier cache file (created preallocated, mode 0600)")
+    flash_size_gib: float | None = option(None, "flash tier size in GiB")
+    swap_space: float | None = option(
+        None, "pinned DRAM tier size in GiB (--kv-offload dram; vLLM's name)")
+    num_tier_blocks: int | None = option(
+        None, "tier size in blocks, instead of --flash-size-gib / --swap-space", cli=False)
+    flash_policy: str = option(
+        "append", "flash block allocation: append (a sequential log) or left-append (lowest "
+        "free block)", choices=POLICIES)
+    flash_layout: str = option(
+        DEFAULT_LAYOUT, "byte layout of the cache file: one record per block, or the paper's "
+        "layer-by-layer regions", choices=LAYOUTS)
+    flash_io_threads: int = option(8, "threads that only issue flash I/O (the queue depth)")
+    flash_prep_threads: int | None = option(
+        None, "threads that gather, checksum and scatter flash chunks (default: "
+        "min(io threads, cores, 4))")
+    flash_backend: str = option(
+        "auto", "flash I/O: kvikio (cuFile) or posix O_DIRECT; auto: kvikio where GPUDirect "
+        "Storage works, else posix", choices=FLASH_BACKENDS)
+    flash_chunk_mib: int = option(32, "largest coalesced flash I/O in MiB")
+    flash_direct_io: bool = option(
+        True, "ask for O_DIRECT (falls back to buffered I/O where the file system refuses)")
+    flash_force: bool = option(
+        False, "reinitialise an existing file that is not an hifc cache file", cli=False)
+    tier_fault_injection: bool = option(
+        False, "tests: expose tier.faults to inject I/O faults", cli=False)
+
+    def __post_init__(self) -> None:
+        check_choice("kv_offload", self.kv_offload, KV_OFFLOAD)
+        check_choice("flash_policy", self.flash_policy, POLICIES)
+        check_choice("flash_layout", self.flash_layout, LAYOUTS)
+        check_choice("flash_backend", self.flash_backend, FLASH_BACKENDS)
+        _int_in("flash_io_threads", self.flash_io_threads, 1, MAX_THREADS)
+        if self.flash_prep_threads is not None:
+            _int_in("flash_prep_threads", self.flash_prep_threads, 1, MAX_THREADS)
+        _int_in("flash_chunk_mib", self.flash_chunk_mib, 1, 1024)
+        for name in ("flash_size_gib", "swap_space"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not math.isfinite(value) or value <= 0):
+                raise ValueError(f"{name} must be a positive finite number of GiB, got {value!r}")
+        if self.num_tier_blocks is not None:
+            _int_in("num_tier_blocks", self.num_tier_blocks, 1, 1 << 62)
+        for name in ("flash_direct_io", "flash_force", "tier_fault_injection"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.kv_offload == "flash":
+            if not self.flash_path or not isinstance(self.flash_path, str):
+                raise ValueError("kv_offload='flash' needs flash_path (the cache file to create)")
+            self._one_size("flash_size_gib")
+        elif self.kv_offload == "dram":
+            self._one_size("swap_space")
+
+    def _one_size(self, size_option: str) -> None:
+        if (getattr(self, size_option) is None) == (self.num_tier_blocks is None):
+            raise ValueError(f"kv_offload={self.kv_offload!r} needs exactly one of "
+                             f"{size_option} and num_tier_blocks")
+
+    @property
+    def enabled(self) -> bool:
+        return self.kv_offload != "none"
+
+    @property
+    def size_gib(self) -> float | None:
+        """The size asked for in GiB (None when given in blocks or no tier)."""
+        return {"flash": self.flash_size_gib, "dram": self.swap_space}.get(self.kv_offload)
+
+
+def _int_in(name: str, value, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
