@@ -5,8 +5,10 @@ For each architecture: two seeded prompts, a short one and one longer than the s
 (where the model has one), greedy-decoded by (a) an engine with attention_backend="torch" and
 enforce_eager, and (b) one with attention_backend="triton" whose decode steps replay CUDA graphs.
 Both build the same seeded weights. Printed per architecture: whether the greedy tokens are equal,
-the first position where they differ (prompt@token), and the largest |logit difference| over the
-last positions of the long prompt's prefill (the model run once through each backend).
+the first position where they differ (prompt@token) with the reference's gap between its top two
+logits there (a gap near the logit difference is a near tie, not a bug), and the largest |logit
+difference| over the last positions of the long prompt's prefill (the model run once through
+each backend).
 
 Why float32: Triton runs its dots in tf32x3 there (float32 accuracy), so the backends differ by
 ~1e-5 in the logits and greedy tokens should be equal throughout. In bf16 they differ by ~1e-2,
@@ -80,9 +82,9 @@ def make_prompts(preset: str, max_tokens: int) -> tuple[list[list[int]], int]:
 
 
 @torch.inference_mode()
-def prefill_logits(llm: LLM, prompt: list[int]) -> torch.Tensor:
-    """Logits ([LOGIT_POSITIONS, V]) of the prompt's last positions, the model run once through
-    the engine's attention backend over a scratch KV cache."""
+def prefill_logits(llm: LLM, prompt: list[int], last: int = LOGIT_POSITIONS) -> torch.Tensor:
+    """Logits ([last, V]) of the prompt's last positions, the model run once through the
+    engine's attention backend over a scratch KV cache."""
     model, backend, device = llm.engine.runner.model, llm.engine.runner.backend, llm.engine.device
     arch = llm.engine.arch
     n = len(prompt)
@@ -99,12 +101,25 @@ def prefill_logits(llm: LLM, prompt: list[int]) -> torch.Tensor:
     ctx = AttentionContext(meta, list(kv.unbind(0)), backend, model.attention_layers)
     ids = torch.tensor(prompt, device=device)
     hidden = model(ids, torch.arange(n, device=device), ctx)  # [n, H]
-    return model.compute_logits(hidden[-LOGIT_POSITIONS:]).cpu()  # [P, V]
+    return model.compute_logits(hidden[-last:]).cpu()  # [last, V]
+
+
+def first_mismatch(a: list[list[int]], b: list[list[int]]) -> tuple[int, int] | None:
+    """(prompt, token) of the first difference; None if there is none."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        for j, (s, t) in enumerate(zip(x, y)):
+            if s != t:
+                return i, j
+        if len(x) != len(y):
+            return i, min(len(x), len(y))
+    return None
 
 
 def run_engine(preset: str, device: str, backend: str, eager: bool, prompts: list[list[int]],
-               max_model_len: int, max_tokens: int) -> tuple[list[list[int]], torch.Tensor, bool]:
-    """(greedy tokens per prompt, long-prompt prefill logits, whether decode replayed graphs)."""
+               max_model_len: int, max_tokens: int, compare_with: list[list[int]] | None = None
+               ) -> tuple[list[list[int]], torch.Tensor, bool, float | None]:
+    """(greedy tokens per prompt, long-prompt prefill logits, whether decode replayed graphs,
+    the gap between the top two logits where the tokens first differ from compare_with)."""
     llm = LLM(f"random:{preset}", device=device, dtype="float32", attention_backend=backend,
               enforce_eager=eager, block_size=BLOCK_SIZE, max_model_len=max_model_len,
               max_num_seqs=len(prompts),
@@ -114,24 +129,19 @@ def run_engine(preset: str, device: str, backend: str, eager: bool, prompts: lis
         tokens = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         logits = prefill_logits(llm, prompts[-1])
         replayed = llm.engine.runner.num_graph_decode_steps > 0
+        gap = None
+        mismatch = first_mismatch(tokens, compare_with) if compare_with is not None else None
+        if mismatch is not None:
+            i, j = mismatch
+            top2 = prefill_logits(llm, prompts[i] + tokens[i][:j], last=1)[0].topk(2).values
+            gap = (top2[0] - top2[1]).item()
     finally:
         llm.close()
         del llm
         gc.collect()
         if device == "cuda":
             torch.cuda.empty_cache()
-    return tokens, logits, replayed
-
-
-def first_mismatch(a: list[list[int]], b: list[list[int]]) -> str:
-    """'prompt@token' of the first difference, '-' if none."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        for j, (s, t) in enumerate(zip(x, y)):
-            if s != t:
-                return f"{i}@{j}"
-        if len(x) != len(y):
-            return f"{i}@{min(len(x), len(y))}"
-    return "-"
+    return tokens, logits, replayed, gap
 
 
 def main() -> int:
@@ -142,7 +152,8 @@ def main() -> int:
           f", float32, {args.max_tokens} greedy tokens; (a) torch backend eager vs (b) "
           f"{candidate[0]} backend{' with CUDA graphs' if not candidate[1] else ' eager'}")
     header = (f"{'arch':8} {'preset':16} {'prompts':>10} {'tokens equal':>12} "
-              f"{'first mismatch':>14} {'max|dlogit|':>11} {'graphs':>6} {'seconds':>7}")
+              f"{'first mismatch':>14} {'top-2 gap':>9} {'max|dlogit|':>11} {'graphs':>6} "
+              f"{'seconds':>7}")
     print(header)
     print("-" * len(header))
     failed = []
@@ -151,15 +162,17 @@ def main() -> int:
         preset = PRESETS[name][0 if args.size == "real" else 1]
         start = time.perf_counter()
         prompts, max_model_len = make_prompts(preset, args.max_tokens)
-        ref_tokens, ref_logits, _ = run_engine(preset, args.device, "torch", True, prompts,
-                                               max_model_len, args.max_tokens)
-        tokens, logits, replayed = run_engine(preset, args.device, *candidate, prompts,
-                                              max_model_len, args.max_tokens)
+        tokens, logits, replayed, _ = run_engine(preset, args.device, *candidate, prompts,
+                                                 max_model_len, args.max_tokens)
+        ref_tokens, ref_logits, _, gap = run_engine(preset, args.device, "torch", True, prompts,
+                                                    max_model_len, args.max_tokens, tokens)
         diff = (logits - ref_logits).abs().max().item()
         equal = tokens == ref_tokens
+        mismatch = first_mismatch(ref_tokens, tokens)
+        where = "-" if mismatch is None else "{}@{}".format(*mismatch)
         lengths = "/".join(str(len(p)) for p in prompts)
-        print(f"{name:8} {preset:16} {lengths:>10} {'y' if equal else 'n':>12} "
-              f"{first_mismatch(ref_tokens, tokens):>14} {diff:11.2e} "
+        print(f"{name:8} {preset:16} {lengths:>10} {'y' if equal else 'n':>12} {where:>14} "
+              f"{'-' if gap is None else f'{gap:.1e}':>9} {diff:11.2e} "
               f"{'y' if replayed else 'n':>6} {time.perf_counter() - start:7.1f}", flush=True)
         if not equal or not diff <= args.atol:
             failed.append(name)
