@@ -61,7 +61,7 @@ def compute_inv_freq(head_dim: int, base: float,
     """Inverse frequencies ([D/2] float32, on CPU), bit-identical to transformers' computation
     (for longrope: those of positions within original_max_position_embeddings)."""
     check_rope_scaling(rope_scaling)
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float) / head_dim
+    exponents = _exponents(head_dim)
     rope_type = rope_type_of(rope_scaling)
     if rope_type == "longrope":
         return _longrope_inv_freq(exponents, base, rope_scaling["short_factor"])
@@ -71,6 +71,11 @@ def compute_inv_freq(head_dim: int, base: float,
     if rope_type == "llama3":
         return _llama3_inv_freq(inv_freq, rope_scaling)
     return inv_freq
+
+
+def _exponents(head_dim: int) -> torch.Tensor:
+    """2i / D for i < D/2 ([D/2] float32): the frequency exponents of base."""
+    return torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float) / head_dim
 
 
 def _longrope_inv_freq(exponents: torch.Tensor, base: float,
@@ -102,8 +107,8 @@ def rope_angles(head_dim: int, max_positions: int, base: float,
     inv_freq = compute_inv_freq(head_dim, base, rope_scaling).to(device)  # [D/2]
     if rope_type_of(rope_scaling) != "longrope":
         return t * inv_freq[None, :], 1.0
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float) / head_dim
-    long_inv_freq = _longrope_inv_freq(exponents, base, rope_scaling["long_factor"]).to(device)
+    long_inv_freq = _longrope_inv_freq(_exponents(head_dim), base,
+                                       rope_scaling["long_factor"]).to(device)
     is_long = t >= rope_scaling["original_max_position_embeddings"]  # [P, 1]
     angles = t * torch.where(is_long, long_inv_freq[None, :], inv_freq[None, :])
     return angles, _longrope_attention_factor(rope_scaling)

@@ -7,7 +7,6 @@ from pathlib import Path
 from types import MappingProxyType
 
 import torch
-
 from torch import nn
 
 from hifc.loader.hf import iter_safetensors, read_hf_arch, safetensors_files
