@@ -1,6 +1,6 @@
 """Block tables of the sequences that hold GPU KV blocks, and the GPU prefix cache.
 
-With a model salt (prefix caching on), every full block a sequence has computed is cached under
+With a model salt (prefix caching on), every full block a sequence computes is cached under
 its chained content hash (``hifc.core.block_hash``); a new sequence starts from the longest run
 of cached blocks that matches its tokens and takes a reference on each. Blocks are shared by
 reference count and return to the pool when the last reference goes: cached ones stay cached,
@@ -101,7 +101,8 @@ class KVCacheManager:
 
     def cache_blocks(self, seq: Sequence, num_computed_tokens: int) -> None:
         """Cache the sequence's full blocks among its first ``num_computed_tokens`` tokens (their
-        K/V has been computed), so that later sequences can share them."""
+        K/V is computed, or is being computed in the step being scheduled), so that other
+        sequences can share them."""
         if self.salt is None:
             return
         seq_id = seq.request_id

@@ -8,9 +8,12 @@ a sequence samples its next token only in the step that computes its last known 
    admission order, each with a chunk of what is left of the budget (the whole rest of the
    prompt without chunked prefill, or nothing this step if it does not fit). When the pool has
    no block for a sequence, the newest running sequence not yet scheduled in this step is
-   preempted (possibly the one being scheduled) until it fits; when a swap-out in flight will
-   release enough blocks, the sequence sits out the step instead.
-2. If nothing was preempted in this step, swapped sequences are swapped back in (oldest first)
+   preempted until it fits. The sequence sits out the step instead when a swap-out in flight
+   will release enough blocks, or when it is itself the newest and is prefilling (it keeps
+   what it has computed; a decode that needs blocks later preempts it). A decode that is the
+   newest preempts itself.
+2. If nothing was preempted and no sequence sat out for blocks in this step, swapped sequences
+   are swapped back in (oldest first)
    while free blocks stay above a watermark: the read starts at once and overlaps the following
    steps; the sequence runs again once the read has completed.
 3. Only when no sequence is left swapped, waiting sequences are admitted in order while the
@@ -187,8 +190,8 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput(scheduled=[], finished_request_ids=self._finished_since_step)
         self._finished_since_step = []
-        budget = self._schedule_running(out)
-        if not out.preempted_request_ids:
+        budget, starved = self._schedule_running(out)
+        if not (out.preempted_request_ids or starved):
             self._start_swap_ins(out)
             if not self.swapped:
                 self._admit_waiting(out, budget)
@@ -200,14 +203,16 @@ class Scheduler:
             return min(num_to_compute, budget)
         return num_to_compute if num_to_compute <= budget else 0
 
-    def _schedule_running(self, out: SchedulerOutput) -> int:
-        """Schedule the running sequences (decodes first); returns the token budget left."""
+    def _schedule_running(self, out: SchedulerOutput) -> tuple[int, bool]:
+        """Schedule the running sequences (decodes first). Returns the token budget left and
+        whether a sequence sat out the step for lack of blocks."""
         budget = self.limits.max_num_batched_tokens
         queue = ([s for s in self.running if s.num_tokens_to_compute == 1]
                  + [s for s in self.running if s.num_tokens_to_compute > 1])
         kept: set[str] = set()
         releasing = sum(len(self._stored[r].positions) for r in self.swapping_out)
         promised = 0
+        starved = False
         while queue:
             seq = queue.pop(0)
             num_new = self._chunk(seq.num_tokens_to_compute, budget)
@@ -217,23 +222,25 @@ class Scheduler:
             target = seq.num_computed_tokens + num_new
             while self.kv.can_allocate(seq.request_id, target) is not AllocStatus.OK:
                 deficit = self.kv.num_new_blocks(seq.request_id, target) - self.kv.num_free_blocks
-                if releasing - promised >= deficit:  # blocks are on their way: sit out a step
-                    promised += deficit
+                victim = max(queue + [seq], key=lambda s: s.arrival)
+                on_their_way = releasing - promised >= deficit
+                if on_their_way or (victim is seq and seq.num_tokens_to_compute > 1):
+                    promised += deficit if on_their_way else 0
+                    starved = True
                     kept.add(seq.request_id)
                     break
-                victim = max(queue + [seq], key=lambda s: s.arrival)
                 if victim is not seq:
                     queue.remove(victim)
                 releasing += self._preempt(victim, out)
                 if victim is seq:
                     break
             else:
-                self.kv.allocate(seq.request_id, target)
+                self._allocate(seq, target)
                 out.scheduled.append(self._work(seq, num_new))
                 kept.add(seq.request_id)
                 budget -= num_new
         self.running = [s for s in self.running if s.request_id in kept]
-        return budget
+        return budget, starved
 
     def _start_swap_ins(self, out: SchedulerOutput) -> None:
         while self.swapped:
@@ -270,7 +277,7 @@ class Scheduler:
                                     prefix=prefix) is not AllocStatus.OK:
                 break
             self.waiting.popleft()
-            self.kv.allocate(seq.request_id, num_cached + num_new, prefix)
+            self._allocate(seq, num_cached + num_new, prefix)
             seq.num_computed_tokens = num_cached
             if seq.num_cached_tokens is None:
                 seq.num_cached_tokens = num_cached
@@ -281,6 +288,13 @@ class Scheduler:
             self.running.append(seq)
             out.scheduled.append(self._work(seq, num_new))
             budget -= num_new
+
+    def _allocate(self, seq: Sequence, num_tokens: int, prefix: list[int] = ()) -> None:
+        """Give the sequence blocks for ``num_tokens`` tokens, which this step computes, and
+        cache its full blocks among them at once: a sequence admitted later in the same step may
+        share them, as every layer writes the step's K/V before any query attends."""
+        self.kv.allocate(seq.request_id, num_tokens, prefix)
+        self.kv.cache_blocks(seq, num_tokens)
 
     def _work(self, seq: Sequence, num_new: int) -> ScheduledSeq:
         start = seq.num_computed_tokens
@@ -362,9 +376,9 @@ class Scheduler:
     # ---- results --------------------------------------------------------------------------
     def update(self, out: SchedulerOutput, sampled: SamplerOutput,
                seqs: dict[str, Sequence]) -> list[Sequence]:
-        """Advance every scheduled sequence by the tokens it computed, cache its newly full
-        blocks, and append the sampled token of those that sampled; finish those that stop.
-        Returns the sequences that received a token."""
+        """Advance every scheduled sequence by the tokens it computed and append the sampled
+        token of those that sampled; finish those that stop. Returns the sequences that
+        received a token."""
         sampling = out.sampling
         if len(sampled) != len(sampling):
             raise RuntimeError(f"{len(sampled)} sampled tokens for {len(sampling)} sequences "
@@ -377,7 +391,6 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # aborted while the step ran
             seq.num_computed_tokens = work.seq_len
-            self.kv.cache_blocks(seq, work.seq_len)
             if token_id is None:
                 continue  # a prompt chunk before the last
             seq.append_token(token_id)
