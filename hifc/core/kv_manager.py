@@ -39,6 +39,7 @@ class KVCacheManager:
         self.salt = salt
         self._block_tables: dict[str, list[int]] = {}
         self._num_cached: dict[str, int] = {}  # leading table entries already offered to the cache
+        self._num_holes: dict[str, int] = {}  # HOLE entries of swapped sequences' tables
 
     @property
     def prefix_caching(self) -> bool:
@@ -65,8 +66,8 @@ class KVCacheManager:
 
     def num_new_blocks(self, seq_id: str, num_tokens: int) -> int:
         """Blocks the sequence must add (holes included) to hold ``num_tokens`` tokens."""
-        table = self.block_table(seq_id)
-        return table.count(HOLE) + max(0, self.num_blocks_for(num_tokens) - len(table))
+        holes = self._num_holes.get(seq_id, 0)
+        return holes + max(0, self.num_blocks_for(num_tokens) - len(self.block_table(seq_id)))
 
     # ---- prefix cache ---------------------------------------------------------------------
     def block_hashes(self, seq: Sequence) -> list[bytes]:
@@ -150,6 +151,7 @@ class KVCacheManager:
         last."""
         table = self._block_tables.pop(seq_id, None)
         self._num_cached.pop(seq_id, None)
+        self._num_holes.pop(seq_id, None)
         if table:
             self.pool.release([b for b in reversed(table) if b != HOLE])
 
@@ -167,12 +169,13 @@ class KVCacheManager:
         self.pool.release([table[pos] for pos in reversed(positions)])
         for pos in positions:
             table[pos] = HOLE
+        self._num_holes[seq_id] = self._num_holes.get(seq_id, 0) + len(positions)
         self._num_cached[seq_id] = min(self._num_cached.get(seq_id, 0), min(positions))
 
     def can_fill_holes(self, seq_id: str, reused: list[int], use_watermark: bool) -> AllocStatus:
         """Whether the holes can be filled: ``reused`` cached blocks for some, new ones for the
         rest."""
-        need = self.block_table(seq_id).count(HOLE) - len(reused)
+        need = self._num_holes.get(seq_id, 0) - len(reused)
         return self._fits(need + self.pool.num_unreferenced(reused), use_watermark)
 
     def fill_holes(self, seq_id: str, reused: dict[int, int]) -> list[int]:
@@ -186,4 +189,5 @@ class KVCacheManager:
         new_ids = self.pool.allocate(len(holes))
         for pos, block in zip(holes, new_ids):
             table[pos] = block
+        self._num_holes.pop(seq_id, None)
         return new_ids
