@@ -13,23 +13,24 @@ a sequence samples its next token only in the step that computes its last known 
    what it has computed; a decode that needs blocks later preempts it). A decode that is the
    newest preempts itself.
 2. If nothing was preempted and no sequence sat out for blocks in this step, swapped sequences
-   are swapped back in (oldest first)
-   while free blocks stay above a watermark: the read starts at once and overlaps the following
-   steps; the sequence runs again once the read has completed.
+   are swapped back in (oldest first) while free blocks stay above a watermark: the read starts
+   at once and overlaps the following steps; the sequence runs again once it has completed.
 3. Only when no sequence is left swapped, waiting sequences are admitted in order while the
    sequence and token budgets and the free blocks (above the watermark) allow. A sequence
    starts from the longest prefix of its tokens that the prefix cache holds (at least its last
    token is computed), then prefills the rest in chunks; a recomputed sequence re-prefills
    prompt + generated tokens the same way, and finds its own earlier blocks if they are still
-   cached.
+   cached. Blocks are cached as soon as they are scheduled, so a prompt admitted in the same
+   step shares the blocks another one computes in it (each layer writes the step's K/V before
+   any query attends).
 
 Preemption with shared blocks. A victim either drops all its blocks for recompute (each loses
 one reference: blocks others share stay with them, its cached blocks stay cached), or swaps:
 only the blocks it alone references are written to the tier (and freed when the write ends);
 its references to blocks other sequences share are dropped at once, leaving holes in its table.
 A shared block is always cached by hash, so at swap-in the holes are filled by looking those
-hashes up again, and only the swapped blocks are read back; if one of them has been evicted in
-the meantime, the sequence is recomputed instead (its tier copy is freed). So a swapped sequence
+hashes up again, and only the swapped blocks are read back; if one of those shared blocks has
+been evicted in the meantime, the sequence is recomputed instead (its tier copy is freed). So a swapped sequence
 holds no GPU block, and no shared block is ever written or freed as if it were owned.
 
 The scheduler speaks to the runtime only through ``SchedulerOutput`` and learns of finished
