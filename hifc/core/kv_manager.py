@@ -75,10 +75,9 @@ class KVCacheManager:
         hashed once, when its last token is known)."""
         hashes, size = seq.block_hashes, self.block_size
         if self.salt is not None and seq.num_tokens >= (len(hashes) + 1) * size:
-            start = len(hashes) * size
+            start, end = len(hashes) * size, seq.num_tokens // size * size
             parent = hashes[-1] if hashes else self.salt
-            hashes += chain_block_hashes(parent, seq.token_ids(start, seq.num_tokens // size * size),
-                                         size)
+            hashes += chain_block_hashes(parent, seq.token_ids(start, end), size)
         return hashes
 
     def cached_prefix(self, seq: Sequence) -> list[int]:

@@ -30,8 +30,9 @@ only the blocks it alone references are written to the tier (and freed when the 
 its references to blocks other sequences share are dropped at once, leaving holes in its table.
 A shared block is always cached by hash, so at swap-in the holes are filled by looking those
 hashes up again, and only the swapped blocks are read back; if one of those shared blocks has
-been evicted in the meantime, the sequence is recomputed instead (its tier copy is freed). So a swapped sequence
-holds no GPU block, and no shared block is ever written or freed as if it were owned.
+been evicted in the meantime, the sequence is recomputed instead (its tier copy is freed). So a
+swapped sequence holds no GPU block, and no shared block is ever written or freed as if it
+were owned.
 
 The scheduler speaks to the runtime only through ``SchedulerOutput`` and learns of finished
 swaps through ``swap_out_done`` / ``swap_in_done``, called by the engine. A second prefix
