@@ -77,7 +77,8 @@ def test_chunked_prefill_with_forced_swapping_keeps_greedy_outputs(reference, ki
     stats = llm.stats()
     assert stats["preemptions"] > 0 and stats["swap_out_blocks"] > 0
     assert stats["swap_in_blocks"] + stats["recomputed_sequences"] > 0
-    assert stats["steps"] > len(prompts) * PARAMS.max_tokens // 5  # prompts took several steps
+    # every prompt is longer than a step's budget: each was prefilled over several steps
+    assert min(len(o.prompt_token_ids) for o in outputs) > llm.engine.limits.max_num_batched_tokens
     assert (stats["prefix_cache_hits"] > 0) is prefix_caching
     assert_no_blocks_held(llm)
     llm.close()
