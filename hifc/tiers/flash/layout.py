@@ -35,8 +35,9 @@ ALIGN = 4096
 SUPERBLOCK_BYTES = ALIGN
 HEADER_BYTES = ALIGN
 
-# A record header stores one crc32c (4 bytes) per slice after a 64-byte fixed part.
-MAX_SLICES = (HEADER_BYTES - 64) // 4
+# A record header stores one crc32c (4 bytes) per slice after a 128-byte fixed part (records.py).
+HEADER_FIXED_BYTES = 128
+MAX_SLICES = (HEADER_BYTES - HEADER_FIXED_BYTES) // 4
 
 LAYER_KV = "layer-kv"
 BLOCK_RECORD = "block-record"
