@@ -29,6 +29,7 @@ import struct
 from dataclasses import dataclass
 
 import crc32c
+import numpy as np
 
 from hifc.tiers.flash.layout import HEADER_BYTES, HEADER_FIXED_BYTES, MAX_SLICES
 from hifc.tiers.jobs import IntegrityError
@@ -42,6 +43,15 @@ NO_KEY = bytes(KEY_BYTES)
 _FIXED = struct.Struct("<8sHHIQQQQIIQ32s32s")
 _CRC_FIELD = slice(12, 16)
 assert _FIXED.size == HEADER_FIXED_BYTES
+# The same fixed part as a numpy record over whole header pages, to check many at once (scan.py);
+# ``key`` is salt + hash.
+HEADER_DTYPE = np.dtype({
+    "names": ["magic", "version", "kind", "header_crc", "epoch", "block_id", "seq_id",
+              "generation", "num_slices", "slice_bytes", "lsn", "key"],
+    "formats": ["S8", "<u2", "<u2", "<u4", "<u8", "<u8", "<u8", "<u8", "<u4", "<u4", "<u8",
+                f"V{2 * KEY_BYTES}"],
+    "offsets": [0, 8, 10, 12, 16, 24, 32, 40, 48, 52, 56, 64], "itemsize": HEADER_BYTES})
+KEY_FIELD = slice(64, 64 + 2 * KEY_BYTES)
 
 
 def slice_crcs(buffer: memoryview, offsets, length: int) -> list[int]:
@@ -130,15 +140,14 @@ def pack_header(out: memoryview, *, kind: int, epoch: int, block_id: int, lsn: i
 
 def read_header(page, block_id: int | None = None) -> Header:
     """Decode a header page after checking its magic, crc and version (no expectations)."""
-    page = bytes(page[:HEADER_BYTES])
+    page = page[:HEADER_BYTES]
     where = "" if block_id is None else f"FC block {block_id}: "
-    (magic, version, kind, stored_crc, epoch, stored_id, seq_id, gen, nslices, sbytes, lsn, salt,
+    (magic, version, kind, _, epoch, stored_id, seq_id, gen, nslices, sbytes, lsn, salt,
      block_hash) = _FIXED.unpack_from(page)
     if magic != RECORD_MAGIC:
         raise IntegrityError(f"{where}bad record magic {magic!r} (never written in this file, or "
                              "overwritten)")
-    zeroed = page[:_CRC_FIELD.start] + b"\0\0\0\0" + page[_CRC_FIELD.stop:]
-    if crc32c.crc32c(zeroed) != stored_crc:
+    if not header_crc_ok(page):
         raise IntegrityError(f"{where}record header checksum mismatch (torn or corrupted header)")
     if version != RECORD_VERSION:
         raise IntegrityError(f"{where}record version {version} != {RECORD_VERSION}")
@@ -148,6 +157,13 @@ def read_header(page, block_id: int | None = None) -> Header:
     return Header(kind=kind, epoch=epoch, block_id=stored_id, owner=(seq_id, gen),
                   num_slices=nslices, slice_bytes=sbytes, lsn=lsn, salt=salt,
                   block_hash=block_hash, crcs=crcs)
+
+
+def header_crc_ok(page) -> bool:
+    """Whether a header page's stored crc matches the page (crc field taken as zero)."""
+    (stored,) = struct.unpack_from("<I", page, _CRC_FIELD.start)
+    crc = crc32c.crc32c(b"\0\0\0\0", crc32c.crc32c(page[:_CRC_FIELD.start]))
+    return crc32c.crc32c(page[_CRC_FIELD.stop:HEADER_BYTES], crc) == stored
 
 
 def _expect_block(page, kind: int, block_id: int, num_slices: int,

@@ -1,14 +1,16 @@
 """Rebuild the prefix index of a reopened cache file: one pass over the record headers
 (torch-free).
 
-Only the 4 KiB header of each block is read: in the ``layer-kv`` layout the headers are one
-contiguous region (large sequential reads), in the ``block-record`` layout one aligned 4 KiB read
-per block, spread over ``threads`` threads (the reads release the GIL) on a descriptor of its
-own (O_DIRECT where the file system allows it, so a scan neither pollutes nor trusts the page
-cache). A header is kept if its magic, version, header crc, block id and geometry are right; its
-payload is verified when it is read, as every record is. Of several records of one key the
-newest (highest log sequence number) wins; the newest record of any kind says where the append
-head resumes. Cost: ``hifc bench init --prefix-scan`` (docs/RESULTS.md).
+Only the 4 KiB header of each block is needed. Headers closer than ``DENSE_STRIDE`` in the file
+(the ``layer-kv`` layout keeps them contiguous; small blocks in ``block-record``) are read with
+the records between them in large sequential reads; farther apart, with one aligned 4 KiB read
+each. Batches of ``BATCH_HEADERS`` run on ``threads`` threads (the reads release the GIL) on a
+descriptor of their own (O_DIRECT where the file system allows it, so a scan neither pollutes
+nor trusts the page cache). A header is kept if its magic, version, block id, geometry and header
+crc are right (the fixed fields of a batch are checked at once with numpy, then the crc of each
+candidate); its payload is verified when it is read, as every record is. Of several records of
+one key the newest (highest log sequence number) wins; the newest record of any kind says where
+the append head resumes. Cost: ``hifc bench init --prefix-scan``.
 """
 from __future__ import annotations
 
@@ -18,12 +20,15 @@ import os
 import time
 from dataclasses import dataclass
 
-from hifc.tiers.flash.layout import HEADER_BYTES, Layout
-from hifc.tiers.flash.prefix_index import key_of
-from hifc.tiers.flash.records import PREFIX, RECORD_MAGIC, read_header
-from hifc.tiers.jobs import IntegrityError
+import numpy as np
 
-BATCH_HEADERS = 256  # headers per read batch: 1 MiB of buffer
+from hifc.tiers.flash.layout import HEADER_BYTES, Layout
+from hifc.tiers.flash.records import (
+    HEADER_DTYPE, KEY_FIELD, PREFIX, RECORD_MAGIC, RECORD_VERSION, header_crc_ok,
+)
+
+BATCH_HEADERS = 64  # headers per batch: batches run in parallel
+DENSE_STRIDE = 64 << 10  # headers at most this far apart are read with what lies between
 
 
 @dataclass(frozen=True)
@@ -35,11 +40,7 @@ class ScanResult:
     seconds: float
 
 
-@dataclass(frozen=True)
-class _Found:
-    lsn: int
-    block: int
-    key: bytes | None  # None: not a prefix record
+Found = tuple[int, int, bytes | None]  # (lsn, tier block, key; None: not a prefix record)
 
 
 def scan_headers(fd: int, layout: Layout, threads: int = 4) -> ScanResult:
@@ -49,42 +50,33 @@ def scan_headers(fd: int, layout: Layout, threads: int = 4) -> ScanResult:
     with cf.ThreadPoolExecutor(max(1, threads), thread_name_prefix="hifc-scan") as pool:
         found = [f for part in pool.map(lambda first: _scan_batch(fd, layout, first), batches)
                  for f in part]
-    newest: dict[bytes, _Found] = {}
+    newest: dict[bytes, Found] = {}
     for record in found:
-        if record.key is not None and (record.key not in newest
-                                       or newest[record.key].lsn < record.lsn):
-            newest[record.key] = record
-    latest = max(found, key=lambda r: r.lsn, default=None)
-    records = [(r.block, r.key) for r in sorted(newest.values(), key=lambda r: r.lsn)]
-    return ScanResult(records=records, next_lsn=latest.lsn + 1 if latest else 1,
-                      head=(latest.block + 1) % layout.num_blocks if latest else 0,
+        key = record[2]
+        if key is not None and (key not in newest or newest[key][0] < record[0]):
+            newest[key] = record
+    latest = max(found, default=None)
+    records = [(block, key) for _, block, key in sorted(newest.values())]
+    return ScanResult(records=records, next_lsn=latest[0] + 1 if latest else 1,
+                      head=(latest[1] + 1) % layout.num_blocks if latest else 0,
                       headers_read=layout.num_blocks, seconds=time.perf_counter() - start)
 
 
-def _scan_batch(fd: int, layout: Layout, first: int) -> list[_Found]:
+def _scan_batch(fd: int, layout: Layout, first: int) -> list[Found]:
     count = min(BATCH_HEADERS, layout.num_blocks - first)
-    view = memoryview(mmap.mmap(-1, count * HEADER_BYTES))  # page aligned, as O_DIRECT wants
+    dense = layout.header_stride <= DENSE_STRIDE
+    stride = layout.header_stride if dense else HEADER_BYTES  # of the pages in the buffer
+    view = memoryview(mmap.mmap(-1, (count - 1) * stride + HEADER_BYTES))  # page aligned
     try:
-        for block, at, length in _header_runs(layout, first, count):
-            _read_fully(fd, view[at:at + length], layout.header_file_offset(block))
+        if dense:
+            _read_fully(fd, view, layout.header_file_offset(first))
+        else:
+            for i in range(count):
+                _read_fully(fd, view[i * stride:i * stride + HEADER_BYTES],
+                            layout.header_file_offset(first + i))
     except OSError:
         return []  # unreadable headers index nothing: those records are misses
-    found = (_parse(view[i * HEADER_BYTES:(i + 1) * HEADER_BYTES], first + i, layout)
-             for i in range(count))
-    return [f for f in found if f is not None]
-
-
-def _header_runs(layout: Layout, first: int, count: int):
-    """(block, buffer offset, bytes) of each run of contiguous header pages in the file."""
-    runs: list[list[int]] = []
-    for i in range(count):
-        offset = layout.header_file_offset(first + i)
-        if runs and runs[-1][3] == offset:
-            runs[-1][2] += HEADER_BYTES
-            runs[-1][3] += HEADER_BYTES
-        else:
-            runs.append([first + i, i * HEADER_BYTES, HEADER_BYTES, offset + HEADER_BYTES])
-    return [(block, at, length) for block, at, length, _ in runs]
+    return _parse(view, stride, first, count, layout)
 
 
 def _read_fully(fd: int, view: memoryview, offset: int) -> None:
@@ -96,16 +88,21 @@ def _read_fully(fd: int, view: memoryview, offset: int) -> None:
         done += n
 
 
-def _parse(page: memoryview, block: int, layout: Layout) -> _Found | None:
-    if page[:len(RECORD_MAGIC)] != RECORD_MAGIC:
-        return None  # never written
-    try:
-        header = read_header(page, block)
-    except IntegrityError:
-        return None  # torn, corrupted, or an older format
+def _parse(view: memoryview, stride: int, first: int, count: int,
+           layout: Layout) -> list[Found]:
+    """The valid records among ``count`` header pages ``stride`` bytes apart in ``view``, of
+    blocks ``first...``: the fixed fields of all checked at once, then each candidate's crc."""
     g = layout.geometry
-    if (header.block_id != block or header.num_slices != g.num_slices
-            or header.slice_bytes != g.slice_bytes):
-        return None
-    key = key_of(header.salt, header.block_hash) if header.kind == PREFIX else None
-    return _Found(header.lsn, block, key)
+    headers = np.ndarray((count,), HEADER_DTYPE, view, strides=(stride,))
+    candidates = np.flatnonzero(
+        (headers["magic"] == RECORD_MAGIC) & (headers["version"] == RECORD_VERSION)
+        & (headers["block_id"] == np.arange(first, first + count, dtype=np.uint64))
+        & (headers["num_slices"] == g.num_slices) & (headers["slice_bytes"] == g.slice_bytes))
+    kinds, lsns = headers["kind"].tolist(), headers["lsn"].tolist()
+    found = []
+    for i in candidates.tolist():
+        page = view[i * stride:i * stride + HEADER_BYTES]
+        if header_crc_ok(page):  # else torn or corrupted: not indexed
+            found.append((lsns[i], first + i, bytes(page[KEY_FIELD]) if kinds[i] == PREFIX
+                          else None))
+    return found
