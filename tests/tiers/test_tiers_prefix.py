@@ -3,6 +3,9 @@ import hashlib
 import os
 import random
 import struct
+import subprocess
+import sys
+import textwrap
 
 import crc32c
 import pytest
@@ -451,3 +454,20 @@ def test_the_mixed_log_stays_sequential(flash, tmp_path):
         if policy == "append":
             assert stats["allocator"]["backward_jumps"] == 0 and stats["allocator"]["wraps"] >= 3
     assert waf["append"] < 1.1 and waf["left-append"] > waf["append"] + 0.3, waf
+
+
+def test_the_prefix_index_and_the_scan_import_without_torch():
+    code = textwrap.dedent("""
+        import sys
+        sys.modules['torch'] = None  # any 'import torch' now fails
+        from hifc.tiers.allocator import FCBlockAllocator
+        from hifc.tiers.flash.prefix_index import PrefixIndex, key_of
+        from hifc.tiers.flash.scan import scan_headers
+        index = PrefixIndex(FCBlockAllocator(4, 'append'))
+        index.load([(2, key_of(b's' * 32, b'h' * 32))])
+        assert index.leading_hits(b's' * 32, [b'h' * 32]) == 1
+        print('ok')
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"

@@ -129,7 +129,13 @@ class FlashTier(KVTier):
         chunk_blocks = min(chunk_blocks, num_blocks)  # no staging larger than the whole tier
         num_buffers = io_threads + prep_threads
         self.index = PrefixIndex(self.allocator)
-        scan = self._rebuild_index(config) if config.stores_prefixes else None
+        try:
+            scan = self._rebuild_index(config) if config.stores_prefixes else None
+        except BaseException:
+            self.io.close()
+            self.cache_file.close()
+            self._pool.shutdown()
+            raise
         self.mover = ChunkMover(self.layout, self.io, self.cache_file.epoch, chunk_blocks,
                                 num_buffers=num_buffers, device=device,
                                 first_lsn=scan.next_lsn if scan else 1)
