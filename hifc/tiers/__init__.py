@@ -51,6 +51,8 @@ again after GPU eviction and across restarts (swap records stay per run).
   hashes; each record verified (kind, salt, hash, block id, crcs) before it reaches the cache; one
   that fails is dropped (a miss) and fails the job. Either way the first ``job.blocks_ok`` blocks
   hold the stored KV.
+* ``hold_prefix(hashes, salt) -> list[int]`` / ``release_prefix(tier_blocks)`` - keep the leading
+  stored records from being overwritten meanwhile (a preempted sequence's stored blocks).
 * Prefix records never hold up a reservation: the append head overwrites the oldest as it comes
   round (left-append reclaims the oldest when free blocks run out), skipping those being read.
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 WRITES = ("swap_out", "prefix_write")  # ops whose pairs are (GPU block, tier block)
 
+
 class JobStatus(enum.Enum):
     PENDING = "pending"
     OK = "ok"

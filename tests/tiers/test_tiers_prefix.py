@@ -274,6 +274,29 @@ def test_swap_reservations_never_fail_on_a_log_full_of_prefix_records(flash, pol
     assert tier.num_free_blocks == 16
 
 
+@pytest.mark.parametrize("policy", POLICIES)
+def test_held_records_outlast_the_log_until_released(flash, policy):
+    """A preempted sequence's stored blocks, held while its other blocks are swapped out."""
+    tier = flash(num_blocks=8, policy=policy)
+    kv = random_kv(SMALL, 8)
+    hashes = chain(4)
+    store(tier, kv, range(4), hashes)
+    held = tier.hold_prefix(hashes[:2] + chain(1, tag="not stored") + hashes[3:], SALT)
+    assert len(held) == 2 and tier.num_free_blocks == 6
+    swap = tier.wait(tier.swap_out_blocks(kv, range(6), owner=(1, 0)))  # the log comes round
+    assert swap.ok and not set(swap.tier_blocks) & set(held)
+    assert tier.lookup_prefix(hashes, SALT) == 2 and tier.stats()["prefix_store_held_blocks"] == 2
+    job, back = load(tier, hashes[:2])
+    assert job.ok and same_bytes(back[:, :, :2], kv[:, :, :2])
+    with pytest.raises(ValueError, match="not held"):
+        tier.release_prefix([swap.tier_blocks[0]])
+    tier.release_prefix(held)
+    with pytest.raises(ValueError, match="not held"):
+        tier.release_prefix(held[:1])
+    tier.free(swap.tier_blocks)
+    assert tier.num_free_blocks == 8 and tier.lookup_prefix(hashes, SALT) == 2
+
+
 def test_stored_or_in_flight_hashes_are_not_written_twice(flash):
     tier = flash(num_blocks=16)
     kv = random_kv(SMALL, 8)

@@ -5,7 +5,8 @@ Swap records and prefix records share one log, the cache file. A tier block is, 
 * *empty*: free in the allocator, no record worth keeping;
 * *reserved*: allocated to a caller's swap-out, or to a prefix write in flight;
 * *cached*: holds a published prefix record (in the index), findable by (salt, hash);
-* *pinned*: cached with reads in flight (never overwritten until they end).
+* *pinned*: cached with reads in flight or held by the caller (never overwritten until the
+  reads end and the holds are released).
 
 Where cached blocks sit in the allocator depends on the allocation policy, so that the log keeps
 its order and a swap reservation never fails because the log is full of prefix records:
@@ -150,7 +151,8 @@ class PrefixIndex:
             self.allocator.free([block])
 
     def pin(self, block: int) -> None:
-        """A read of this cached block is in flight: it must not be overwritten."""
+        """A read of this cached block is in flight, or a caller holds it: it must not be
+        overwritten until :meth:`unpin`."""
         if block not in self._key_at:
             raise ValueError(f"FC block {block} holds no indexed prefix record")
         if not self._pins[block] and not self.hold_cached:

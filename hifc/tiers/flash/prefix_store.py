@@ -83,6 +83,7 @@ class PrefixStore:
         self.scan = scan  # how the index was rebuilt at open (None: a new file, or off)
         self._closing = threading.Event()
         self._writes_in_flight = 0
+        self._held: Counter[int] = Counter()  # tier block -> holds not released
         self._counts: Counter[str] = Counter()
 
     def require_enabled(self) -> None:
@@ -127,6 +128,29 @@ class PrefixStore:
                 break
             out.append((block, gpu_block, block_hash))
         return out
+
+    # -- holds -------------------------------------------------------------------------------
+    def hold(self, hashes, salt: bytes) -> list[int]:
+        """Pin the records of the leading stored ``hashes``; their tier blocks are the handle."""
+        check_key("salt", salt)
+        blocks = [block for block, _, _ in
+                  self.select_reads([(check_key("block_hash", h), 0) for h in hashes], salt)]
+        for block in blocks:
+            self.index.pin(block)
+            self._held[block] += 1
+        return blocks
+
+    def release(self, blocks) -> None:
+        blocks = list(blocks)
+        need = Counter(blocks)
+        for block, count in need.items():
+            if self._held[block] < count:
+                raise ValueError(f"tier block {block!r} is not held")
+        for block in blocks:
+            self._held[block] -= 1
+            if not self._held[block]:
+                del self._held[block]
+            self.index.unpin(block)
 
     # -- job life ----------------------------------------------------------------------------
     def begin(self, job: PrefixJob) -> None:
@@ -190,7 +214,8 @@ class PrefixStore:
                "prefix_store_write_dedups": c["write_dedups"],
                "prefix_store_write_drops": c["write_drops"],
                "prefix_store_records_dropped": c["records_dropped"],
-               "prefix_store_pinned_blocks": self.index.num_pinned}
+               "prefix_store_pinned_blocks": self.index.num_pinned,
+               "prefix_store_held_blocks": len(self._held)}
         if self.scan is not None:
             out["prefix_store_scan_seconds"] = self.scan.seconds
             out["prefix_store_scan_records"] = len(self.scan.records)

@@ -231,6 +231,19 @@ class FlashTier(KVTier):
                         requested=len(pairs), _done=bytearray(len(found)))
         return self._start_prefix(job, kv_cache)
 
+    def hold_prefix(self, hashes, salt: bytes) -> list[int]:
+        """Keep the records of the leading stored ``hashes`` from being overwritten until
+        :meth:`release_prefix` (say the stored blocks of a preempted sequence, so that its
+        swap-out can skip them and its swap-in read them back with ``submit_prefix_read``).
+        Returns their tier blocks: the handle to release. Held blocks count as reserved."""
+        self._check_open()
+        self.prefix.require_enabled()
+        return self.prefix.hold(hashes, salt)
+
+    def release_prefix(self, tier_blocks) -> None:
+        """End holds taken by :meth:`hold_prefix` (ValueError for a block not held)."""
+        self.prefix.release(tier_blocks)
+
     def _start_prefix(self, job: PrefixJob, kv_cache: torch.Tensor) -> PrefixJob:
         self._track(job)
         if not job.pairs:
