@@ -6,6 +6,7 @@ separate object (see ``hifc.engine.limits``), never stored here.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, fields
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -15,6 +16,7 @@ KV_OFFLOAD = ("none", "dram", "flash")
 FLASH_POLICIES = ("append", "left-append")
 FLASH_BACKENDS = ("auto", "kvikio", "posix")
 PREEMPTION = ("recompute", "swap", "auto")
+MAX_GIB = 1 << 20  # sizes in GiB above 1 PiB are typos, and past float range is inf
 
 
 @dataclass(frozen=True)
@@ -42,11 +44,13 @@ class EngineConfig:
     swap_space: float | None = None  # GiB of pinned DRAM for kv_offload="dram" (vLLM's name)
     preemption: str | None = None  # recompute | swap | auto; default: swap with a tier
     tier_fault_injection: bool = False  # tests: expose engine.tier.faults
+    cpu_threads: int | None = None  # torch CPU threads; default: usable cores - 1 (see threads)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
             raise ValueError("model must be a non-empty string (path, alias or random:<preset>)")
-        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
+        if not isinstance(self.device, str) or not (
+                self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
@@ -57,9 +61,12 @@ class EngineConfig:
         for name in ("max_model_len", "max_num_batched_tokens", "num_gpu_blocks"):
             if getattr(self, name) is not None:
                 _positive_int(name, getattr(self, name))
-        if self.kv_cache_gib is not None and not self.kv_cache_gib > 0:
-            raise ValueError(f"kv_cache_gib must be positive, got {self.kv_cache_gib!r}")
-        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+        for name in ("kv_cache_gib", "flash_size_gib", "swap_space"):
+            if getattr(self, name) is not None:
+                _size_gib(name, getattr(self, name))
+        if isinstance(self.gpu_memory_utilization, bool) \
+                or not isinstance(self.gpu_memory_utilization, (int, float)) \
+                or not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
         if self.num_gpu_blocks is not None and self.kv_cache_gib is not None:
@@ -70,8 +77,11 @@ class EngineConfig:
         if not isinstance(self.enforce_eager, bool):
             raise ValueError(f"enforce_eager must be True or False, got {self.enforce_eager!r}")
         self._validate_offload()
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) \
+                or not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
+        if self.cpu_threads is not None:
+            _positive_int("cpu_threads", self.cpu_threads)
         if self.max_num_batched_tokens is not None:
             if self.max_num_batched_tokens < self.max_num_seqs:
                 raise ValueError(
@@ -98,6 +108,8 @@ class EngineConfig:
         if self.kv_offload == "none" and self.preemption in ("swap", "auto"):
             raise ValueError(f"preemption={self.preemption!r} needs a swap tier: set kv_offload "
                              "to dram or flash")
+        if self.flash_path is not None and not isinstance(self.flash_path, (str, os.PathLike)):
+            raise ValueError(f"flash_path must be a path, got {type(self.flash_path).__name__}")
         if self.kv_offload == "flash":
             if not self.flash_path:
                 raise ValueError("kv_offload='flash' needs flash_path (the cache file to create)")
@@ -130,3 +142,9 @@ class EngineConfig:
 def _positive_int(name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _size_gib(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not 0 < value <= MAX_GIB:  # also false for nan
+        raise ValueError(f"{name} must be a number of GiB in (0, {MAX_GIB}], got {value!r}")

@@ -24,6 +24,9 @@ def add_engine_args(parser: argparse.ArgumentParser, model_default: str = "smoll
     g.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS)
     g.add_argument("--enforce-eager", action="store_true",
                    help="run every step eagerly (no CUDA graphs of decode steps)")
+    g.add_argument("--cpu-threads", type=int,
+                   help="torch CPU threads (default on CPU: usable cores - 1, unless "
+                        "OMP_NUM_THREADS is set)")
     t = parser.add_argument_group("KV swap tier")
     t.add_argument("--kv-offload", default="none", choices=KV_OFFLOAD,
                    help="where preempted sequences' KV goes")
@@ -49,4 +52,5 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         enforce_eager=args.enforce_eager, kv_offload=args.kv_offload,
         flash_path=args.flash_path, flash_size_gib=args.flash_size_gib,
         flash_policy=args.flash_policy, flash_io_threads=args.flash_io_threads,
-        flash_backend=args.flash_backend, swap_space=args.swap_space, preemption=args.preemption)
+        flash_backend=args.flash_backend, swap_space=args.swap_space, preemption=args.preemption,
+        cpu_threads=args.cpu_threads)

@@ -1,6 +1,7 @@
 """``TierConfig`` and ``make_tier``: how the engine builds its swap tier."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -40,8 +41,8 @@ class TierConfig:
             raise ValueError("a flash tier needs a cache file path")
         if (self.size_gib is None) == (self.num_blocks is None):
             raise ValueError("give exactly one of size_gib and num_blocks")
-        if self.size_gib is not None and not self.size_gib > 0:
-            raise ValueError(f"size_gib must be positive, got {self.size_gib!r}")
+        if self.size_gib is not None and not 0 < self.size_gib < math.inf:
+            raise ValueError(f"size_gib must be positive and finite, got {self.size_gib!r}")
         if self.num_blocks is not None and (not isinstance(self.num_blocks, int)
                                             or self.num_blocks <= 0):
             raise ValueError(f"num_blocks must be a positive int, got {self.num_blocks!r}")

@@ -93,11 +93,12 @@ class FlashTier(KVTier):
             prep_threads = default_prep_threads(io_threads)
         self.layout = make_layout(layout, geometry, num_blocks)
         self.backend = resolve_backend(backend, device)
-        super().__init__(geometry, num_blocks, policy, io_threads)
+        # first: the file's size is checked against free space before any bookkeeping is built
+        self.cache_file = CacheFile.open(path, self.layout, force=force)
         try:
-            self.cache_file = CacheFile.open(path, self.layout, force=force)
+            super().__init__(geometry, num_blocks, policy, io_threads)
         except BaseException:
-            self._pool.shutdown()
+            self.cache_file.discard()
             raise
         try:
             io: FileIO
@@ -107,7 +108,7 @@ class FlashTier(KVTier):
             else:
                 io = PosixIO(self.cache_file.fd, self.cache_file.path, want_direct=direct_io)
         except BaseException:
-            self.cache_file.close()
+            self.cache_file.discard()
             self._pool.shutdown()
             raise
         self.faults = FaultInjector() if fault_injection else None
