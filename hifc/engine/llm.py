@@ -80,12 +80,12 @@ class LLM:
              sampling_params: SamplingParams | list[SamplingParams] | None = None,
              use_tqdm: bool = True, add_generation_prompt: bool = True) -> list[RequestOutput]:
         """Apply the model's chat template to one conversation or a list of them, then generate."""
-        tokenizer = self.engine.tokenizer
-        if tokenizer is None:
-            raise ValueError(f"model {self.engine.model_name!r} has no tokenizer or chat template")
         if not isinstance(messages, list) or not messages:
             raise ValueError("messages must be a non-empty list of messages (dicts) or of "
                              "conversations (lists of messages)")
+        tokenizer = self.engine.tokenizer
+        if tokenizer is None:
+            raise ValueError(f"model {self.engine.model_name!r} has no tokenizer or chat template")
         conversations = [messages] if isinstance(messages[0], dict) else messages
         for conv in conversations:
             _validate_messages(conv)

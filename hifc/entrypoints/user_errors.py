@@ -25,15 +25,16 @@ def describe(exc: BaseException, args: argparse.Namespace) -> str:
 
 
 def _path_option(args: argparse.Namespace, filename: str) -> str | None:
-    """The option whose path is ``filename``, lies inside it (a missing parent directory) or
-    holds it (a file of a model directory)."""
+    """The option whose path is ``filename``; else one whose path lies inside it (a missing
+    parent directory); else one whose path holds it (a file of a model directory)."""
     target = os.path.realpath(filename)
-    for name, value in vars(args).items():
-        if not isinstance(value, str) or not (os.sep in value or os.path.lexists(value)):
-            continue  # not a path (a model alias, a choice, ...)
-        path = os.path.realpath(value)
-        if target == path or _inside(path, target) or _inside(target, path):
-            return "--" + name.replace("_", "-")
+    paths = {name: os.path.realpath(value) for name, value in vars(args).items()
+             if isinstance(value, str) and (os.sep in value or os.path.lexists(value))}
+    for related in (lambda path: path == target, lambda path: _inside(path, target),
+                    lambda path: _inside(target, path)):
+        for name, path in paths.items():
+            if related(path):
+                return "--" + name.replace("_", "-")
     return None
 
 
