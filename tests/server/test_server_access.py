@@ -2,11 +2,14 @@
 no service beyond loopback without a key, and no filesystem path in any answer."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import httpx
 import pytest
 
-from hifc.entrypoints.cli import main
-from tests.server.helpers import metric_values, start_server, stop_server
+from tests.server.helpers import REPO_ROOT, free_port, metric_values, start_server, stop_server
 
 KEY = "key-from-a-file"
 
@@ -54,10 +57,13 @@ def test_key_from_a_file_is_required_and_not_on_the_command_line(path_server):
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.1"])
-def test_serving_beyond_loopback_without_a_key_is_refused(host, monkeypatch, capsys):
-    monkeypatch.delenv("HIFC_API_KEY", raising=False)
-    rc = main(["serve", "random:tiny-llama", "--device", "cpu", "--host", host])
-    err = capsys.readouterr().err
-    assert rc == 2 and "Traceback" not in err
-    assert f"--host {host}: refusing to serve beyond loopback without an API key" in err
-    assert "--allow-unauthenticated" in err
+def test_serving_beyond_loopback_without_a_key_is_refused(host):
+    env = {k: v for k, v in os.environ.items() if k != "HIFC_API_KEY"}
+    # a subprocess with a timeout: a server that is not refused would otherwise run on
+    done = subprocess.run([sys.executable, "-m", "hifc.entrypoints.cli", "serve",
+                           "random:tiny-llama", "--device", "cpu", "--host", host, "--port",
+                           str(free_port())], cwd=REPO_ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"--host {host}: refusing to serve beyond loopback without an API key" in done.stderr
+    assert "--allow-unauthenticated" in done.stderr
