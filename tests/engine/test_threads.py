@@ -23,18 +23,20 @@ def _threads_in_child(env: dict) -> int:
     return int(out.stdout.split()[-1])
 
 
-def test_default_is_one_thread_fewer_than_usable_cores_unless_omp_num_threads_is_set():
+def test_default_is_one_thread_fewer_than_usable_cores():
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     assert _threads_in_child(env) == max(1, usable_cores() - 1)
-    assert _threads_in_child({**env, "OMP_NUM_THREADS": "1"}) == 1
 
 
-def test_cpu_threads_option_sets_torch_threads():
+def test_omp_num_threads_is_left_alone_and_cpu_threads_sets_torch_threads():
+    assert os.environ.get("OMP_NUM_THREADS")  # tests/conftest.py sets it
     before = torch.get_num_threads()
     try:
+        llm = LLM("random:tiny-llama", device="cpu", block_size=16, num_gpu_blocks=8)
+        assert llm.engine.cpu_threads == before  # the operator's choice stands
         llm = LLM("random:tiny-llama", device="cpu", block_size=16, num_gpu_blocks=8,
-                  cpu_threads=1)
-        assert llm.engine.cpu_threads == 1 == torch.get_num_threads()
+                  cpu_threads=before + 1)
+        assert llm.engine.cpu_threads == before + 1 == torch.get_num_threads()
     finally:
         torch.set_num_threads(before)
 

@@ -56,8 +56,8 @@ def test_key_from_a_file_is_required_and_not_on_the_command_line(path_server):
     assert KEY not in " ".join(map(str, proc.args))
 
 
-@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.1"])
-def test_serving_beyond_loopback_without_a_key_is_refused(host):
+def test_serving_beyond_loopback_without_a_key_is_refused():
+    host = "0.0.0.0"  # every address: test_server_app.py
     env = {k: v for k, v in os.environ.items() if k != "HIFC_API_KEY"}
     # a subprocess with a timeout: a server that is not refused would otherwise run on
     done = subprocess.run([sys.executable, "-m", "hifc.entrypoints.cli", "serve",
