@@ -2,7 +2,7 @@
 
 Option names follow vLLM where one exists; each is declared once (``hifc.options.option``) and
 the flat keyword options and the command-line flags are made from those declarations. The swap
-tier's options are a nested ``TierConfig``. Values that depend on the loaded model or the device
+tier's options are a nested ``TierConfig``, the replicas' and GPUs' a nested ``ParallelConfig``. Values that depend on the loaded model or the device
 (the KV pool size, the resolved max_model_len, ...) are computed at start-up and returned in a
 separate object (see ``hifc.engine.limits``), never stored here.
 """
@@ -16,6 +16,7 @@ from hifc import dtypes
 from hifc.core.preemption import PREEMPTION_MODES
 from hifc.options import (add_config_args, build, check_choice, flatten, option,
                           options_from_args)
+from hifc.parallel.config import ParallelConfig, check_replicas
 from hifc.tiers.config import TierConfig
 
 DTYPES = ("auto",) + dtypes.NAMES
@@ -53,6 +54,7 @@ class EngineConfig:
         None, "recompute, swap or auto (default: swap when a tier is set)",
         choices=PREEMPTION_MODES)
     tier: TierConfig = field(default_factory=TierConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -82,6 +84,9 @@ class EngineConfig:
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         if not isinstance(self.tier, TierConfig):
             raise ValueError("tier must be a TierConfig")
+        if not isinstance(self.parallel, ParallelConfig):
+            raise ValueError("parallel must be a ParallelConfig")
+        check_replicas(self)
         if self.preemption is not None:
             check_choice("preemption", self.preemption, PREEMPTION_MODES)
         if not self.tier.enabled and self.preemption in ("swap", "auto"):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from hifc.tiers import ErrorKind, JobStatus, KVGeometry, TierConfig, geometry_of, make_tier
-from hifc.tiers.flash.io_base import FileIO
+from hifc.tiers.flash.io_base import FileIO, IOPriority
 from hifc.tiers.flash.chunks import ChunkMover
 from tests.tiers.tier_helpers import SMALL, random_kv
 
@@ -21,13 +21,13 @@ class GatedIO(FileIO):
     def staging_device(self, kv_device):
         return self.inner.staging_device(kv_device)
 
-    def write(self, buf, file_offset):
+    def write(self, buf, file_offset, priority=IOPriority.SWAP_OUT):
         assert self.gate.wait(10)
-        return self.inner.write(buf, file_offset)
+        return self.inner.write(buf, file_offset, priority)
 
-    def read(self, buf, file_offset):
+    def read(self, buf, file_offset, priority=IOPriority.SWAP_IN):
         assert self.gate.wait(10)
-        return self.inner.read(buf, file_offset)
+        return self.inner.read(buf, file_offset, priority)
 
 
 def gated(tier):

@@ -27,7 +27,7 @@ import threading
 import torch
 
 from hifc.tiers.flash.hostcopy import gather_with_crcs, int_view, verify_then_scatter
-from hifc.tiers.flash.io_base import FileIO, host_view
+from hifc.tiers.flash.io_base import FileIO, IOPriority, host_view
 from hifc.tiers.geometry import runs_of
 from hifc.tiers.jobs import ShortReadError
 from hifc.dtypes import torch_dtype
@@ -146,7 +146,8 @@ class ChunkMover:
 
     def _write(self, plan: ChunkPlan, buffers: StagingBuffers) -> None:
         for file_offset, offset, length in plan.runs:
-            written = self.io.write(buffers.io[offset:offset + length], file_offset)
+            written = self.io.write(buffers.io[offset:offset + length], file_offset,
+                                    IOPriority.SWAP_OUT)
             if written != length:
                 raise OSError(errno.EIO, f"short write: {written} of {length} bytes at "
                               f"offset {file_offset}")
@@ -162,7 +163,8 @@ class ChunkMover:
 
     def _read(self, plan: ChunkPlan, buffers: StagingBuffers) -> None:
         for file_offset, offset, length in plan.runs:
-            got = self.io.read(buffers.io[offset:offset + length], file_offset)
+            got = self.io.read(buffers.io[offset:offset + length], file_offset,
+                               IOPriority.SWAP_IN)
             if got != length:
                 raise ShortReadError(errno.EIO, f"short read: {got} of {length} bytes at "
                                      f"offset {file_offset}")

@@ -2,7 +2,8 @@
 
 Wires together the cache file (superblock, epoch), the layout, an I/O backend (kvikio for GPU KV
 caches where GPUDirect Storage works, else POSIX O_DIRECT; see ``resolve_backend``), optional
-fault injection and the chunk mover. A swap's pairs are cut, in the order given, into chunks of
+fault injection, the device's arbiter when other engine replicas share the device
+(:mod:`hifc.tiers.flash.arbiter`), and the chunk mover. A swap's pairs are cut, in the order given, into chunks of
 consecutive tier ids (adjacent blocks coalesced into large I/Os, at most ``flash_chunk_mib``
 each); every chunk runs through the two-stage pipeline of :mod:`hifc.tiers.flash.pipeline` (its
 I/O on the tier's ``flash_io_threads`` threads, its gather, checksums and scatter on
@@ -17,6 +18,7 @@ import os
 import torch
 
 from hifc.tiers.config import FLASH_BACKENDS, TierConfig
+from hifc.tiers.flash.arbiter import DeviceShare
 from hifc.tiers.flash.cache_file import CacheFile
 from hifc.tiers.flash.chunks import ChunkMover
 from hifc.tiers.flash.faults import FaultInjector, FaultyIO
@@ -85,7 +87,7 @@ class FlashTier(KVTier):
     kind = "flash"
 
     def __init__(self, geometry: KVGeometry, num_blocks: int, config: TierConfig, *,
-                 device="cpu"):
+                 device="cpu", device_share: DeviceShare | None = None):
         io_threads = config.flash_io_threads
         prep_threads = config.flash_prep_threads or default_prep_threads(io_threads)
         self.layout = make_layout(config.flash_layout, geometry, num_blocks)
@@ -109,6 +111,8 @@ class FlashTier(KVTier):
             self.cache_file.close()
             self._pool.shutdown()
             raise
+        if device_share is not None:
+            io = device_share.wrap(io)
         self.faults = FaultInjector() if config.tier_fault_injection else None
         self.io = FaultyIO(io, self.faults) if self.faults is not None else io
         chunk_blocks = max(1, (config.flash_chunk_mib << 20) // self.layout.per_block_file_bytes)
