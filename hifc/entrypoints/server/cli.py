@@ -57,10 +57,10 @@ def _is_loopback(host: str) -> bool:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from hifc.engine.llm_engine import LLMEngine
     from hifc.entrypoints.server.app import ServerSettings, build_app
     from hifc.entrypoints.server.async_engine import AsyncEngine
     from hifc.entrypoints.server.metrics import ServerMetrics
+    from hifc.parallel.data_parallel import build_engine
 
     if args.model_tag:
         args.model = args.model_tag
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     config = engine_config_from_args(args)
     names = tuple(args.served_model_name or (args.model,))
     settings = ServerSettings(names, args.api_key, args.max_request_bytes)
-    engine = LLMEngine(config)
+    engine = build_engine(config)
     metrics = ServerMetrics(names[0])
     async_engine = AsyncEngine(engine, observer=metrics)
     metrics.export_engine_stats(async_engine.stats)
