@@ -13,7 +13,8 @@ VARIANT_KEYS = {
     "preemptions", "swap_out_blocks", "swap_in_blocks", "tier_bytes_written", "tier_bytes_read",
     "swap_io_seconds", "swap_stall_seconds", "recomputed_sequences", "swap_failures", "steps",
     "tier_blocks_total", "tier_allocator", "trace_path", "ratio_to_dram", "tier_write_gibps",
-    "step_ms_percentiles", "tier_backend", "swap_out_stall_seconds", "fraction_of_ideal"}
+    "step_ms_percentiles", "tier_backend", "swap_out_stall_seconds", "fraction_of_ideal",
+    "per_replica", "flash_devices"}
 
 
 def test_compare_all_variants_then_analysis_tools(hifc, tiers, tmp_path):

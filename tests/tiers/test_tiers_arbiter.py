@@ -61,6 +61,20 @@ def test_swap_ins_go_before_swap_outs_before_prefix_writes():
     assert order == ["in", "out", "prefix"]
 
 
+def test_a_stalled_replicas_io_goes_first():
+    arbiter = DeviceArbiter("test", 3, WINDOW)
+    arbiter.acquire(2, WINDOW, IOPriority.SWAP_OUT)
+    order: list[str] = []
+    threads = start_waiters(arbiter, [("in of 1", 1, WINDOW, IOPriority.SWAP_IN),
+                                      ("out of 0", 0, WINDOW, IOPriority.SWAP_OUT)], order)
+    with arbiter.stall(0):  # replica 0's engine has nothing to run until its write is done
+        assert arbiter.stats()["stalled_replicas"] == 1
+        arbiter.release(2, WINDOW)
+        join_all(threads)
+    assert order == ["out of 0", "in of 1"]
+    assert arbiter.stats()["stalled_replicas"] == 0
+
+
 def test_replicas_take_turns_within_a_priority():
     arbiter = DeviceArbiter("test", 3, WINDOW)
     arbiter.acquire(2, WINDOW, IOPriority.SWAP_OUT)
@@ -193,6 +207,8 @@ def test_flash_tier_swaps_go_through_the_arbiter(tmp_path):
         pairs = [(t, g) for (_, t), g in zip(out.pairs, [3, 2, 1])]
         assert tier.wait(tier.submit_swap_in(back, pairs, owner=(1, 0))).ok
         assert torch.equal(back[:, :, [3, 2, 1]], kv[:, :, [0, 1, 2]])
+        with tier.stalled():  # what the engine enters when it waits for the tier
+            assert arbiter.stats()["stalled_replicas"] == 1
         stats = arbiter.replica_stats(0)
         assert stats["swap_out_bytes"] >= 3 * SMALL.block_bytes  # records add headers
         assert stats["swap_in_bytes"] == stats["swap_out_bytes"]

@@ -6,11 +6,13 @@ another replica's swap-in, which a resumed sequence waits for. The arbiter admit
 replica's I/O under one budget of bytes in flight (``window_bytes``), so an I/O that arrives
 waits for at most the budget to drain, and chooses whom to admit:
 
-1. by priority (``IOPriority``): swap-ins (a sequence waits to resume) before swap-outs (GPU
-   blocks wait for the write) before prefix-store writes (nobody waits);
-2. within a priority, the replica served the fewest bytes of that class so far (fair
-   queueing on bytes; a replica that starts waiting is credited with the class's current
-   virtual time, so time spent idle earns it no burst later).
+1. the I/O of a replica whose engine is stalled (it has nothing to run until its swap I/O
+   completes, see ``stall``), whose GPU idles meanwhile, before anyone else's;
+2. then by priority (``IOPriority``): swap-ins (a sequence waits to resume) before swap-outs
+   (GPU blocks wait for the write) before prefix-store writes (nobody waits);
+3. within those, the replica served the fewest bytes of the priority so far (fair queueing on
+   bytes; a replica that starts waiting is credited with the priority's current virtual time,
+   so time spent idle earns it no burst later).
 
 An I/O larger than the budget is admitted when nothing else is in flight. The budget is
 self-clocking: it needs no bandwidth figure and follows the device's actual rate as the mix of
@@ -62,6 +64,7 @@ class DeviceArbiter:
         self._doorbells = [ctx.Semaphore(0) for _ in range(num_replicas)]
         cells = len(PRIORITIES) * num_replicas  # one per (priority, replica)
         self._inflight = ctx.RawArray("q", num_replicas)  # bytes admitted, not yet released
+        self._stalled = ctx.RawArray("q", num_replicas)  # engine threads waiting on I/O
         self._waiting = ctx.RawArray("q", cells)  # threads waiting for admission
         self._served = ctx.RawArray("d", cells)  # fair-queueing tags (bytes)
         self._vtime = ctx.RawArray("d", len(PRIORITIES))  # tag of the last admission per class
@@ -103,10 +106,26 @@ class DeviceArbiter:
                 self._dev[_BUSY_S] += self._clock() - self._dev[_BUSY_SINCE]
             self._ring()
 
+    @contextmanager
+    def stall(self, replica: int) -> Iterator[None]:
+        """The replica's engine waits for its swap I/O with nothing else to run: its I/O goes
+        first while inside."""
+        self._check_replica(replica)
+        with self._lock:
+            self._stalled[replica] += 1
+            self._ring()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._stalled[replica] -= 1
+                self._ring()
+
     def forget(self, replica: int) -> None:
         """Drop what a replica that exited held or waited for, so it blocks no one."""
         with self._lock:
             self._inflight[replica] = 0
+            self._stalled[replica] = 0
             for priority in PRIORITIES:
                 self._waiting[self._cell(priority, replica)] = 0
             self._ring()
@@ -124,12 +143,18 @@ class DeviceArbiter:
         total = self._total_inflight()
         if total and total + nbytes > self.window_bytes:
             return False
-        r = self.num_replicas
-        if any(self._waiting[:priority * r]):  # the cells of the more urgent classes
+        mine = self._rank(priority, replica)
+        waiting = [(q, r) for q in PRIORITIES for r in range(self.num_replicas)
+                   if self._waiting[self._cell(q, r)]]
+        if any(self._rank(q, r) < mine for q, r in waiting):
             return False
-        row = range(priority * r, (priority + 1) * r)
-        least = min(self._served[c] for c in row if self._waiting[c])
+        least = min(self._served[self._cell(q, r)] for q, r in waiting
+                    if q == priority and self._rank(q, r) == mine)
         return self._served[self._cell(priority, replica)] <= least
+
+    def _rank(self, priority: IOPriority, replica: int) -> tuple[int, int]:
+        """Admission order: stalled replicas first, then by priority (smaller goes first)."""
+        return (0 if self._stalled[replica] else 1, int(priority))
 
     def _admit(self, cell: int, replica: int, nbytes: int, priority: IOPriority,
                waited_s: float | None) -> None:
@@ -184,6 +209,7 @@ class DeviceArbiter:
             done = self._dev[_COMPLETED]
             return {"device": self.device, "replicas": self.num_replicas,
                     "window_bytes": self.window_bytes, "inflight_bytes": self._total_inflight(),
+                    "stalled_replicas": sum(1 for n in self._stalled if n),
                     "peak_inflight_bytes": int(self._dev[_PEAK]), "busy_seconds": busy,
                     "completed_bytes": int(done),
                     "measured_gibps": done / busy / (1 << 30) if busy > 0 else None,
@@ -244,3 +270,7 @@ class DeviceShare:
 
     def stats(self) -> dict[str, float | int]:
         return self.arbiter.replica_stats(self.replica)
+
+    def stalled(self):
+        """Context: the replica's engine waits for its I/O (see ``DeviceArbiter.stall``)."""
+        return self.arbiter.stall(self.replica)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import os
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
@@ -111,6 +112,7 @@ class FlashTier(KVTier):
             self.cache_file.close()
             self._pool.shutdown()
             raise
+        self.device_share = device_share
         if device_share is not None:
             io = device_share.wrap(io)
         self.faults = FaultInjector() if config.tier_fault_injection else None
@@ -137,6 +139,10 @@ class FlashTier(KVTier):
             tasks = [mover.swap_in(kv_cache, chunk[0][0], [d for _, d in chunk], owner, ready)
                      for chunk in split_chunks(pairs, 0, limit)]
         return [self.pipeline.submit(task) for task in tasks]
+
+    def stalled(self) -> AbstractContextManager:
+        share = self.device_share
+        return share.stalled() if share is not None else nullcontext()
 
     def _extra_stats(self) -> dict:
         return {"path": self.cache_file.path, "layout": self.layout.name,
