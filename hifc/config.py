@@ -2,9 +2,10 @@
 
 Option names follow vLLM where one exists; each is declared once (``hifc.options.option``) and
 the flat keyword options and the command-line flags are made from those declarations. The swap
-tier's options are a nested ``TierConfig``, the replicas' and GPUs' a nested ``ParallelConfig``. Values that depend on the loaded model or the device
-(the KV pool size, the resolved max_model_len, ...) are computed at start-up and returned in a
-separate object (see ``hifc.engine.limits``), never stored here.
+tier's options are a nested ``TierConfig``, the replicas' and GPUs' a nested ``ParallelConfig``.
+Values that depend on the loaded model or the device (the KV pool size, the resolved
+max_model_len, ...) are computed at start-up and returned in a separate object (see
+``hifc.engine.limits``), never stored here.
 """
 from __future__ import annotations
 
