@@ -35,7 +35,7 @@ else
     variants=dp1-dram,dp1-flash
   fi
   args=(--model random:ds-r1-llama-8b --input-len 2048 --output-len 1024 --num-prompts 24
-        --max-num-seqs 24 --kv-cache-gib 3 --swap-space 16 --flash-size-gib 16)
+        --max-num-seqs 24 --kv-cache-gib 3 --swap-space 8 --flash-size-gib 8)
 fi
 
 python3 -m hifc.entrypoints.cli bench parallel "${args[@]}" --variants "$variants" \

@@ -37,7 +37,8 @@ class ParallelConfig:
         short="-tp")
     flash_arbiter: bool = option(
         True, "replicas whose flash files are on one device share it through an arbiter that "
-        "admits their I/O under a common in-flight budget, swap-ins first")
+        "admits their I/O under one in-flight budget: a stalled engine's first, then swap-ins, "
+        "then swap-outs")
     flash_arbiter_window_mib: int | None = option(
         None, "flash I/O in flight on a shared device, all its replicas together, in MiB "
         "(default: 4 x flash_chunk_mib)")

@@ -88,25 +88,35 @@ def _serve(index: int, engine: LLMEngine, device_share: DeviceShare | None, comm
            events) -> None:
     writer = DeltaWriter()
     while True:
-        busy = engine.has_unfinished_requests()
-        try:
-            command = commands.get(timeout=IDLE_POLL_S) if not busy else commands.get_nowait()
-        except queue.Empty:
-            command = None
-            if not busy and not parent_process().is_alive():
-                return  # the front end died without stopping us
-        while command is not None:
-            if isinstance(command, Stop):
-                return
+        received = _next_commands(commands, block=not engine.has_unfinished_requests())
+        if received is None:
+            return
+        for command in received:
             _apply(command, engine, writer, events, index, device_share)
-            try:
-                command = commands.get_nowait()
-            except queue.Empty:
-                command = None
         if engine.has_unfinished_requests():
             deltas = [d for d in map(writer.delta, engine.step()) if d is not None]
             if deltas or not engine.has_unfinished_requests():
                 events.put(Outputs(index, deltas, _stats(engine, device_share)))
+        elif received:  # aborts left it idle: say so
+            events.put(Outputs(index, [], _stats(engine, device_share)))
+
+
+def _next_commands(commands, block: bool) -> list | None:
+    """The commands that arrived (with ``block``, waiting for one); None on ``Stop`` or when
+    the front end's process is gone."""
+    received = []
+    try:
+        command = commands.get(timeout=IDLE_POLL_S) if block else commands.get_nowait()
+    except queue.Empty:
+        return None if block and not parent_process().is_alive() else received
+    while True:
+        if isinstance(command, Stop):
+            return None
+        received.append(command)
+        try:
+            command = commands.get_nowait()
+        except queue.Empty:
+            return received
 
 
 def _apply(command, engine: LLMEngine, writer: DeltaWriter, events, index: int,

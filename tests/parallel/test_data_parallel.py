@@ -1,6 +1,8 @@
 """Data parallelism on the CPU: two replica processes give every request the output one engine
-gives it (greedy and seeded sampling, with flash swapping forced, on a random preset and on
-SmolLM2), spread the requests, abort cleanly and leave no process behind."""
+gives it (greedy and seeded sampling, with flash swapping forced through the shared device's
+arbiter, on a random preset and on SmolLM2), spread the requests, abort cleanly and leave no
+process behind. (Arbiter off: tests/bench/test_bench_parallel.py; closing through the server:
+tests/server/test_server_data_parallel.py.)"""
 from __future__ import annotations
 
 import multiprocessing
@@ -42,10 +44,16 @@ def reference():
 
 
 @pytest.fixture(scope="module")
-def dp2():
-    with LLM(MODEL, device="cpu", block_size=BLOCK, num_gpu_blocks=64,
-             data_parallel_size=2) as llm:
-        yield llm
+def dp2(tmp_path_factory):
+    """7 blocks per replica for 5 sequences of 2 blocks: every replica preempts and swaps to
+    its own flash file; both files in one directory, so on one device, through its arbiter."""
+    path = tmp_path_factory.mktemp("dp2") / "kv-{replica}.hifc"
+    llm = LLM(MODEL, device="cpu", block_size=BLOCK, num_gpu_blocks=7, kv_offload="flash",
+              flash_path=str(path), flash_size_gib=0.01, data_parallel_size=2)
+    processes = list(llm.engine._processes)
+    yield llm
+    llm.close()
+    assert all(not p.is_alive() and p.exitcode == 0 for p in processes)
 
 
 def wait_settled(llm, timeout_s: float = 60.0) -> dict:
@@ -61,14 +69,23 @@ def wait_settled(llm, timeout_s: float = 60.0) -> dict:
         time.sleep(0.05)
 
 
-def test_outputs_equal_one_engine_greedy_and_seeded(dp2, reference):
+def test_outputs_equal_one_engine_with_flash_swapping(dp2, reference):
     assert token_ids(dp2, prompts(), mixed_params(10)) == reference
-    stats = dp2.stats()
+    stats = wait_settled(dp2)
     assert stats["data_parallel_size"] == 2 and len(stats["replicas"]) == 2
     per_replica = [r["generation_tokens"] for r in stats["replicas"]]
-    assert all(n > 0 for n in per_replica)  # both replicas served requests
     assert stats["generation_tokens"] == sum(per_replica)
-    assert [r["device"] for r in stats["replicas"]] == ["cpu", "cpu"]
+    for replica in stats["replicas"]:  # each served requests, preempted and swapped
+        assert replica["device"] == "cpu" and replica["generation_tokens"] > 0
+        assert replica["preemptions"] > 0 and replica["swap_out_blocks"] > 0
+        assert replica["swap_in_blocks"] == replica["swap_out_blocks"]
+        assert replica["recomputed_sequences"] == 0
+        assert replica["arbiter_swap_out_bytes"] >= replica["tier_bytes_written"] > 0
+    assert [r["flash_path"].rsplit("/", 1)[1] for r in stats["replicas"]] == [
+        "kv-0.hifc", "kv-1.hifc"]
+    (device,) = stats["flash_devices"]
+    assert device["replica_ids"] == [0, 1] and device["inflight_bytes"] == 0
+    assert device["swap_out_bytes"] > 0 and device["swap_in_bytes"] > 0
 
 
 def test_bad_input_is_refused_before_anything_is_queued(dp2):
@@ -102,42 +119,6 @@ def test_abort_frees_every_replicas_blocks(dp2):
             finished.update([out.request_id] if out.finished else [])
     assert finished == {"abort-1", "abort-3", "abort-5"}
     wait_settled(dp2)
-
-
-def tight_options(tmp_path, **extra) -> dict:
-    """7 blocks per replica for 5 sequences of 2 blocks: every replica preempts and swaps to
-    its own flash file; both files in one directory, so on one device."""
-    return dict(device="cpu", block_size=BLOCK, num_gpu_blocks=7, kv_offload="flash",
-                flash_path=str(tmp_path / "kv-{replica}.hifc"), flash_size_gib=0.01,
-                data_parallel_size=2, **extra)
-
-
-@pytest.mark.parametrize("arbiter", [True, False])
-def test_flash_swapping_keeps_outputs_and_closes_cleanly(tmp_path, reference, arbiter):
-    llm = LLM(MODEL, **tight_options(tmp_path, flash_arbiter=arbiter))
-    processes = list(llm.engine._processes)
-    try:
-        assert token_ids(llm, prompts(), mixed_params(10)) == reference
-        stats = wait_settled(llm)
-    finally:
-        llm.close()
-    for replica in stats["replicas"]:
-        assert replica["preemptions"] > 0 and replica["swap_out_blocks"] > 0
-        assert replica["swap_in_blocks"] == replica["swap_out_blocks"]
-        assert replica["recomputed_sequences"] == 0
-    assert [r["flash_path"] for r in stats["replicas"]] == [
-        str(tmp_path / "kv-0.hifc"), str(tmp_path / "kv-1.hifc")]
-    if arbiter:
-        (device,) = stats["flash_devices"]
-        assert device["replica_ids"] == [0, 1] and device["inflight_bytes"] == 0
-        assert device["swap_out_bytes"] > 0 and device["swap_in_bytes"] > 0
-        for replica in stats["replicas"]:
-            assert replica["arbiter_swap_out_bytes"] >= replica["tier_bytes_written"]
-    else:
-        assert stats["flash_devices"] == []
-        assert "arbiter_swap_out_bytes" not in stats["replicas"][0]
-    assert all(not p.is_alive() and p.exitcode == 0 for p in processes)
-    assert not set(processes) & set(multiprocessing.active_children())
 
 
 def test_a_replica_that_cannot_start_fails_the_engine_with_its_error():

@@ -1,5 +1,6 @@
 """The server in front of two data-parallel replicas: concurrent and streamed requests get the
-texts one engine gives them, and /metrics labels each replica and the shared flash device."""
+texts one engine gives them, /metrics labels each replica and the shared flash device, and
+shutting down stops the replica processes."""
 from __future__ import annotations
 
 import json
@@ -28,7 +29,8 @@ def test_two_replicas_serve_what_one_engine_gives(tiny_model_dir, tmp_path):
     config = EngineConfig.from_options(
         str(tiny_model_dir), num_gpu_blocks=5, kv_offload="flash", flash_size_gib=0.01,
         flash_path=str(tmp_path / "kv-{replica}.hifc"), data_parallel_size=2, **options)
-    with app_client(build_engine(config)) as client:
+    engine = build_engine(config)
+    with app_client(engine) as client:
         def complete(prompt: str) -> str:
             resp = client.post("/v1/completions", json={
                 "model": "m", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
@@ -46,6 +48,8 @@ def test_two_replicas_serve_what_one_engine_gives(tiny_model_dir, tmp_path):
         assert events[-1] == "[DONE]"
         assert "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1]) == expected[3]
         values = metric_values(client.get("/metrics").text)
+    # leaving the client shuts the server's engine thread down, which closes the replicas
+    assert all(not p.is_alive() and p.exitcode == 0 for p in engine._processes)
     per_replica = [values[f'hifc_replica_generation_tokens_total{{replica={i}}}'] for i in (0, 1)]
     assert all(n > 0 for n in per_replica)
     assert values["hifc_generation_tokens_total"] == sum(per_replica)
