@@ -7,7 +7,8 @@ from dataclasses import dataclass
 @dataclass
 class SamplerOutput:
     """The sampler's result for one step: ``token_ids[i]`` is the token sampled for the i-th
-    scheduled sequence (``SchedulerOutput.scheduled`` order). Per-token extras that a request
+    sequence that samples in the step (``SchedulerOutput.sampling``: the scheduled sequences
+    whose chunk ends at their last known token, in scheduled order). Per-token extras that a request
     asks for (log-probabilities, say) travel beside the ids in this object."""
 
     token_ids: list[int]

@@ -16,6 +16,7 @@ from hifc.core.scheduler import Scheduler, SchedulerLimits, SchedulerOutput
 from hifc.core.sequence import Sequence, SequenceStatus
 from hifc.engine.detokenizer import IncrementalDetokenizer
 from hifc.engine.limits import ResolvedLimits, resolve_device, resolve_dtype, resolve_limits
+from hifc.engine.model_salt import model_salt
 from hifc.engine.outputs import CompletionOutput, RequestOutput
 from hifc.engine.prompts import tokenize_prompt
 from hifc.engine.swaps import SwapTracker
@@ -26,6 +27,7 @@ from hifc.runtime.kv_cache import allocate_kv_cache
 from hifc.runtime.model_runner import ModelRunner
 from hifc.runtime.swapper import KVSwapper
 from hifc.sampling_params import SamplingParams
+from hifc.tiers.factory import geometry_of
 from hifc.tiers.flash.arbiter import DeviceShare
 
 logger = logging.getLogger(__name__)
@@ -70,18 +72,22 @@ class LLMEngine:
                                      self.dtype, self.device)
         self.runner = ModelRunner(loaded.model, kv_cache,
                                   _attention_backend(config.attention_backend, self.device),
-                                  config.block_size, self.arch.head_dim, self.device, config.seed)
+                                  config.block_size, self.device, config.seed)
         # after the KV cache exists; CPU / torch backend: decode stays unpadded
         self.runner.setup_padded_decode(self.limits.max_model_len, config.max_num_seqs,
                                         capture=not config.enforce_eager)
-        self.kv_manager = KVCacheManager(self.limits.num_gpu_blocks, config.block_size)
+        # names the model for the prefix cache (and a persistent store): see model_salt
+        self.model_salt = model_salt(config.model, config.seed, self.arch, geometry_of(kv_cache))
+        self.kv_manager = KVCacheManager(
+            self.limits.num_gpu_blocks, config.block_size,
+            salt=self.model_salt if config.enable_prefix_caching else None)
         self.tier = _build_tier(config, kv_cache, device_share)
         self.preemption = PreemptionPolicy(config.preemption_mode,
                                            self.tier.geometry.block_bytes if self.tier else 0)
         self.scheduler = Scheduler(
             SchedulerLimits(config.max_num_seqs, self.limits.max_num_batched_tokens,
-                            self.limits.max_model_len), self.kv_manager, self.preemption,
-            self.tier)
+                            self.limits.max_model_len, config.enable_chunked_prefill),
+            self.kv_manager, self.preemption, self.tier)
         self.swaps = SwapTracker(self.scheduler, self.preemption,
                                  KVSwapper(self.tier, kv_cache) if self.tier else None)
         self._requests: dict[str, _Request] = {}
@@ -180,7 +186,7 @@ class LLMEngine:
         text = req.detokenizer.text if req.detokenizer else ""
         completion = CompletionOutput(0, text, list(seq.output_token_ids), seq.finish_reason)
         return RequestOutput(seq.request_id, req.prompt, seq.prompt_token_ids, [completion],
-                             seq.status.is_finished)
+                             seq.status.is_finished, seq.num_cached_tokens)
 
     def stats(self) -> dict[str, float | int]:
         sched = self.scheduler
@@ -194,12 +200,15 @@ class LLMEngine:
             "swap_failures": sched.num_swap_failures,
             "swap_out_blocks": sched.swap_out_blocks,
             "swap_in_blocks": sched.swap_in_blocks,
+            "prefix_cache_queries": sched.prefix_cache_queries,
+            "prefix_cache_hits": sched.prefix_cache_hits,
             **self.swaps.stats(),
             "running": len(sched.running),
             "waiting": len(sched.waiting),
             "swapped": len(sched.swapped) + len(sched.swapping_out) + len(sched.swapping_in),
             "gpu_blocks_free": self.kv_manager.num_free_blocks,
             "gpu_blocks_total": self.kv_manager.num_total_blocks,
+            "gpu_blocks_cached": self.kv_manager.num_cached_free_blocks,
             "tier_blocks_used": sched.tier_blocks_used,
             "tier_blocks_total": self.tier.num_blocks if self.tier else 0,
         }
@@ -208,6 +217,6 @@ class LLMEngine:
 def _build_tier(config: EngineConfig, kv_cache: torch.Tensor, device_share: DeviceShare | None):
     if not config.tier.enabled:
         return None
-    from hifc.tiers import geometry_of, make_tier
+    from hifc.tiers import make_tier
     return make_tier(config.tier, geometry_of(kv_cache), device=kv_cache.device,
                      device_share=device_share)

@@ -19,6 +19,7 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     finished: bool
+    num_cached_tokens: int | None = None  # prompt tokens found in the prefix cache (vLLM's)
 
     # Flat access for the common single-completion case.
     @property

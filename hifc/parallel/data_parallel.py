@@ -203,7 +203,8 @@ class DataParallelEngine:
         completion = CompletionOutput(0, tracked.text, list(tracked.token_ids),
                                       delta.finish_reason)
         self._pending[delta.request_id] = RequestOutput(
-            delta.request_id, tracked.prompt, tracked.prompt_ids, [completion], delta.finished)
+            delta.request_id, tracked.prompt, tracked.prompt_ids, [completion], delta.finished,
+            delta.num_cached_tokens)
 
     # ---- replicas -------------------------------------------------------------------------
     def _wait_ready(self) -> list[ReplicaInfo]:

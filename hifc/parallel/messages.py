@@ -71,6 +71,7 @@ class OutputDelta(NamedTuple):
     text_append: str
     finish_reason: str | None
     finished: bool
+    num_cached_tokens: int | None  # prompt tokens found in the replica's prefix cache
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ class DeltaWriter:
         else:
             self._sent[out.request_id] = (len(out.token_ids), text)
         return OutputDelta(out.request_id, out.token_ids[num_sent:], keep, text[keep:],
-                           out.finish_reason, out.finished)
+                           out.finish_reason, out.finished, out.num_cached_tokens)
 
 
 def run_replica(index: int, config: EngineConfig, device_share: DeviceShare | None,
@@ -132,8 +132,8 @@ def _apply(command, engine: LLMEngine, writer: DeltaWriter, events, index: int,
                            command.params, prompt_ids=command.prompt_ids)
     except ValueError as exc:  # the front end checked the prompt; this should not happen
         logger.warning("replica %d refused request %s: %s", index, command.request_id, exc)
-        events.put(Outputs(index, [OutputDelta(command.request_id, [], 0, "", "abort", True)],
-                           _stats(engine, device_share)))
+        events.put(Outputs(index, [OutputDelta(command.request_id, [], 0, "", "abort", True,
+                                               None)], _stats(engine, device_share)))
         return
     writer.add(command.request_id)
 

@@ -17,13 +17,12 @@ logger = logging.getLogger(__name__)
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv_cache: torch.Tensor, backend: AttentionBackend,
-                 block_size: int, head_dim: int, device: torch.device, seed: int):
-        self.model = model
+                 block_size: int, device: torch.device, seed: int):
+        self.model = model  # with attention_layers: each layer's LayerAttention
         self.kv_cache = kv_cache  # [L, 2, NB, BS, Hkv, D]
         self.kv_caches = list(kv_cache.unbind(0))  # per layer [2, NB, BS, Hkv, D]
         self.backend = backend
         self.block_size = block_size
-        self.scale = head_dim ** -0.5
         self.device = device
         self.sampler = Sampler()
         self.default_generator = torch.Generator(device=device)
@@ -61,8 +60,8 @@ class ModelRunner:
         """Run decode-only steps of up to max(batch_sizes) sequences padded to the next size,
         from persistent input buffers: replayed from CUDA graphs captured now (capture=True,
         CUDA only) or run eagerly (capture=False: the same computation)."""
-        graphs = DecodeGraphs(self.model, self.kv_caches, self.backend, self.scale,
-                              self.block_size, max_model_len, batch_sizes, self.device)
+        graphs = DecodeGraphs(self.model, self.kv_caches, self.backend, self.block_size,
+                              max_model_len, batch_sizes, self.device)
         if capture:
             graphs.capture()
         self.decode_graphs = graphs
@@ -74,28 +73,43 @@ class ModelRunner:
         return self.num_padded_decode_steps if graphs is not None and graphs.graphs else 0
 
     def eager_logits(self, work: list[ScheduledSeq]) -> torch.Tensor:
-        """Logits ([B, V]) of the last new token of each sequence, from unpadded inputs."""
+        """Compute the step's K/V from unpadded inputs; returns the logits ([S, V]) of the last
+        new token of each sequence that samples (S may be 0: prompt chunks only)."""
         meta = inputs.build_attention_metadata(work, self.block_size, self.device)
-        ctx = AttentionContext(meta, self.kv_caches, self.backend, self.scale)
+        ctx = AttentionContext(meta, self.kv_caches, self.backend, self.model.attention_layers)
         input_ids = inputs.build_input_ids(work, self.device)
         positions = inputs.build_positions(work, self.device)
         hidden = self.model(input_ids, positions, ctx)  # [T, hidden]
-        last = inputs.build_logits_indices(meta.query_start_loc_cpu, self.device)
-        return self.model.compute_logits(hidden.index_select(0, last))  # [B, V]
+        last = inputs.build_logits_indices(work, meta.query_start_loc_cpu, self.device)
+        return self.model.compute_logits(hidden.index_select(0, last))  # [S, V]
+
+    def _padded_logits(self, work: list[ScheduledSeq]) -> torch.Tensor | None:
+        """Logits ([S, V]) of the samplers of a decode-only step run padded (None: the step
+        runs eagerly). A one-token prompt chunk before the last is such a row, not sampled."""
+        logits = self.decode_graphs.run(work) if self.decode_graphs is not None else None
+        if logits is None:
+            return None
+        self.num_padded_decode_steps += 1
+        if all(w.samples for w in work):
+            return logits  # [B, V]
+        rows = [i for i, w in enumerate(work) if w.samples]
+        return logits[torch.tensor(rows, dtype=torch.long, device=logits.device)]
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> SamplerOutput:
-        """Compute the scheduled tokens' K/V and sample one token per sequence."""
+        """Compute the scheduled tokens' K/V and sample one token per sequence that finishes
+        its known tokens in this step (``ScheduledSeq.samples``)."""
         for request_id in out.finished_request_ids:
             self._generators.pop(request_id, None)
         work = out.scheduled
         if not work:
             return SamplerOutput([])
-        logits = self.decode_graphs.run(work) if self.decode_graphs is not None else None
+        logits = self._padded_logits(work)
         if logits is None:
-            logits = self.eager_logits(work)  # [B, V]
-        else:
-            self.num_padded_decode_steps += 1
-        params = [w.sampling_params for w in work]
-        gens = [self._generator_for(w.request_id, w.sampling_params.seed) for w in work]
+            logits = self.eager_logits(work)  # [S, V]
+        sampling = out.sampling
+        if not sampling:
+            return SamplerOutput([])
+        params = [w.sampling_params for w in sampling]
+        gens = [self._generator_for(w.request_id, w.sampling_params.seed) for w in sampling]
         return self.sampler.sample(logits, params, gens, self.default_generator)

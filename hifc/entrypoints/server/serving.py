@@ -34,7 +34,8 @@ class _Call:
 def _usage(out: RequestOutput) -> dict:
     prompt, completion = len(out.prompt_token_ids), len(out.token_ids)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": out.num_cached_tokens or 0}}
 
 
 def _choice(call: _Call, text: str | None, finish_reason: str | None, delta: bool) -> dict:
