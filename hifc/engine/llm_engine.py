@@ -57,7 +57,7 @@ class LLMEngine:
         replicas share the device (``hifc.parallel`` passes it)."""
         if config.parallel.data_parallel_size > 1:
             raise ValueError("an LLMEngine is one replica: build data_parallel_size > 1 with "
-                             "hifc.parallel.build_engine (LLM and hifc serve do)")
+                             "hifc.parallel.data_parallel.build_engine (LLM and hifc serve do)")
         config = replica_config(config, 0)  # a flash_path template names replica 0's file
         self.config = config
         self.device = resolve_device(config)

@@ -3,6 +3,7 @@ its metrics, and the tier's I/O going through it. No timing assertions: order is
 I/Os that each fill the whole budget (so they run one at a time), metrics with a fake clock."""
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 
@@ -196,7 +197,7 @@ def test_arbitrated_io_admits_each_call_at_its_priority():
     assert io.name == "recording+arbiter"
 
 
-def test_flash_tier_swaps_go_through_the_arbiter(tmp_path):
+def test_flash_tier_swaps_and_prefix_writes_go_through_the_arbiter(tmp_path):
     arbiter = DeviceArbiter("test", 2, 1 << 20)
     config = TierConfig(kv_offload="flash", flash_path=str(tmp_path / "a.kvc"),
                         num_tier_blocks=8)
@@ -212,6 +213,12 @@ def test_flash_tier_swaps_go_through_the_arbiter(tmp_path):
         stats = arbiter.replica_stats(0)
         assert stats["swap_out_bytes"] >= 3 * SMALL.block_bytes  # records add headers
         assert stats["swap_in_bytes"] == stats["swap_out_bytes"]
+        assert stats["prefix_write_bytes"] == 0
+        hashes = [hashlib.sha256(b"block %d" % i).digest() for i in range(2)]
+        salt = hashlib.sha256(b"model").digest()
+        assert tier.wait(tier.submit_prefix_write(kv, [(0, hashes[0]), (1, hashes[1])],
+                                                  salt)).ok
+        assert arbiter.replica_stats(0)["prefix_write_bytes"] >= 2 * SMALL.block_bytes
     assert arbiter.stats()["inflight_bytes"] == 0
 
 
