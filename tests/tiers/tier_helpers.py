@@ -7,7 +7,7 @@ import torch
 
 from hifc.tiers import KVGeometry
 from hifc.tiers.flash.chunks import ChunkMover
-from hifc.tiers.flash.io_base import FileIO
+from hifc.tiers.flash.io_base import FileIO, IOPriority
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -35,15 +35,15 @@ class GatedIO(FileIO):
     def staging_device(self, kv_device):
         return self.inner.staging_device(kv_device)
 
-    def write(self, buf, file_offset):
+    def write(self, buf, file_offset, priority=IOPriority.SWAP_OUT):
         self.arrived.set()
         assert self.gate.wait(10)
-        return self.inner.write(buf, file_offset)
+        return self.inner.write(buf, file_offset, priority)
 
-    def read(self, buf, file_offset):
+    def read(self, buf, file_offset, priority=IOPriority.SWAP_IN):
         self.arrived.set()
         assert self.gate.wait(10)
-        return self.inner.read(buf, file_offset)
+        return self.inner.read(buf, file_offset, priority)
 
 
 def gated(tier, chunk_blocks: int = 8, num_buffers: int = 2) -> GatedIO:
