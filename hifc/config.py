@@ -49,6 +49,8 @@ class EngineConfig:
         "auto", "auto: triton on CUDA, torch elsewhere", choices=ATTENTION_BACKENDS)
     enforce_eager: bool = option(
         False, "run every step eagerly (no CUDA graphs of decode steps)")
+    max_logprobs: int = option(
+        20, "most log-probabilities a request may ask for per token (logprobs, prompt_logprobs)")
     preemption: str | None = option(
         None, "recompute, swap or auto (default: swap when a tier is set)",
         choices=PREEMPTION_MODES)
@@ -64,6 +66,10 @@ class EngineConfig:
         check_choice("block_size", self.block_size, BLOCK_SIZES)
         check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         _positive_int("max_num_seqs", self.max_num_seqs)
+        if isinstance(self.max_logprobs, bool) or not isinstance(self.max_logprobs, int) \
+                or self.max_logprobs < 0:
+            raise ValueError(f"max_logprobs must be a non-negative integer, "
+                             f"got {self.max_logprobs!r}")
         for name in ("max_model_len", "max_num_batched_tokens", "num_gpu_blocks"):
             if getattr(self, name) is not None:
                 _positive_int(name, getattr(self, name))

@@ -3,25 +3,46 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence as Seq
+from typing import Any
 
 from tqdm.auto import tqdm
 
 from hifc.engine.llm_engine import LLMEngine
 from hifc.engine.outputs import RequestOutput
+from hifc.loader.chat import normalize_conversation
 from hifc.sampling_params import SamplingParams
 
-Prompt = str | list[int]
-Message = dict[str, str]
+# a string, token ids, or vLLM's prompt dicts {"prompt": str} / {"prompt_token_ids": [...]}
+Prompt = str | list[int] | dict
+Message = dict[str, Any]
 
 
-def _as_prompt_list(prompts) -> list[Prompt]:
-    if isinstance(prompts, str):
-        return [prompts]
-    if isinstance(prompts, Seq) and prompts and all(isinstance(t, int) for t in prompts):
-        return [list(prompts)]  # one prompt given as token ids
+def _is_token_ids(value) -> bool:
+    return isinstance(value, Seq) and not isinstance(value, str) and bool(value) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def _as_prompt_list(prompts) -> list[str | list[int]]:
+    """One prompt or a list of prompts, each a string or token ids."""
+    if isinstance(prompts, (str, dict)) or _is_token_ids(prompts):
+        return [_prompt(prompts)]
     if isinstance(prompts, Seq):
-        return [p if isinstance(p, str) else list(p) for p in prompts]
-    raise ValueError("prompts must be a string, a list of token ids, or a list of those")
+        return [_prompt(p) for p in prompts]
+    raise ValueError("prompts must be a string, a list of token ids, a prompt dict, or a list "
+                     "of those")
+
+
+def _prompt(prompt) -> str | list[int]:
+    if isinstance(prompt, dict):
+        keys = set(prompt)
+        if keys == {"prompt"}:
+            return prompt["prompt"]
+        if keys == {"prompt_token_ids"}:
+            ids = prompt["prompt_token_ids"]
+            return list(ids) if isinstance(ids, Seq) and not isinstance(ids, str) else ids
+        raise ValueError(f"a prompt dict holds either 'prompt' (text) or 'prompt_token_ids'; "
+                         f"got keys {sorted(keys)}")
+    return prompt if isinstance(prompt, str) or not isinstance(prompt, Seq) else list(prompt)
 
 
 class LLM:
@@ -43,6 +64,7 @@ class LLM:
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
+        """Generate for one prompt or a list (strings, token ids, or vLLM's prompt dicts)."""
         prompt_list = _as_prompt_list(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params = [sampling_params or SamplingParams()] * len(prompt_list)
@@ -51,6 +73,8 @@ class LLM:
             if len(params) != len(prompt_list):
                 raise ValueError(f"got {len(params)} sampling params for {len(prompt_list)} prompts")
         # Validate everything before queueing anything, so bad input loses nothing.
+        for p in params:
+            self.engine.check_sampling_params(p)
         token_prompts = [self.engine.tokenize_prompt(p) for p in prompt_list]
         order = []
         for prompt, ids, p in zip(prompt_list, token_prompts, params):
@@ -61,18 +85,23 @@ class LLM:
 
     def chat(self, messages: list[Message] | list[list[Message]],
              sampling_params: SamplingParams | list[SamplingParams] | None = None,
-             use_tqdm: bool = True, add_generation_prompt: bool = True) -> list[RequestOutput]:
-        """Apply the model's chat template to one conversation or a list of them, then generate."""
+             use_tqdm: bool = True, chat_template: str | None = None,
+             add_generation_prompt: bool = True, continue_final_message: bool = False,
+             chat_template_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
+        """Apply the chat template (the model's, or ``chat_template``) to one conversation or a
+        list of them, then generate. Message contents may be text or lists of text parts;
+        ``continue_final_message`` continues the last (assistant) message instead of starting
+        a new one."""
         tokenizer = self.engine.tokenizer
         if tokenizer is None:
             raise ValueError(f"model {self.engine.model_name!r} has no tokenizer or chat template")
-        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        if not conversations:
-            raise ValueError("messages are empty")
-        for conv in conversations:
-            _validate_messages(conv)
-        prompts = [tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt)
-                   for c in conversations]
+        if not isinstance(messages, list) or not messages:
+            raise ValueError("messages must be a non-empty list of messages or of conversations")
+        conversations = [messages] if isinstance(messages[0], dict) else messages
+        prompts = [tokenizer.apply_chat_template(
+            normalize_conversation(c), add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message, chat_template=chat_template,
+            chat_template_kwargs=chat_template_kwargs) for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def _run(self, order: list[str], use_tqdm: bool) -> list[RequestOutput]:
@@ -90,12 +119,3 @@ class LLM:
         finally:
             bar.close()
         return [finished[r] for r in order]
-
-
-def _validate_messages(conv) -> None:
-    if not isinstance(conv, list) or not conv:
-        raise ValueError("a conversation must be a non-empty list of messages")
-    for m in conv:
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) \
-                or not isinstance(m.get("content"), str):
-            raise ValueError("each message must be a dict with string 'role' and 'content'")

@@ -5,12 +5,15 @@ import logging
 
 import torch
 
-from hifc.core.outputs import SamplerOutput
+from hifc.core.outputs import PromptLogprobs, SamplerOutput, TopLogprobs
 from hifc.core.scheduler import ScheduledSeq, SchedulerOutput
+from hifc.core.sequence import Sequence
+from hifc.layers import sampling_ops
 from hifc.layers.attention import AttentionBackend, AttentionContext
-from hifc.layers.sampler import Sampler
+from hifc.layers.sampler import SampledTokens, Sampler
 from hifc.runtime import inputs
 from hifc.runtime.cuda_graphs import DecodeGraphs, capture_sizes, graphs_unsupported_reason
+from hifc.runtime.sampling_inputs import PenaltyRows, StepConstraints, build_sampling_batch
 
 logger = logging.getLogger(__name__)
 
@@ -26,21 +29,11 @@ class ModelRunner:
         self.scale = head_dim ** -0.5
         self.device = device
         self.sampler = Sampler()
-        self.default_generator = torch.Generator(device=device)
-        self.default_generator.manual_seed(seed)
-        self._generators: dict[str, torch.Generator] = {}  # per seeded request
+        self.generator = torch.Generator(device=device)  # noise of unseeded requests
+        self.generator.manual_seed(seed)
+        self.penalty_rows: PenaltyRows | None = None  # made at the first step that needs them
         self.decode_graphs: DecodeGraphs | None = None
         self.num_padded_decode_steps = 0  # steps run through decode_graphs (replayed or not)
-
-    def _generator_for(self, request_id: str, seed: int | None) -> torch.Generator | None:
-        if seed is None:
-            return None
-        gen = self._generators.get(request_id)
-        if gen is None:
-            gen = torch.Generator(device=self.device)
-            gen.manual_seed(seed)
-            self._generators[request_id] = gen
-        return gen
 
     def setup_padded_decode(self, max_model_len: int, max_num_seqs: int, capture: bool) -> None:
         """Run decode-only steps padded to the batch sizes of ``capture_sizes`` from persistent
@@ -75,27 +68,78 @@ class ModelRunner:
 
     def eager_logits(self, work: list[ScheduledSeq]) -> torch.Tensor:
         """Logits ([B, V]) of the last new token of each sequence, from unpadded inputs."""
+        hidden, query_start_loc = self.eager_forward(work)
+        return self._last_token_logits(hidden, query_start_loc)
+
+    def eager_forward(self, work: list[ScheduledSeq]) -> tuple[torch.Tensor, list[int]]:
+        """Hidden states ([T, H]) of every new token, and where each sequence's start ([B+1])."""
         meta = inputs.build_attention_metadata(work, self.block_size, self.device)
         ctx = AttentionContext(meta, self.kv_caches, self.backend, self.scale)
         input_ids = inputs.build_input_ids(work, self.device)
         positions = inputs.build_positions(work, self.device)
-        hidden = self.model(input_ids, positions, ctx)  # [T, hidden]
-        last = inputs.build_logits_indices(meta.query_start_loc_cpu, self.device)
+        return self.model(input_ids, positions, ctx), meta.query_start_loc_cpu
+
+    def _last_token_logits(self, hidden: torch.Tensor, query_start_loc: list[int]) -> torch.Tensor:
+        last = inputs.build_logits_indices(query_start_loc, self.device)
         return self.model.compute_logits(hidden.index_select(0, last))  # [B, V]
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> SamplerOutput:
-        """Compute the scheduled tokens' K/V and sample one token per sequence."""
-        for request_id in out.finished_request_ids:
-            self._generators.pop(request_id, None)
+    def execute(self, out: SchedulerOutput, seqs: list[Sequence],
+                constraints: StepConstraints | None = None) -> SamplerOutput:
+        """Compute the scheduled tokens' K/V and sample one token per sequence. ``seqs``: the
+        scheduled sequences, in ``out.scheduled`` order (their parameters, prompts and the
+        tokens they accepted so far); ``constraints``: the engine's bans and grammar masks."""
+        if self.penalty_rows is not None:
+            self.penalty_rows.release(out.finished_request_ids)
         work = out.scheduled
         if not work:
             return SamplerOutput([])
+        hidden = query_start_loc = None
         logits = self.decode_graphs.run(work) if self.decode_graphs is not None else None
         if logits is None:
-            logits = self.eager_logits(work)  # [B, V]
+            hidden, query_start_loc = self.eager_forward(work)
+            logits = self._last_token_logits(hidden, query_start_loc)  # [B, V]
         else:
             self.num_padded_decode_steps += 1
-        params = [w.sampling_params for w in work]
-        gens = [self._generator_for(w.request_id, w.sampling_params.seed) for w in work]
-        return self.sampler.sample(logits, params, gens, self.default_generator)
+        vocab = logits.shape[-1]
+        if self.penalty_rows is None and any(s.sampling_params.has_penalties for s in seqs):
+            self.penalty_rows = PenaltyRows(vocab, self.device)
+        batch = build_sampling_batch(seqs, constraints, self.penalty_rows, vocab, self.device)
+        result = _to_output(self.sampler.sample(logits, batch, self.generator))
+        if hidden is not None:
+            result.prompt_logprobs = self._prompt_logprobs(work, seqs, hidden, query_start_loc)
+        return result
+
+    def _prompt_logprobs(self, work: list[ScheduledSeq], seqs: list[Sequence],
+                         hidden: torch.Tensor, query_start_loc: list[int],
+                         chunk: int = 256) -> dict[int, PromptLogprobs]:
+        """Prompt log-probabilities of the prompt tokens this step's hidden states predict,
+        for the rows that ask for them (``chunk`` positions at a time: [chunk, V] logits)."""
+        results = {}
+        for row, (w, seq) in enumerate(zip(work, seqs)):
+            k = seq.sampling_params.prompt_logprobs
+            last = min(w.seq_len, seq.num_prompt_tokens - 1)  # positions < last predict prompt
+            if k is None or w.start_pos >= last:
+                continue
+            parts = []
+            for pos in range(w.start_pos, last, chunk):
+                end = min(pos + chunk, last)
+                offset = query_start_loc[row] - w.start_pos
+                states = hidden[offset + pos:offset + end]  # [C, H]
+                logprobs = torch.log_softmax(self.model.compute_logits(states), dim=-1)
+                targets = torch.tensor(seq.prompt_token_ids[pos + 1:end + 1], device=self.device)
+                parts.append(sampling_ops.top_logprobs(logprobs, targets, k))
+            chosen, ranks, top_ids, top_lp = (torch.cat(t) for t in zip(*parts))
+            values = TopLogprobs(seq.prompt_token_ids[w.start_pos + 1:last + 1], chosen.tolist(),
+                                 ranks.tolist(), top_ids.tolist(), top_lp.tolist())
+            results[row] = PromptLogprobs(w.start_pos + 1, values)
+        return results
+
+
+def _to_output(sampled: SampledTokens) -> SamplerOutput:
+    token_ids = sampled.token_ids.tolist()
+    if sampled.logprobs is None:
+        return SamplerOutput(token_ids)
+    return SamplerOutput(token_ids, TopLogprobs(
+        token_ids, sampled.logprobs.tolist(), sampled.ranks.tolist(), sampled.top_ids.tolist(),
+        sampled.top_logprobs.tolist()))
