@@ -18,7 +18,7 @@ from hifc.options import (add_config_args, build, check_choice, flatten, option,
                           options_from_args)
 from hifc.tiers.config import TierConfig
 
-DTYPES = ("auto",) + dtypes.NAMES
+DTYPES = ("auto",) + dtypes.NAMES + tuple(dtypes.ALIASES)
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 DEFAULT_MODEL = "smollm2-135m"
@@ -33,7 +33,8 @@ class EngineConfig:
         "random:<preset>")
     device: str = option("auto", "auto, cpu, cuda or cuda:N")
     dtype: str = option(
-        "auto", "weights and KV cache; auto: bfloat16 on CUDA, float32 on CPU", choices=DTYPES)
+        "auto", "weights and KV cache; auto: bfloat16 on CUDA, float32 on CPU (half = float16, "
+        "float = float32)", choices=DTYPES)
     block_size: int = option(64, "tokens per KV block", choices=BLOCK_SIZES)
     max_model_len: int | None = option(
         None, "longest sequence (default: the model's context, capped by the KV pool)")
@@ -63,6 +64,7 @@ class EngineConfig:
                 self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         check_choice("dtype", self.dtype, DTYPES)
+        object.__setattr__(self, "dtype", dtypes.canonical(self.dtype))  # half -> float16
         check_choice("block_size", self.block_size, BLOCK_SIZES)
         check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         _positive_int("max_num_seqs", self.max_num_seqs)

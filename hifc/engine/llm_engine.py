@@ -193,6 +193,10 @@ class LLMEngine:
             self._bitmasks = self._grammars.bitmask_filler()
         return self._grammars
 
+    def token_text(self, token_id: int) -> str | None:
+        """A token's text, decoded alone (None without a tokenizer)."""
+        return self._logprobs.token_text(token_id)
+
     def abort_request(self, request_id: str | list[str]) -> None:
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
         for rid in ids:

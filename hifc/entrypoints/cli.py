@@ -11,7 +11,10 @@ from hifc.entrypoints import generate, server
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from hifc import __version__
+
     parser = argparse.ArgumentParser(prog="hifc", description="LLM inference with flash KV swap")
+    parser.add_argument("--version", action="version", version=f"hifc {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     generate.register(sub)
     bench_cli.register(sub)

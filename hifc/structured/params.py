@@ -74,6 +74,6 @@ def _schema_text(schema: Any) -> str:
     if not isinstance(schema, dict):
         raise ValueError(f"json schema must be a JSON object, got {type(schema).__name__}")
     try:
-        return json.dumps(schema, sort_keys=True)
+        return json.dumps(schema)  # key order kept: it is the order of the generated fields
     except (TypeError, ValueError) as exc:
         raise ValueError(f"json schema cannot be serialized: {exc}") from None

@@ -98,8 +98,9 @@ def wait_until_idle(server: Server, timeout_s: float = 30.0) -> dict[str, float]
     deadline = time.monotonic() + timeout_s
     while True:
         values = metric_values(httpx.get(f"{server.base_url}/metrics", timeout=10).text)
-        idle = (values["hifc_num_requests_running"] == 0
-                and values["hifc_num_requests_waiting"] == 0
+        labels = f"{{model_name={server.model}}}"
+        idle = (values[f"vllm:num_requests_running{labels}"] == 0
+                and values[f"vllm:num_requests_waiting{labels}"] == 0
                 and values["hifc_num_requests_swapped"] == 0
                 and values["hifc_gpu_kv_blocks_free"] == values["hifc_gpu_kv_blocks_total"]
                 and values["hifc_tier_blocks_used"] == 0)

@@ -30,6 +30,9 @@ def register(subparsers) -> None:
                    help="model name(s) clients use (default: the --model value)")
     s.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
                    help="larger request bodies get 413")
+    s.add_argument("--chat-template",
+                   help="a Jinja chat template (a file, or the template itself) replacing the "
+                   "model's")
     s.add_argument("--log-level", default="info",
                    choices=("critical", "error", "warning", "info", "debug"))
     s.add_argument("--access-log", action="store_true", help="log every HTTP request")
@@ -54,6 +57,18 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def read_chat_template(value: str | None) -> str | None:
+    """--chat-template: the file's text, or the value itself if it is a template."""
+    if value is None:
+        return None
+    if os.path.isfile(value):
+        with open(value, encoding="utf-8") as f:
+            return f.read()
+    if "{{" in value or "{%" in value:
+        return value
+    raise ValueError(f"--chat-template: {value!r} is neither a file nor a Jinja template")
+
+
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -75,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
         logger.warning(warning)
     config = engine_config_from_args(args)
     names = tuple(args.served_model_name or (args.model,))
-    settings = ServerSettings(names, args.api_key, args.max_request_bytes)
+    settings = ServerSettings(names, args.api_key, args.max_request_bytes,
+                              read_chat_template(args.chat_template))
     engine = LLMEngine(config)
     metrics = ServerMetrics(names[0])
     async_engine = AsyncEngine(engine, observer=metrics)
