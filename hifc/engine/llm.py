@@ -77,10 +77,14 @@ class LLM:
             self.engine.check_sampling_params(p)
         token_prompts = [self.engine.tokenize_prompt(p) for p in prompt_list]
         order = []
-        for prompt, ids, p in zip(prompt_list, token_prompts, params):
-            request_id = f"gen-{next(self._ids)}"
-            self.engine.add_request(request_id, prompt, p, prompt_ids=ids)
-            order.append(request_id)
+        try:
+            for prompt, ids, p in zip(prompt_list, token_prompts, params):
+                request_id = f"gen-{next(self._ids)}"
+                self.engine.add_request(request_id, prompt, p, prompt_ids=ids)
+                order.append(request_id)
+        except ValueError:  # a check that needs the prompt and the pool (length, KV blocks)
+            self.engine.abort_request(order)
+            raise
         return self._run(order, use_tqdm)
 
     def chat(self, messages: list[Message] | list[list[Message]],

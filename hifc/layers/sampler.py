@@ -82,11 +82,7 @@ class Sampler:
         logits = logits.to(torch.float32)
         raw_logprobs = (torch.log_softmax(logits, dim=-1) if batch.logprobs_k is not None
                         else None)  # [B, V]
-        _constrain(logits, batch)
-        if batch.penalties is not None:
-            p = batch.penalties
-            ops.apply_penalties(logits, p.rows, p.counts, p.prompt_mask, p.presence,
-                                p.frequency, p.repetition)
+        logits = self.process(logits, batch)
         token_ids = logits.argmax(dim=-1)  # [B]
         if not batch.all_greedy:
             sampled = _draw(logits, batch, generator)
@@ -97,6 +93,18 @@ class Sampler:
         chosen, ranks, top_ids, top_lp = ops.top_logprobs(raw_logprobs, token_ids,
                                                           batch.logprobs_k)
         return SampledTokens(token_ids, chosen, ranks, top_ids, top_lp)
+
+    @staticmethod
+    def process(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        """The logits ([B, V], float32: edited in place) after the masks, the logit bias and
+        the penalties: greedy rows take their argmax, sampled rows draw from them after
+        temperature, min-p, top-k and top-p."""
+        _constrain(logits, batch)
+        if batch.penalties is not None:
+            p = batch.penalties
+            ops.apply_penalties(logits, p.rows, p.counts, p.prompt_mask, p.presence,
+                                p.frequency, p.repetition)
+        return logits
 
 
 def _constrain(logits: torch.Tensor, batch: SamplingBatch) -> None:
