@@ -45,3 +45,28 @@ def test_unknown_model_exits_2(capsys):
     rc = main(["generate", "--model", "no-such-model", "--device", "cpu", "--prompt", "x"])
     assert rc == 2
     assert "no-such-model" in capsys.readouterr().err
+
+
+def test_version_flag(capsys):
+    from hifc import __version__
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0 and capsys.readouterr().out.strip() == f"hifc {__version__}"
+
+
+@pytest.mark.parametrize("alias, name", [("half", "float16"), ("float", "float32"),
+                                         ("bfloat16", "bfloat16")])
+def test_dtype_aliases(alias, name):
+    from hifc.config import EngineConfig
+    assert EngineConfig.from_options("random:tiny-llama", dtype=alias).dtype == name
+
+
+def test_serve_chat_template_from_file_or_text(tmp_path):
+    from hifc.entrypoints.server.cli import read_chat_template
+    template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    path = tmp_path / "t.jinja"
+    path.write_text(template)
+    assert read_chat_template(str(path)) == template == read_chat_template(template)
+    assert read_chat_template(None) is None
+    with pytest.raises(ValueError, match="neither a file nor a Jinja template"):
+        read_chat_template(str(tmp_path / "missing.jinja"))

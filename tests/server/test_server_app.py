@@ -13,10 +13,10 @@ from hifc.entrypoints.server.cli import bind_warning
 from tests.server.helpers import app_client
 
 
-def _client(model: str, name: str = "m") -> TestClient:
+def _client(model: str, name: str = "m", **settings) -> TestClient:
     engine = LLMEngine.from_options(model, device="cpu", block_size=16, max_model_len=128,
                                     num_gpu_blocks=16)
-    return app_client(engine, name)
+    return app_client(engine, name, **settings)
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +39,21 @@ def test_chat_without_template_is_400_and_completions_still_work(no_template_dir
         assert "chat template" in resp.json()["error"]["message"]
         ok = client.post("/v1/completions", json={"model": "m", "prompt": "hi", "max_tokens": 2})
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] >= 1
+
+
+def test_server_chat_template_replaces_the_models(no_template_dir):
+    template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+    with _client(str(no_template_dir), chat_template=template) as client:
+        messages = [{"role": "user", "content": "hi"}]
+        resp = client.post("/v1/chat/completions", json={"model": "m", "messages": messages,
+                                                         "max_tokens": 2})
+        assert resp.status_code == 200, resp.text
+        ids = client.post("/tokenize", json={"messages": messages}).json()["tokens"]
+        assert client.post("/detokenize", json={"tokens": ids}).json()["prompt"] == "<user>hi"
+        own = client.post("/tokenize", json={"messages": messages,
+                                             "chat_template": "{{ messages[0]['content'] }}!"})
+        assert client.post("/detokenize", json={"tokens": own.json()["tokens"]}).json() == \
+            {"prompt": "hi!"}
 
 
 def test_model_without_tokenizer_takes_token_ids_only():
