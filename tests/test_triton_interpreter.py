@@ -1,5 +1,5 @@
-"""The Triton kernels' CPU cases (attention, KV write, fused norm/SiLU/rotary, padded decode
-through Triton) in a child pytest with TRITON_INTERPRET=1, so that the default suite runs them
+"""The Triton kernels' CPU cases (attention, KV write, fused norm/SiLU/rotary, sampling
+penalties, padded decode through Triton) in a child pytest with TRITON_INTERPRET=1, so that the default suite runs them
 (~2 minutes on 2 cores). Cases that need a real GPU skip there.
 
 The variable must be set before triton is imported, and it would make every Triton test of this
@@ -14,6 +14,7 @@ import pytest
 import torch
 
 FILES = ["tests/layers/test_triton_attention.py", "tests/layers/test_triton_fused.py",
+         "tests/layers/test_triton_penalties.py",
          "tests/runtime/test_decode_graphs_triton.py"]
 
 

@@ -165,6 +165,8 @@ class LLMEngine:
             completion = CompletionState(
                 index, seq, request, detokenizer, bad_words=bad_words,
                 grammar=self._grammars.matcher(grammar) if grammar is not None else None)
+            if p.logprobs is not None:
+                completion.start_logprobs(self._logprobs)
             request.completions.append(completion)
             self._completions[seq_id] = completion
         self._requests[request_id] = request
@@ -284,7 +286,7 @@ class LLMEngine:
     def _take_token(self, completion: CompletionState, sampled: SamplerOutput, row: int) -> None:
         """Record a sequence's new token; end it at a stop string or a finished grammar."""
         seq = completion.seq
-        stop = completion.record(sampled, row, self._logprobs)
+        stop = completion.record(sampled, row)
         if stop is not None and seq.status in (SequenceStatus.RUNNING,
                                                SequenceStatus.FINISHED_LENGTH):
             seq.stop_reason = stop

@@ -1,8 +1,9 @@
-"""Turns the sampler's log-probability rows into vLLM's per-position dicts of ``Logprob``."""
+"""Turns the sampler's log-probability rows into vLLM's per-position dicts of ``Logprob``, with
+each token's text."""
 from __future__ import annotations
 
 from hifc.core.outputs import TopLogprobs
-from hifc.engine.outputs import Logprob, PositionLogprobs
+from hifc.engine.outputs import PositionLogprobs, position_logprobs
 from hifc.loader.tokenizer import Tokenizer
 
 
@@ -26,15 +27,6 @@ class LogprobsBuilder:
     def position(self, values: TopLogprobs, row: int, k: int,
                  decode: bool = True) -> PositionLogprobs:
         """Row ``row`` of ``values``: its chosen token first, then the k most likely tokens."""
-        text = self.token_text if decode else (lambda _: None)
-        chosen = values.token_ids[row]
-        entries = {chosen: Logprob(values.logprobs[row], values.ranks[row], text(chosen))}
-        top = zip(values.top_ids[row][:k], values.top_logprobs[row][:k])
-        for rank, (token, logprob) in enumerate(top, start=1):
-            if token not in entries:
-                entries[token] = Logprob(logprob, rank, text(token))
-        return entries
-
-    def positions(self, values: TopLogprobs, k: int, decode: bool = True
-                  ) -> list[PositionLogprobs]:
-        return [self.position(values, row, k, decode) for row in range(len(values.token_ids))]
+        return position_logprobs(values.token_ids[row], values.logprobs[row], values.ranks[row],
+                                 values.top_ids[row][:k], values.top_logprobs[row][:k],
+                                 self.token_text if decode else None)

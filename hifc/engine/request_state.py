@@ -9,8 +9,8 @@ from hifc.core.sequence import Sequence
 from hifc.engine.bad_words import BadWords
 from hifc.engine.detokenizer import IncrementalDetokenizer
 from hifc.engine.logprobs import LogprobsBuilder
-from hifc.engine.outputs import (CompletionOutput, PositionLogprobs, RequestMetrics,
-                                 RequestOutput)
+from hifc.engine.outputs import (CompletionOutput, FlatLogprobs, PositionLogprobs,
+                                 RequestMetrics, RequestOutput)
 from hifc.sampling_params import SamplingParams
 from hifc.structured.grammar import GrammarState
 
@@ -25,22 +25,26 @@ class CompletionState:
     detokenizer: IncrementalDetokenizer | None
     grammar: GrammarState | None = None
     bad_words: BadWords | None = None
-    logprobs: list[PositionLogprobs] | None = None
+    logprobs: FlatLogprobs | None = None
     cumulative_logprob: float | None = None
 
-    def __post_init__(self) -> None:
-        if self.seq.sampling_params.logprobs is not None:
-            self.logprobs, self.cumulative_logprob = [], 0.0
+    def start_logprobs(self, builder: LogprobsBuilder) -> None:
+        """Collect logprobs (the request asked for them)."""
+        params = self.seq.sampling_params
+        self.logprobs = FlatLogprobs(builder.token_text if params.detokenize else None)
+        self.cumulative_logprob = 0.0
 
-    def record(self, sampled: SamplerOutput, row: int, builder: LogprobsBuilder) -> str | None:
+    def record(self, sampled: SamplerOutput, row: int) -> str | None:
         """Take in the token this sequence just accepted (row ``row`` of the step): its
         log-probabilities, grammar state and text. Returns the stop string the text hit, if
         any."""
         seq, params = self.seq, self.seq.sampling_params
-        if self.logprobs is not None and sampled.logprobs is not None:
-            self.logprobs.append(builder.position(sampled.logprobs, row, params.logprobs,
-                                                  params.detokenize))
-            self.cumulative_logprob += sampled.logprobs.logprobs[row]
+        values = sampled.logprobs
+        if self.logprobs is not None and values is not None:
+            k = params.logprobs
+            self.logprobs.append(values.token_ids[row], values.logprobs[row], values.ranks[row],
+                                 values.top_ids[row][:k], values.top_logprobs[row][:k])
+            self.cumulative_logprob += values.logprobs[row]
         if self.grammar is not None:
             self.grammar.advance(seq.output_token_ids)
         if self.detokenizer is None:
@@ -53,7 +57,7 @@ class CompletionState:
         return CompletionOutput(
             self.index, self.detokenizer.text if self.detokenizer else "",
             list(seq.output_token_ids), self.cumulative_logprob,
-            None if self.logprobs is None else list(self.logprobs), seq.finish_reason,
+            None if self.logprobs is None else self.logprobs.view(), seq.finish_reason,
             seq.stop_reason)
 
 

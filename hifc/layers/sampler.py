@@ -17,12 +17,15 @@ from hifc.layers import sampling_ops as ops
 
 @dataclass
 class Penalties:
-    """Rows with penalties and their state: rows [R] long; counts [R, V] int32; prompt_mask
-    [R, V] bool; presence, frequency, repetition [R] float32."""
+    """Rows with penalties and their state: rows [R] long (None: every row, in order); row r's
+    state is row pool_rows[r] of the penalty pool's counts [N, V] float32 (generated tokens) and
+    seen [N, V] bool (in the prompt or the output); presence, frequency, repetition [R]
+    float32."""
 
-    rows: torch.Tensor
+    rows: torch.Tensor | None
+    pool_rows: torch.Tensor
     counts: torch.Tensor
-    prompt_mask: torch.Tensor
+    seen: torch.Tensor
     presence: torch.Tensor
     frequency: torch.Tensor
     repetition: torch.Tensor
@@ -77,17 +80,20 @@ class SampledTokens:
 class Sampler:
     def sample(self, logits: torch.Tensor, batch: SamplingBatch,
                generator: torch.Generator) -> SampledTokens:
-        """logits [B, V] -> one token per row. ``generator`` draws the noise of unseeded rows.
+        """logits [B, V] -> one token per row. ``generator`` draws the uniform numbers of
+        unseeded rows.
         The logits are edited in place (they are the step's own: nothing reads them after)."""
         logits = logits.to(torch.float32)
         raw_logprobs = (torch.log_softmax(logits, dim=-1) if batch.logprobs_k is not None
                         else None)  # [B, V]
         logits = self.process(logits, batch)
-        token_ids = logits.argmax(dim=-1)  # [B]
-        if not batch.all_greedy:
-            sampled = _draw(logits, batch, generator)
-            token_ids = sampled if batch.greedy is None else torch.where(batch.greedy,
-                                                                         token_ids, sampled)
+        if batch.all_greedy:
+            token_ids = logits.argmax(dim=-1)  # [B]
+        elif batch.greedy is None:
+            token_ids = _draw(logits, batch, generator)
+        else:
+            token_ids = torch.where(batch.greedy, logits.argmax(dim=-1),
+                                    _draw(logits, batch, generator))
         if raw_logprobs is None:
             return SampledTokens(token_ids)
         chosen, ranks, top_ids, top_lp = ops.top_logprobs(raw_logprobs, token_ids,
@@ -102,7 +108,7 @@ class Sampler:
         _constrain(logits, batch)
         if batch.penalties is not None:
             p = batch.penalties
-            ops.apply_penalties(logits, p.rows, p.counts, p.prompt_mask, p.presence,
+            ops.apply_penalties(logits, p.rows, p.pool_rows, p.counts, p.seen, p.presence,
                                 p.frequency, p.repetition)
         return logits
 
@@ -122,20 +128,22 @@ def _constrain(logits: torch.Tensor, batch: SamplingBatch) -> None:
 
 def _draw(logits: torch.Tensor, batch: SamplingBatch,
           generator: torch.Generator) -> torch.Tensor:
-    """Random draws [B] after temperature, min-p, top-k and top-p."""
+    """Random draws [B] after temperature, min-p, top-k and top-p (vLLM's order)."""
     logits = logits / batch.temperature[:, None]
-    if batch.min_p is not None:
-        ops.apply_min_p(logits, batch.min_p)
     if batch.top_k is not None or batch.top_p is not None:
-        logits = ops.apply_top_k_top_p(logits, batch.top_k, batch.top_p)
-    probs = torch.softmax(logits, dim=-1)  # [B, V]
-    num_rows, vocab = probs.shape
-    if batch.seeded_rows is None:
-        noise = torch.empty_like(probs).exponential_(generator=generator)
-    elif batch.seeded_rows.shape[0] == num_rows:  # every row seeded, in order
-        noise = ops.seeded_exponential(batch.seeds, batch.steps, vocab)
+        if batch.min_p is not None:
+            ops.apply_min_p(logits, batch.min_p)
+        probs = torch.softmax(ops.apply_top_k_top_p(logits, batch.top_k, batch.top_p), dim=-1)
     else:
-        noise = torch.empty_like(probs).exponential_(generator=generator)
-        noise.index_copy_(0, batch.seeded_rows,
-                          ops.seeded_exponential(batch.seeds, batch.steps, vocab))
-    return ops.sample_from(probs, noise)
+        probs = torch.softmax(logits, dim=-1)  # [B, V]
+        if batch.min_p is not None:  # the same cut, without a second softmax
+            ops.apply_min_p_to_probs(probs, batch.min_p)
+    num_rows = probs.shape[0]
+    if batch.seeded_rows is not None and batch.seeded_rows.shape[0] == num_rows:
+        uniform = ops.seeded_uniform(batch.seeds, batch.steps)  # every row seeded, in order
+    else:
+        uniform = torch.rand(num_rows, device=probs.device, generator=generator)
+        if batch.seeded_rows is not None:
+            uniform.index_copy_(0, batch.seeded_rows,
+                                ops.seeded_uniform(batch.seeds, batch.steps))
+    return ops.sample_inverse_cdf(probs, uniform)

@@ -8,29 +8,40 @@ from __future__ import annotations
 
 import torch
 
+from hifc.layers.triton_jit import triton
+from hifc.layers.triton_penalties import triton_apply_penalties
+
 _MASK32 = 0xFFFFFFFF
 _NEG_INF = float("-inf")
 
 
-def apply_penalties(logits: torch.Tensor, rows: torch.Tensor, counts: torch.Tensor,
-                    prompt_mask: torch.Tensor, presence: torch.Tensor, frequency: torch.Tensor,
-                    repetition: torch.Tensor) -> None:
-    """vLLM's penalties, in place on ``logits[rows]``.
+def apply_penalties(logits: torch.Tensor, rows: torch.Tensor | None, pool_rows: torch.Tensor,
+                    counts: torch.Tensor, seen: torch.Tensor, presence: torch.Tensor,
+                    frequency: torch.Tensor, repetition: torch.Tensor) -> None:
+    """vLLM's penalties, in place on ``logits[rows]`` (rows [R] long; None: every row).
 
-    rows [R] long; counts [R, V] (times each token was generated); prompt_mask [R, V] bool
-    (token is in the prompt); presence, frequency, repetition [R] float32. The repetition
-    penalty divides positive and multiplies negative logits of tokens seen in the prompt or the
-    output; then the frequency penalty subtracts count * penalty and the presence penalty
-    subtracts the penalty from every generated token.
+    Request r's state is row ``pool_rows[r]`` of counts [N, V] float32 (times each token was
+    generated) and seen [N, V] bool (token is in the prompt or the output); presence,
+    frequency, repetition [R] float32. The repetition penalty divides positive and multiplies
+    negative logits of seen tokens; then the frequency penalty subtracts count * penalty and
+    the presence penalty subtracts the penalty from every generated token. On CUDA one Triton
+    pass (``triton_penalties``) does it all.
     """
-    sub = logits.index_select(0, rows)  # [R, V]
-    counts = counts.to(sub.dtype)
-    generated = counts > 0
-    rep = torch.where(prompt_mask | generated, repetition[:, None], 1.0)  # [R, V]
+    if logits.is_cuda and triton is not None:
+        triton_apply_penalties(logits, rows, pool_rows, counts, seen, presence, frequency,
+                               repetition)
+        return
+    counts = counts.index_select(0, pool_rows)  # [R, V]
+    seen = seen.index_select(0, pool_rows)
+    sub = logits if rows is None else logits.index_select(0, rows)  # [R, V]
+    rep = torch.where(seen, repetition[:, None], 1.0)
     sub = torch.where(sub > 0, sub / rep, sub * rep)
-    sub -= frequency[:, None] * counts
-    sub -= presence[:, None] * generated.to(sub.dtype)
-    logits.index_copy_(0, rows, sub)
+    sub.addcmul_(counts, frequency[:, None], value=-1.0)
+    sub.addcmul_((counts > 0).to(sub.dtype), presence[:, None], value=-1.0)
+    if rows is None:
+        logits.copy_(sub)
+    else:
+        logits.index_copy_(0, rows, sub)
 
 
 def apply_token_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> None:
@@ -59,6 +70,13 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> None:
     probs = torch.softmax(logits, dim=-1)  # [B, V]
     threshold = probs.amax(dim=-1, keepdim=True) * min_p[:, None]
     logits.masked_fill_(probs < threshold, _NEG_INF)
+
+
+def apply_min_p_to_probs(probs: torch.Tensor, min_p: torch.Tensor) -> None:
+    """:func:`apply_min_p` on probabilities [B, V] (zeroed, not renormalized: the draws of
+    :func:`sample_inverse_cdf` scale with the total)."""
+    threshold = probs.amax(dim=-1, keepdim=True) * min_p[:, None]
+    probs.masked_fill_(probs < threshold, 0.0)
 
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None,
@@ -96,22 +114,23 @@ def hash32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def seeded_exponential(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Exp(1) noise [S, V] float32 that depends only on (seed, step, token id): a seeded
-    request's draws never depend on the other rows of its batch, on the device or on how many
-    steps ran before. seeds [S] int64 in [0, 2**63); steps [S] int64 (tokens generated so far)."""
+def seeded_uniform(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """Uniform numbers [S] float32 in (0, 1) that depend only on (seed, step): a seeded
+    request's draw never depends on the other rows of its batch or on the device.
+    seeds [S] int64 in [0, 2**63); steps [S] int64 (tokens generated so far)."""
     hi, lo = seeds >> 32, seeds & _MASK32
-    key = hash32(hash32(hash32(hi) ^ lo) ^ (steps & _MASK32))  # [S]
-    tokens = hash32(torch.arange(vocab, device=seeds.device, dtype=torch.int64))  # [V]
-    bits = hash32(key[:, None] ^ tokens[None, :])  # [S, V]
-    uniform = ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))  # in (0, 1)
-    return -torch.log(uniform)
+    key = hash32(hash32(hi ^ 0x9E3779B9) ^ lo)  # the constants keep (0, 0) off hash32's 0
+    bits = hash32(hash32(key ^ _mul32(steps & _MASK32, 0x85EBCA6B)) ^ 0x27D4EB2F)  # [S]
+    return ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
 
 
-def sample_from(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    """A draw per row from probs [B, V] given Exp(1) noise [B, V]: argmax of probs / noise
-    (the exponential race, equivalent to a multinomial draw)."""
-    return (probs / noise).argmax(dim=-1)
+def sample_inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """One draw per row from probs [B, V] (not necessarily normalized) given uniform [B] in
+    (0, 1): the first token whose cumulative probability exceeds uniform * total. A token of
+    probability 0 is never drawn."""
+    cdf = probs.cumsum(dim=-1)  # [B, V]
+    target = uniform[:, None] * cdf[:, -1:]  # [B, 1]
+    return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=probs.shape[-1] - 1)
 
 
 def top_logprobs(logprobs: torch.Tensor, chosen: torch.Tensor,

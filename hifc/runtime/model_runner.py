@@ -13,7 +13,8 @@ from hifc.layers.attention import AttentionBackend, AttentionContext
 from hifc.layers.sampler import SampledTokens, Sampler
 from hifc.runtime import inputs
 from hifc.runtime.cuda_graphs import DecodeGraphs, capture_sizes, graphs_unsupported_reason
-from hifc.runtime.sampling_inputs import PenaltyRows, StepConstraints, build_sampling_batch
+from hifc.runtime.sampling_inputs import (PenaltyRows, StepConstraints, StepPacker,
+                                          build_sampling_batch)
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +33,7 @@ class ModelRunner:
         self.generator = torch.Generator(device=device)  # noise of unseeded requests
         self.generator.manual_seed(seed)
         self.penalty_rows: PenaltyRows | None = None  # made at the first step that needs them
+        self.step_packer = StepPacker(device)
         self.decode_graphs: DecodeGraphs | None = None
         self.num_padded_decode_steps = 0  # steps run through decode_graphs (replayed or not)
 
@@ -104,7 +106,8 @@ class ModelRunner:
         vocab = logits.shape[-1]
         if self.penalty_rows is None and any(s.sampling_params.has_penalties for s in seqs):
             self.penalty_rows = PenaltyRows(vocab, self.device)
-        batch = build_sampling_batch(seqs, constraints, self.penalty_rows, vocab, self.device)
+        batch = build_sampling_batch(seqs, constraints, self.penalty_rows, self.step_packer,
+                                     vocab)
         result = _to_output(self.sampler.sample(logits, batch, self.generator))
         if hidden is not None:
             result.prompt_logprobs = self._prompt_logprobs(work, seqs, hidden, query_start_loc)
@@ -137,9 +140,14 @@ class ModelRunner:
 
 
 def _to_output(sampled: SampledTokens) -> SamplerOutput:
-    token_ids = sampled.token_ids.tolist()
+    """The step's results on the host, in one device-to-host transfer."""
     if sampled.logprobs is None:
-        return SamplerOutput(token_ids)
+        return SamplerOutput(sampled.token_ids.tolist())
+    k = sampled.top_ids.shape[1]
+    columns = [sampled.token_ids[:, None], sampled.logprobs[:, None], sampled.ranks[:, None],
+               sampled.top_ids, sampled.top_logprobs]
+    table = torch.cat([c.double() for c in columns], dim=1).tolist()  # [B, 3 + 2k]
+    token_ids = [int(row[0]) for row in table]
     return SamplerOutput(token_ids, TopLogprobs(
-        token_ids, sampled.logprobs.tolist(), sampled.ranks.tolist(), sampled.top_ids.tolist(),
-        sampled.top_logprobs.tolist()))
+        token_ids, [row[1] for row in table], [int(row[2]) for row in table],
+        [[int(t) for t in row[3:3 + k]] for row in table], [row[3 + k:] for row in table]))

@@ -13,7 +13,8 @@ import torch
 from hifc.core.sequence import Sequence
 from hifc.layers import sampling_ops
 from hifc.layers.sampler import Sampler
-from hifc.runtime.sampling_inputs import PenaltyRows, StepConstraints, build_sampling_batch
+from hifc.runtime.sampling_inputs import (PenaltyRows, StepConstraints, StepPacker,
+                                          build_sampling_batch)
 from hifc.sampling_params import SamplingParams
 
 VOCAB = 40
@@ -29,7 +30,8 @@ def _seq(i: int, prompt: list[int], output: list[int], params: SamplingParams) -
 
 
 def _batch(seqs, constraints=None, pool=None):
-    return build_sampling_batch(seqs, constraints, pool or PenaltyRows(VOCAB, CPU), VOCAB, CPU)
+    return build_sampling_batch(seqs, constraints, pool or PenaltyRows(VOCAB, CPU),
+                                StepPacker(CPU), VOCAB)
 
 
 def reference_logits(logits: list[float], seq: Sequence, banned: list[int]) -> list[float]:
@@ -163,15 +165,24 @@ def test_seeded_rows_do_not_depend_on_their_batch():
     assert mixed[2] == int(logits[2].argmax())  # greedy row
 
 
-def test_seeded_noise_is_exponential_and_depends_on_seed_step_token():
-    seeds = torch.tensor([0, 0, 1, 2**62 + 5])
-    steps = torch.tensor([0, 1, 0, 0])
-    noise = sampling_ops.seeded_exponential(seeds, steps, 5000)
-    assert (noise > 0).all() and torch.isfinite(noise).all()
-    assert abs(noise.mean().item() - 1.0) < 0.05 and abs(noise.var().item() - 1.0) < 0.1
-    assert not torch.equal(noise[0], noise[1]) and not torch.equal(noise[0], noise[2])
-    again = sampling_ops.seeded_exponential(seeds[2:3], steps[2:3], 5000)
-    assert torch.equal(again[0], noise[2])
+def test_seeded_uniforms_depend_only_on_seed_and_step():
+    seeds = torch.tensor([0, 0, 1, 2**62 + 5] * 2500)
+    steps = torch.arange(10000) // 4
+    u = sampling_ops.seeded_uniform(seeds, steps)
+    assert ((u > 0) & (u < 1)).all()
+    assert abs(u.mean().item() - 0.5) < 0.01 and abs(u.var().item() - 1 / 12) < 0.005
+    firsts = sampling_ops.seeded_uniform(torch.tensor([0, 1, 0, 2**62]), torch.tensor([0, 0, 1, 0]))
+    assert len(set(firsts.tolist())) == 4 and firsts.min() > 1e-3  # no fixed point at 0
+    again = sampling_ops.seeded_uniform(seeds[2::4][:7], steps[2::4][:7])
+    assert torch.equal(again, u[2::4][:7])
+
+
+def test_inverse_cdf_never_draws_a_token_of_probability_zero():
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0]] * 5)
+    uniform = torch.tensor([1e-7, 0.25, 0.5, 0.75, 1 - 1e-7])
+    assert sampling_ops.sample_inverse_cdf(probs, uniform).tolist() == [1, 1, 3, 3, 3]
+    unnormalized = probs * 3  # draws scale with the total
+    assert sampling_ops.sample_inverse_cdf(unnormalized, uniform).tolist() == [1, 1, 3, 3, 3]
 
 
 def test_logprobs_are_the_raw_distribution_with_ranks_and_top_k():

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hifc import SamplingParams
-from hifc.layers.sampling_ops import seeded_exponential
+from hifc.layers.sampling_ops import seeded_uniform
 
 PROMPT = "The capital of France is"
 
@@ -58,7 +58,7 @@ def _reference_logits(row: torch.Tensor, prompt: list[int], output: list[int],
 
 def _reference_run(hf, prompt: list[int], p: SamplingParams, steps: int) -> list[int]:
     """Generate with transformers' logits, the reference penalties, temperature and min-p, and
-    (sampling) the engine's seeded noise for each step."""
+    (sampling) the engine's seeded uniform number of each step, drawn by inverse CDF."""
     output: list[int] = []
     for step in range(steps):
         with torch.no_grad():
@@ -69,9 +69,9 @@ def _reference_run(hf, prompt: list[int], p: SamplingParams, steps: int) -> list
             continue
         probs = torch.softmax(logits / p.temperature, -1)
         probs = torch.where(probs < p.min_p * probs.max(), 0.0, probs)
-        probs = probs / probs.sum()
-        noise = seeded_exponential(torch.tensor([p.seed]), torch.tensor([step]), len(probs))[0]
-        output.append(int((probs / noise).argmax()))
+        u = seeded_uniform(torch.tensor([p.seed]), torch.tensor([step])).item()
+        cdf = probs.cumsum(0)
+        output.append(int((cdf <= u * cdf[-1]).sum()))  # the first token past u of the mass
     return output
 
 

@@ -123,7 +123,8 @@ def _final_choice(engine: AsyncEngine, call: _Call, out: RequestOutput,
         text = _prompt_text(engine, out) + text
         token_ids = out.prompt_token_ids + token_ids
         positions = (None if positions is None else
-                     (out.prompt_logprobs or [None] * len(out.prompt_token_ids)) + positions)
+                     (out.prompt_logprobs or [None] * len(out.prompt_token_ids))
+                     + list(positions))
     logprobs = (None if call.logprobs is None else
                 responses.completion_logprobs(token_ids, positions, engine.token_text))
     return responses.completion_choice(index, text, logprobs, completion.finish_reason,
