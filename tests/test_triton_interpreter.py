@@ -1,6 +1,6 @@
 """The Triton kernels' CPU cases (attention, KV write, fused norm/SiLU/rotary, sampling
-penalties, padded decode through Triton) in a child pytest with TRITON_INTERPRET=1, so that the default suite runs them
-(~2 minutes on 2 cores). Cases that need a real GPU skip there.
+penalties, padded decode through Triton) in a child pytest with TRITON_INTERPRET=1, so that the
+default suite runs them (~2 minutes on 2 cores). Cases that need a real GPU skip there.
 
 The variable must be set before triton is imported, and it would make every Triton test of this
 process interpret, so the cases run in their own process."""

@@ -231,3 +231,12 @@ def test_sampling_params_defaults_and_normalisation():
         StructuredOutputsParams(regex="a", choice=["b"])
     with pytest.raises(ValueError, match="exactly one"):
         StructuredOutputsParams()
+
+
+def test_structured_outputs_without_xgrammar_say_what_to_install(llm, monkeypatch):
+    import sys
+
+    from hifc.structured.grammar import GrammarCompiler
+    monkeypatch.setitem(sys.modules, "xgrammar", None)  # import xgrammar now fails
+    with pytest.raises(ValueError, match=r"pip install 'hifc\[structured\]'"):
+        GrammarCompiler(llm.get_tokenizer(), 384, {EOS})
