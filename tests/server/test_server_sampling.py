@@ -50,6 +50,10 @@ def test_stop_reason_is_the_stop_token_or_string(client):
                                      temperature=0, extra_body={"prompt_logprobs": 0,
                                                                 **GREEDY}).choices[0]
     assert free.model_extra["stop_reason"] is None and free.finish_reason == "length"
+    prompt_logprobs = free.model_extra["prompt_logprobs"]  # vLLM's extra: k = 0, the token's
+    assert prompt_logprobs[0] is None and all(len(p) == 1 for p in prompt_logprobs[1:])
+    assert all(e["rank"] >= 1 and e["logprob"] <= 0 for p in prompt_logprobs[1:]
+               for e in p.values())
     stop = free.text[2:4]
     r = client.completions.create(model=MODEL_NAME, prompt="Hello", max_tokens=6,
                                   temperature=0, stop=[stop], extra_body=GREEDY).choices[0]

@@ -49,14 +49,28 @@ def chat_logprobs(token_ids: list[int], positions: list[PositionLogprobs],
     return {"content": content}
 
 
+def prompt_logprobs(positions: list[PositionLogprobs | None] | None) -> list | None:
+    """vLLM's ``prompt_logprobs``: per prompt token null (the first) or {token id: {logprob,
+    rank, decoded_token}}."""
+    if positions is None:
+        return None
+    return [None if p is None else
+            {str(t): {"logprob": _lp(lp.logprob), "rank": lp.rank,
+                      "decoded_token": lp.decoded_token} for t, lp in p.items()}
+            for p in positions]
+
+
 def _chat_entry(text: str, logprob: float) -> dict:
     return {"token": text, "logprob": _lp(logprob), "bytes": list(text.encode("utf-8"))}
 
 
 def completion_choice(index: int, text: str, logprobs: dict | None, finish_reason: str | None,
-                      stop_reason: int | str | None) -> dict:
-    return {"index": index, "text": text, "logprobs": logprobs,
-            "finish_reason": finish_reason, "stop_reason": stop_reason}
+                      stop_reason: int | str | None, prompt_logprobs: list | None = None) -> dict:
+    choice = {"index": index, "text": text, "logprobs": logprobs,
+              "finish_reason": finish_reason, "stop_reason": stop_reason}
+    if prompt_logprobs is not None:  # vLLM's extra, when asked for
+        choice["prompt_logprobs"] = prompt_logprobs
+    return choice
 
 
 def chat_choice(index: int, text: str | None, logprobs: dict | None, finish_reason: str | None,

@@ -107,8 +107,10 @@ async def _respond(engine: AsyncEngine, streams: list[RequestStream], call: _Cal
         return JSONResponse(error_body(499, "client disconnected"), status_code=499)
     choices = [_final_choice(engine, call, out, completion, i * call.n + completion.index)
                for i, out in enumerate(finals) for completion in out.outputs]
-    envelope = _envelope(call, choices, chunk=False)
-    return JSONResponse({**envelope, "usage": _usage(finals)})
+    body = {**_envelope(call, choices, chunk=False), "usage": _usage(finals)}
+    if call.chat and finals[0].prompt_logprobs is not None:  # vLLM's extra, when asked for
+        body["prompt_logprobs"] = responses.prompt_logprobs(finals[0].prompt_logprobs)
+    return JSONResponse(body)
 
 
 def _final_choice(engine: AsyncEngine, call: _Call, out: RequestOutput,
@@ -128,7 +130,8 @@ def _final_choice(engine: AsyncEngine, call: _Call, out: RequestOutput,
     logprobs = (None if call.logprobs is None else
                 responses.completion_logprobs(token_ids, positions, engine.token_text))
     return responses.completion_choice(index, text, logprobs, completion.finish_reason,
-                                       completion.stop_reason)
+                                       completion.stop_reason,
+                                       responses.prompt_logprobs(out.prompt_logprobs))
 
 
 def _prompt_text(engine: AsyncEngine, out: RequestOutput) -> str:
