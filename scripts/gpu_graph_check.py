@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hifc import LLM, LLMEngine, SamplingParams  # noqa: E402
-from hifc.bench import kernels, probes  # noqa: E402
+from hifc.bench import costs, kernels, probes  # noqa: E402
 
 
 def _prompts(n: int, lengths: tuple[int, int], vocab: int, seed: int) -> list[list[int]]:
@@ -125,7 +125,7 @@ def decode_mode(args, enforce_eager: bool,
                                                     args.warmup, max_tokens)
         rows.append(row)
     meta = {**probes.graph_capture_info(engine),
-            "weight_bytes_read": kernels.weight_bytes_read(engine)}
+            "weight_bytes_read": costs.weight_bytes_read(engine)}
     del engine
     probes.free_device_memory("cuda")
     return rows, meta, tokens

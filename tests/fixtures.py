@@ -15,7 +15,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
-TINY_ARCHS = ("llama", "llama3", "qwen2", "mistral")
+TINY_ARCHS = ("llama", "llama3", "qwen2", "qwen3", "mistral", "gemma2", "phi3", "phi3-longrope")
+TINY_SLIDING_WINDOW = 24  # Mistral, Gemma 2 and Phi-3: shorter than the tests' long prompts
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # ids 0, 1, 2
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + "
@@ -61,7 +62,8 @@ def save_tiny_tokenizer(path: Path) -> int:
 
 
 def _hf_config(arch: str, vocab_size: int, tie_word_embeddings: bool | None):
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+    from transformers import (Gemma2Config, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config,
+                              Qwen3Config)
 
     common = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128,
                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
@@ -69,6 +71,7 @@ def _hf_config(arch: str, vocab_size: int, tie_word_embeddings: bool | None):
                   # no eos in the model config: transformers' generate then neither stops nor
                   # suppresses eos, so greedy parity runs hold for any length.
                   bos_token_id=1, eos_token_id=None, pad_token_id=None)
+    window = TINY_SLIDING_WINDOW
     if arch == "llama":
         cfg = LlamaConfig(rope_theta=10000.0, tie_word_embeddings=False, **common)
     elif arch == "llama3":
@@ -77,9 +80,26 @@ def _hf_config(arch: str, vocab_size: int, tie_word_embeddings: bool | None):
             "high_freq_factor": 4.0, "original_max_position_embeddings": 128}, **common)
     elif arch == "qwen2":  # like Qwen2.5-0.5B: q/k/v bias and tied embeddings
         cfg = Qwen2Config(rope_theta=1000000.0, tie_word_embeddings=True, **common)
+    elif arch == "qwen3":  # head_dim 32, not hidden / heads
+        cfg = Qwen3Config(rope_theta=1000000.0, tie_word_embeddings=False,
+                          **dict(common, head_dim=32))
     elif arch == "mistral":
-        cfg = MistralConfig(rope_theta=1000000.0, sliding_window=512, tie_word_embeddings=False,
-                            **common)
+        cfg = MistralConfig(rope_theta=1000000.0, sliding_window=window,
+                            tie_word_embeddings=False, **common)
+    elif arch == "gemma2":  # caps low enough to change every score and logit
+        cfg = Gemma2Config(rope_theta=10000.0, sliding_window=window, query_pre_attn_scalar=32,
+                           attn_logit_softcapping=2.0, final_logit_softcapping=5.0,
+                           tie_word_embeddings=True, **common)
+    elif arch == "phi3":  # Phi-3-mini-4k: plain RoPE, a window on every layer
+        cfg = Phi3Config(rope_theta=10000.0, sliding_window=window, tie_word_embeddings=False,
+                         original_max_position_embeddings=1024, **common)
+    elif arch == "phi3-longrope":  # Phi-3-mini-128k style LongRoPE (tests stay below 64)
+        cfg = Phi3Config(rope_theta=10000.0, sliding_window=None, tie_word_embeddings=False,
+                         original_max_position_embeddings=64, rope_scaling={
+                             "rope_type": "longrope",
+                             "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8],
+                             "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 24.0, 32.0, 40.0]},
+                         **common)
     else:
         raise ValueError(f"unknown tiny arch {arch!r}; one of {', '.join(TINY_ARCHS)}")
     if tie_word_embeddings is not None:
@@ -92,8 +112,10 @@ def make_tiny_hf_model(path: Path, arch: str, dtype: str = "float32", sharded: b
     """Write a tiny random transformers model plus tokenizer into ``path`` and return it.
 
     arch: "llama" (Llama 2 style), "llama3" (llama3 rope scaling), "qwen2" (qkv bias, tied
-    embeddings), "mistral" (sliding_window 512). 2 layers, hidden 64, 4 query / 2 kv heads of
-    dim 16, vocab = the tokenizer's (384). Biases and norm weights are random too, so loading
+    embeddings), "qwen3" (q/k norms, head_dim 32), "mistral", "gemma2" and "phi3" (sliding
+    window TINY_SLIDING_WINDOW; Gemma 2 on even layers, with low soft-caps), "phi3-longrope"
+    (LongRoPE, original context 64). 2 layers, hidden 64, 4 query / 2 kv heads of dim 16,
+    vocab = the tokenizer's (384). Biases and norm weights are random too, so loading
     them is tested. sharded: several safetensors files plus model.safetensors.index.json.
     """
     from transformers import AutoModelForCausalLM
@@ -196,7 +218,7 @@ def greedy_decode_paged(model, prompts: list[list[int]], num_tokens: int, block_
     for step in range(num_tokens):
         counts = [len(t) for t in new_tokens]
         meta = paged_metadata(tables, starts, counts, block_size, device)
-        ctx = AttentionContext(meta, kv_caches, backend, arch.head_dim ** -0.5)
+        ctx = AttentionContext(meta, kv_caches, backend, model.attention_layers)
         ids = torch.tensor([t for toks in new_tokens for t in toks], device=device)  # [T]
         positions = torch.tensor([p for s, n in zip(starts, counts) for p in range(s, s + n)],
                                  device=device)  # [T]

@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from hifc.options import finite_float
+
 EXIT_OK = 0
 EXIT_USAGE = 2
 
@@ -25,25 +27,15 @@ class InputError(ValueError):
     """Bad user input found after parsing; reported as one line and exit code 2."""
 
 
-def _number(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be finite, got {text!r}")
-    return value
-
-
 def positive_float(text: str) -> float:
-    value = _number(text)
+    value = finite_float(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
     return value
 
 
 def non_negative_float(text: str) -> float:
-    value = _number(text)
+    value = finite_float(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
     return value
@@ -51,7 +43,7 @@ def non_negative_float(text: str) -> float:
 
 def fraction(text: str) -> float:
     """A value in (0, 1]."""
-    value = _number(text)
+    value = finite_float(text)
     if not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
     return value
@@ -59,7 +51,7 @@ def fraction(text: str) -> float:
 
 def unit_interval(text: str) -> float:
     """A value in [0, 1]."""
-    value = _number(text)
+    value = finite_float(text)
     if not 0 <= value <= 1:
         raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
     return value

@@ -26,6 +26,7 @@ import statistics
 import time
 
 from hifc.analysis.common import int_list, positive_int
+from hifc.bench.costs import kv_bytes_per_token, prefill_flops, weight_bytes_read
 from hifc.bench.probes import (copy_gbps, graph_capture_info, host_functions, matmul_tflops,
                                replay_times, sync)
 from hifc.bench.workloads import fixed_requests
@@ -52,36 +53,6 @@ def register(subparsers) -> None:
     p.add_argument("--json", dest="json_out", help="write results as JSON here")
     add_engine_args(p, model="random:ds-r1-llama-8b")
     p.set_defaults(func=run)
-
-
-# ---- model sizes ----------------------------------------------------------------------------
-def parameter_counts(engine) -> tuple[int, int]:
-    """(decoder-layer parameters incl. the final norm, lm_head parameters): every parameter but
-    the embedding table, whose rows are gathered, not multiplied (tied: it is the lm_head)."""
-    total = sum(p.numel() for p in engine.runner.model.parameters())
-    arch = engine.arch
-    head = arch.vocab_size * arch.hidden_size
-    return total - head * (1 if arch.tie_word_embeddings else 2), head
-
-
-def weight_bytes_read(engine) -> int:
-    """Weight bytes a decode step reads: the layers' and the lm_head's."""
-    body, head = parameter_counts(engine)
-    return (body + head) * engine.dtype.itemsize
-
-
-def kv_bytes_per_token(engine) -> int:
-    return engine.limits.block_bytes // engine.config.block_size
-
-
-def prefill_flops(engine, tokens: int) -> float:
-    """Matmul FLOPs of prefilling one prompt: layers on every token, lm_head on the last one,
-    causal attention (QK^T and PV over half the T x T square)."""
-    body, head = parameter_counts(engine)
-    arch = engine.arch
-    attention = 2 * 2 * arch.num_hidden_layers * arch.num_attention_heads * arch.head_dim \
-        * tokens ** 2 / 2
-    return 2 * body * tokens + 2 * head + attention
 
 
 # ---- engine sizing --------------------------------------------------------------------------

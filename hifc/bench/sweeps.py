@@ -25,11 +25,10 @@ import json
 from dataclasses import asdict, dataclass
 
 from hifc.analysis.common import int_list
-from hifc.bench.throughput import (SWEEP_COLUMNS, check_budget, compare, engine_settings,
-                                   fixed_workload, parse_variants, summarize, variant_cells,
-                                   variant_header, variant_options)
-from hifc.config import BLOCK_SIZES, EngineConfig
-from hifc.config import add_engine_args, engine_config_from_args
+from hifc.bench.throughput import (SWEEP_COLUMNS, check_budget, compare, device_rates,
+                                   engine_settings, fixed_workload, parse_variants, summarize,
+                                   variant_cells, variant_header, variant_options)
+from hifc.config import BLOCK_SIZES, EngineConfig, add_engine_args, engine_config_from_args
 
 
 @dataclass(frozen=True)
@@ -160,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
     points = sweep_points(args.figure, spec, args)
     base = base_options(args.figure, spec, args)
     check_budget(variants, base)
+    rates = device_rates(base)
     for point in points:  # every point's engine options are valid before anything runs
         for name in variants:
             EngineConfig.from_options(**variant_options(name, point_options(base, point)))
@@ -172,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
                 variants, point_options(base, point),
                 lambda engine, p=point: fixed_workload(engine, p.input_len, p.output_len,
                                                        num_prompts, base["seed"]),
-                progress=not args.no_progress, label=f"{point.panel}={point.x} ")
+                rates=rates, progress=not args.no_progress, label=f"{point.panel}={point.x} ")
             sweep["points"].append({**asdict(point), "workload": workload,
                                     **summarize(results)})
             if args.json_out:  # after every point: a run cut short keeps what it measured

@@ -19,8 +19,10 @@ workload's first two prompts for a few tokens (kernel compilation for the worklo
 allocator warm-up); counters exclude them. With a one-request warm-up, the variant that ran
 first (a fresh process compiling Triton kernels mid-run) measured up to 1.5x slower on the H200.
 
-Each variant reports tokens/s, requests/s, swap counts and bytes, I/O and stall time, and its
-throughput as a ratio to the DRAM variant (the paper's baseline) measured in the same run.
+Each variant reports tokens/s, requests/s, swap counts and bytes, I/O and stall time, its
+throughput as a ratio to the DRAM variant (the paper's baseline) measured in the same run, and
+its time against the workload's physical ideal (``hifc.bench.costs``: prefill FLOPs at the matrix
+rate, decode bytes at the copy rate, both rates measured at the start of the run).
 ``--trace-dir`` writes each flash-tier variant's FC block write trace (``hifc wafsim --trace``).
 """
 from __future__ import annotations
@@ -34,7 +36,8 @@ from typing import Callable
 
 from tqdm.auto import tqdm
 
-from hifc.bench.probes import free_device_memory
+from hifc.bench.costs import physical_ideal
+from hifc.bench.probes import copy_gbps, free_device_memory, matmul_tflops
 from hifc.bench.workloads import (DEFAULT_OUTPUT_LEN, PROFILES, SHAREGPT_FILE, BenchRequest,
                                   fixed_requests, get_profile, profile_requests, read_sharegpt,
                                   sharegpt_requests, token_lengths)
@@ -185,12 +188,24 @@ def variant_options(name: str, base: dict) -> dict:
     return opts
 
 
+def device_rates(base: dict) -> tuple[float, float]:
+    """(copy GB/s, matmul TFLOP/s) of the device and dtype these engine options run on."""
+    from hifc.config import EngineConfig
+    from hifc.engine.limits import resolve_device, resolve_dtype
+    config = EngineConfig.from_options(**base)
+    device = resolve_device(config)
+    return copy_gbps(device), matmul_tflops(device, resolve_dtype(config, device))
+
+
 def compare(variants: list[str], base: dict, make_workload: WorkloadBuilder, *,
-            progress: bool = True, label: str = "", trace_dir: str | None = None,
+            rates: tuple[float, float], progress: bool = True, label: str = "",
+            trace_dir: str | None = None,
             on_result: Callable[[dict, list[dict]], None] | None = None,
             ) -> tuple[dict, list[dict]]:
     """Run each variant on a fresh engine; (workload description, results in variant order).
-    ``on_result(workload, results so far)`` is called after each variant."""
+    ``rates`` = ``device_rates(base)``: the workload's physical ideal is computed from them
+    (``workload["ideal"]``) and each result gets ``fraction_of_ideal``. ``on_result(workload,
+    results so far)`` is called after each variant."""
     from hifc.engine.llm_engine import LLMEngine
 
     budgeted = [v for v in variants if v != "none"]
@@ -201,9 +216,14 @@ def compare(variants: list[str], base: dict, make_workload: WorkloadBuilder, *,
         try:
             if requests is None:
                 requests, workload = make_workload(engine)
+                workload["ideal"] = physical_ideal(
+                    engine, [(len(r.prompt_token_ids), r.output_tokens) for r in requests],
+                    *rates)
             trace = (os.path.join(trace_dir, f"{label}{name}.trace")
                      if trace_dir and name in FLASH_TIER_VARIANTS else None)
             done[name] = run_variant(engine, name, requests, progress, label, trace)
+            done[name]["fraction_of_ideal"] = (workload["ideal"]["ideal_s"]
+                                               / done[name]["elapsed_s"])
         finally:
             engine.close()
             del engine
@@ -294,6 +314,7 @@ def run(args: argparse.Namespace) -> int:
     variants = parse_variants(args.compare)
     base = engine_config_from_args(args).options()
     check_budget(variants, base)
+    rates = device_rates(base)
     if args.trace_dir:
         os.makedirs(args.trace_dir, exist_ok=True)
     settings = engine_settings(base)
@@ -307,8 +328,8 @@ def run(args: argparse.Namespace) -> int:
         return summary
 
     workload, results = compare(variants, base, lambda engine: build_workload(args, engine),
-                                progress=not args.no_progress, trace_dir=args.trace_dir,
-                                on_result=save)  # the JSON so far after each variant
+                                rates=rates, progress=not args.no_progress,
+                                trace_dir=args.trace_dir, on_result=save)  # the JSON so far after each variant
     summary = save(workload, results)
     print_table(summary, args.model)
     return 0
@@ -347,10 +368,17 @@ def describe_workload(workload: dict) -> str:
             f"{workload['output_tokens_mean']:.0f} tokens")
 
 
+def describe_ideal(ideal: dict) -> str:
+    return (f"physical ideal {ideal['ideal_s']:.2f} s (prefill {ideal['ideal_prefill_s']:.2f} s "
+            f"at {ideal['matmul_tflops']:.1f} TFLOP/s, {ideal['ideal_decode_steps']} decode steps "
+            f"{ideal['ideal_decode_s']:.2f} s at {ideal['copy_gbps']:.1f} GB/s)")
+
+
 def print_table(summary: dict, model: str) -> None:
     s = summary["settings"]
     print(f"model {model}  {describe_workload(summary['workload'])}  "
           f"max_num_seqs {s['max_num_seqs']}  block {s['block_size']}")
+    print(describe_ideal(summary["workload"]["ideal"]))
     print(variant_header(VARIANT_COLUMNS))
     for r in summary["variants"]:
         print(variant_cells(r, VARIANT_COLUMNS))
@@ -362,6 +390,7 @@ _CELLS = {
     "out tok/s": (10, lambda r: f"{r['output_tokens_per_s']:.1f}"),
     "req/s": (7, lambda r: f"{r['requests_per_s']:.3f}"),
     "x dram": (7, lambda r: "-" if r["ratio_to_dram"] is None else f"{r['ratio_to_dram']:.3f}"),
+    "x ideal": (7, lambda r: f"{r['fraction_of_ideal']:.3f}"),
     "preempt": (7, lambda r: r["preemptions"]),
     "swap out": (8, lambda r: r["swap_out_blocks"]),
     "swap in": (8, lambda r: r["swap_in_blocks"]),
@@ -374,8 +403,8 @@ _CELLS = {
     "fail": (4, lambda r: r["swap_failures"]),
 }
 VARIANT_COLUMNS = tuple(_CELLS)  # `bench throughput`'s table
-SWEEP_COLUMNS = ("variant", "out tok/s", "x dram", "preempt", "swap out", "io s", "stall s",
-                 "of it out")  # `bench sweep`'s, after each point's own columns
+SWEEP_COLUMNS = ("variant", "out tok/s", "x dram", "x ideal", "preempt", "swap out", "io s",
+                 "stall s", "of it out")  # `bench sweep`'s, after each point's own columns
 
 
 def variant_header(columns) -> str:

@@ -9,6 +9,7 @@ import torch
 from hifc.config import EngineConfig
 from hifc.dtypes import torch_dtype
 from hifc.models.config import ModelArchConfig
+from hifc.models.registry import SizeEstimate, size_estimate
 from hifc.runtime.kv_cache import kv_bytes_per_block
 
 logger = logging.getLogger(__name__)
@@ -39,21 +40,18 @@ def resolve_dtype(config: EngineConfig, device: torch.device) -> torch.dtype:
     return torch_dtype(config.dtype)
 
 
-def _activation_reserve_bytes(arch: ModelArchConfig, num_tokens: int, max_num_seqs: int,
-                              itemsize: int) -> int:
-    """Upper estimate of a step's activation memory: the widest live tensors per token."""
-    q_kv = (arch.num_attention_heads + 2 * arch.num_key_value_heads) * arch.head_dim
-    per_token = (4 * arch.hidden_size + 2 * q_kv + 3 * arch.intermediate_size) * itemsize
-    logits = max_num_seqs * arch.vocab_size * 4 * 3
-    return int(1.5 * num_tokens * per_token) + logits + 512 * (1 << 20)
+def _activation_reserve_bytes(size: SizeEstimate, vocab_size: int, num_tokens: int,
+                              max_num_seqs: int) -> int:
+    """Upper estimate of a step's activation memory: the widest live tensors per token (the
+    registry's estimate for the architecture), float32 logits and their copies, and slack."""
+    logits = max_num_seqs * vocab_size * 4 * 3
+    return int(1.5 * num_tokens * size.activation_bytes_per_token) + logits + 512 * (1 << 20)
 
 
 def resolve_limits(config: EngineConfig, arch: ModelArchConfig, dtype: torch.dtype,
                    device: torch.device) -> ResolvedLimits:
     block_bytes = kv_bytes_per_block(arch, config.block_size, dtype)
     model_len = arch.max_position_embeddings
-    if arch.sliding_window is not None and arch.sliding_window < model_len:
-        model_len = arch.sliding_window  # attention here is full-context: stay inside the window
     if config.max_model_len is not None:
         if config.max_model_len > model_len:
             raise ValueError(f"max_model_len {config.max_model_len} exceeds the model's context "
@@ -67,10 +65,13 @@ def resolve_limits(config: EngineConfig, arch: ModelArchConfig, dtype: torch.dty
     elif device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         batch_tokens = config.max_num_batched_tokens or max(8192, model_len)
-        reserve = _activation_reserve_bytes(arch, batch_tokens, config.max_num_seqs,
-                                            dtype.itemsize)
+        size = size_estimate(arch, dtype)
+        reserve = _activation_reserve_bytes(size, arch.vocab_size, batch_tokens,
+                                            config.max_num_seqs)
         budget = total * config.gpu_memory_utilization - (total - free) - reserve
         num_blocks = int(budget // block_bytes)
+        logger.info("KV budget: %.1f GiB (weights %.1f GiB, activation reserve %.1f GiB)",
+                    max(budget, 0) / _GIB, size.parameter_bytes / _GIB, reserve / _GIB)
     else:
         num_blocks = int(CPU_DEFAULT_KV_GIB * _GIB // block_bytes)
     if num_blocks < 1:

@@ -59,7 +59,7 @@ class LLMEngine:
                                      self.dtype, self.device)
         self.runner = ModelRunner(loaded.model, kv_cache,
                                   _attention_backend(config.attention_backend, self.device),
-                                  config.block_size, self.arch.head_dim, self.device, config.seed)
+                                  config.block_size, self.device, config.seed)
         # after the KV cache exists; CPU / torch backend: decode stays unpadded
         self.runner.setup_padded_decode(self.limits.max_model_len, config.max_num_seqs,
                                         capture=not config.enforce_eager)

@@ -2,16 +2,36 @@
 
 KV cache of one layer: ``[2, num_blocks, block_size, num_kv_heads, head_dim]`` (index 0 = K,
 1 = V). A token's slot is ``block_id * block_size + offset``. Every step writes the K/V of its
-new tokens into their slots first, then each query attends causally over its sequence's whole
-context through the block table, so prefill, recompute-prefill and decode are one operation.
+new tokens into their slots first, then each query attends causally over its sequence's context
+through the block table, so prefill, recompute-prefill and decode are one operation.
+
+Each layer attends in its own way (``LayerAttention``: scale, sliding window, logit soft-capping),
+fixed when the model is built; ``AttentionContext`` looks it up by layer index.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class LayerAttention:
+    """How one layer attends (constants of the model, the same at every step)."""
+
+    scale: float  # multiplies q.k
+    # A query at position p sees keys p - sliding_window + 1 .. p; None: the whole context.
+    sliding_window: int | None = None
+    # Scores become logit_softcap * tanh(scores / logit_softcap) before the softmax (Gemma 2).
+    logit_softcap: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"sliding_window must be positive, got {self.sliding_window}")
+        if self.logit_softcap is not None and self.logit_softcap <= 0:
+            raise ValueError(f"logit_softcap must be positive, got {self.logit_softcap}")
 
 
 @dataclass
@@ -53,8 +73,10 @@ def gather_context(kv_cache: torch.Tensor, block_table: torch.Tensor, seq_len: i
 
 
 def reference_paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
-                              scale: float) -> torch.Tensor:
-    """Causal attention of q ([T, Hq, D]) over each sequence's cached context. Returns [T, Hq, D]."""
+                              scale: float, sliding_window: int | None = None,
+                              logit_softcap: float | None = None) -> torch.Tensor:
+    """Causal attention of q ([T, Hq, D]) over each sequence's cached context, in float32, as
+    ``LayerAttention`` describes it (window, soft-capping). Returns [T, Hq, D]."""
     out = torch.empty_like(q)
     num_q_heads = q.shape[1]
     num_kv_heads = kv_cache.shape[-2]
@@ -64,21 +86,28 @@ def reference_paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: Att
         start, end = qsl[i], qsl[i + 1]
         num_q = end - start
         k, v = gather_context(kv_cache, meta.block_tables[i], seq_len, meta.block_size)
-        k = k.repeat_interleave(group, dim=1).transpose(0, 1)  # [Hq, S, D]
-        v = v.repeat_interleave(group, dim=1).transpose(0, 1)
+        k = k.repeat_interleave(group, dim=1).transpose(0, 1).float()  # [Hq, S, D]
+        v = v.repeat_interleave(group, dim=1).transpose(0, 1).float()
         q_pos = torch.arange(seq_len - num_q, seq_len, device=q.device)
         k_pos = torch.arange(seq_len, device=q.device)
-        mask = k_pos[None, :] <= q_pos[:, None]  # [num_q, S]
-        qi = q[start:end].transpose(0, 1)  # [Hq, num_q, D]
-        o = F.scaled_dot_product_attention(qi.float(), k.float(), v.float(), attn_mask=mask,
-                                           scale=scale)
-        out[start:end] = o.transpose(0, 1).to(q.dtype)
+        visible = k_pos[None, :] <= q_pos[:, None]  # [num_q, S]
+        if sliding_window is not None:
+            visible &= k_pos[None, :] > q_pos[:, None] - sliding_window
+        qi = q[start:end].transpose(0, 1).float()  # [Hq, num_q, D]
+        if logit_softcap is None:
+            o = F.scaled_dot_product_attention(qi, k, v, attn_mask=visible, scale=scale)
+        else:  # scaled_dot_product_attention has no soft-capping
+            scores = (qi @ k.transpose(1, 2)) * scale  # [Hq, num_q, S]
+            scores = torch.tanh(scores / logit_softcap) * logit_softcap
+            o = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1) @ v
+        out[start:end] = o.transpose(0, 1).to(q.dtype)  # [num_q, Hq, D]
     return out
 
 
 class AttentionBackend(Protocol):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                meta: AttentionMetadata, scale: float, sliding_window: int | None = None,
+                logit_softcap: float | None = None) -> torch.Tensor:
         """Write k, v ([T, Hkv, D]) into kv_cache, then return attention of q ([T, Hq, D])."""
         ...
 
@@ -86,21 +115,26 @@ class AttentionBackend(Protocol):
 class TorchAttentionBackend:
     """Runs anywhere; the reference the Triton kernels are checked against."""
 
-    def forward(self, q, k, v, kv_cache, meta, scale):
+    def forward(self, q, k, v, kv_cache, meta, scale, sliding_window=None, logit_softcap=None):
         write_kv_cache(k, v, kv_cache, meta.slot_mapping)
-        return reference_paged_attention(q, kv_cache, meta, scale)
+        return reference_paged_attention(q, kv_cache, meta, scale, sliding_window, logit_softcap)
 
 
 class AttentionContext:
-    """What a model's attention layers see of the paged cache: call ``ctx(layer, q, k, v)``."""
+    """What a model's attention layers see of the paged cache: call ``ctx(layer, q, k, v)``.
+
+    layers: each layer's ``LayerAttention`` (the model's ``attention_layers``)."""
 
     def __init__(self, meta: AttentionMetadata, kv_caches: list[torch.Tensor],
-                 backend: AttentionBackend, scale: float):
+                 backend: AttentionBackend, layers: Sequence[LayerAttention]):
         self.meta = meta
         self.kv_caches = kv_caches
         self.backend = backend
-        self.scale = scale
+        self.layers = layers
 
     def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor,
                  v: torch.Tensor) -> torch.Tensor:
-        return self.backend.forward(q, k, v, self.kv_caches[layer_idx], self.meta, self.scale)
+        layer = self.layers[layer_idx]
+        return self.backend.forward(q, k, v, self.kv_caches[layer_idx], self.meta, layer.scale,
+                                    sliding_window=layer.sliding_window,
+                                    logit_softcap=layer.logit_softcap)

@@ -5,7 +5,10 @@ tokens of one sequence) and one KV head; the GROUP query heads that share that K
 into the tile's M dimension (row m = token m // GROUP, head m % GROUP), so K/V is read once per
 group. Keys are gathered through the block table one KV tile (TILE keys) at a time, whatever the
 cache block size; the softmax is online, in fp32 and base 2. Query i of a sequence with n new
-tokens and context length S sits at position S - n + i and sees keys 0 .. S - n + i.
+tokens and context length S sits at position S - n + i and sees keys 0 .. S - n + i, or with a
+sliding window W only the last W of them (S - n + i - W + 1 .. S - n + i): tiles left of every
+row's window are not visited. With logit soft-capping (cap C) a score s becomes C * tanh(s / C)
+before the softmax.
 
 Programs find their sequence by binary search over ``query_start_loc`` (sequence i's q blocks
 start at ``query_start_loc[i] // BLOCK_Q + i``), so the grid depends only on T and B and nothing is
@@ -48,11 +51,21 @@ def _find_seq_idx(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr)
 
 
 @_jit
-def _attend_tile(q, m_i, l_i, acc, tile, block_row, k_base, v_base, kv_end, last_key, qk_scale,
-                 stride_k_blk, stride_k_off, stride_v_blk, stride_v_off,
+def _tanh(x):
+    """tanh from exp (the interpreter has no libdevice); saturates to +-1 without NaN."""
+    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+
+
+@_jit
+def _attend_tile(q, m_i, l_i, acc, tile, block_row, k_base, v_base, kv_end, first_key, last_key,
+                 qk_scale, softcap_log2, stride_k_blk, stride_k_off, stride_v_blk, stride_v_off,
                  HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                 TILE: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Fold KV tile `tile` into the online softmax. MASKED=False: every row sees every key."""
+                 TILE: tl.constexpr, MASKED: tl.constexpr, SLIDING: tl.constexpr,
+                 SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Fold KV tile `tile` into the online softmax. MASKED=False: every row sees every key.
+
+    Rows see keys first_key .. last_key ([M] each; first_key only with SLIDING). Scores are
+    q.k * qk_scale in log2 units, or with SOFTCAP tanh(q.k * qk_scale) * softcap_log2."""
     offs_t = tl.arange(0, TILE)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     d_valid = offs_d < HEAD_DIM
@@ -76,9 +89,13 @@ def _attend_tile(q, m_i, l_i, acc, tile, block_row, k_base, v_base, kv_end, last
         k = tl.load(k_ptrs)
         v = tl.load(v_ptrs)
 
-    s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [M, TILE] fp32, log2 units
+    s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [M, TILE] fp32
+    if SOFTCAP:
+        s = _tanh(s) * softcap_log2  # log2 units
     if MASKED:
         visible = (key_pos[None, :] <= last_key[:, None]) & key_valid[None, :]
+        if SLIDING:
+            visible = visible & (key_pos[None, :] >= first_key[:, None])
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)  # a row may see nothing yet
@@ -99,7 +116,7 @@ def _paged_attention_kernel(
     out_ptr, segm_out_ptr, segm_max_ptr, segm_sum_ptr,
     q_ptr, k_cache_ptr, v_cache_ptr,
     block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
-    qk_scale, num_seqs,
+    qk_scale, softcap_log2, window, num_seqs,
     stride_q_t, stride_q_h, stride_o_t, stride_o_h,
     stride_k_blk, stride_k_off, stride_k_head,
     stride_v_blk, stride_v_off, stride_v_head,
@@ -108,7 +125,8 @@ def _paged_attention_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
-    NUM_SEGMENTS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    NUM_SEGMENTS: tl.constexpr, SLIDING: tl.constexpr, SOFTCAP: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     # Later q blocks of a sequence see more keys: hand them out first.
     q_block = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -135,22 +153,33 @@ def _paged_attention_kernel(
     q_offs = token[:, None] * stride_q_t + head[:, None] * stride_q_h + offs_d[None, :]
     q = tl.load(q_ptr + q_offs, mask=row_valid[:, None] & d_valid[None, :], other=0.0)  # [M, Dp]
     last_key = context_len + q_pos  # [M] last key position each row may see
+    first_key = last_key - window + 1  # [M] first one (used only with SLIDING)
 
-    # Keys any row of this q block may see: 0 .. kv_end - 1; tiles before full_tiles are seen
-    # whole by every row (no masking).
+    # Keys any row of this q block may see: first_tile * TILE .. kv_end - 1. Tiles in
+    # [full_lo, full_hi) are seen whole by every row (no masking): from the first one past the
+    # last row's window start to the last one before the first row's own position.
     first_q_pos = q_block_local * BLOCK_Q
+    last_q_pos = tl.minimum(first_q_pos + BLOCK_Q, q_len) - 1
     kv_end = tl.minimum(seq_len, context_len + first_q_pos + BLOCK_Q)
     num_tiles = tl.cdiv(kv_end, TILE)
-    full_tiles = (context_len + first_q_pos + 1) // TILE
-    if NUM_SEGMENTS > 1:
-        tiles_per_segment = tl.cdiv(num_tiles, NUM_SEGMENTS)
-        tile_lo = segment * tiles_per_segment
-        tile_hi = tl.minimum(tile_lo + tiles_per_segment, num_tiles)
-        tile_mid = tl.maximum(tl.minimum(full_tiles, tile_hi), tile_lo)
+    full_hi = (context_len + first_q_pos + 1) // TILE
+    if SLIDING:
+        first_tile = tl.maximum(context_len + first_q_pos - window + 1, 0) // TILE
+        full_lo = tl.cdiv(tl.maximum(context_len + last_q_pos - window + 1, 0), TILE)
     else:
-        tile_lo = 0
+        first_tile = 0
+        full_lo = 0
+    if NUM_SEGMENTS > 1:
+        tiles_per_segment = tl.cdiv(num_tiles - first_tile, NUM_SEGMENTS)
+        tile_lo = first_tile + segment * tiles_per_segment
+        tile_hi = tl.minimum(tile_lo + tiles_per_segment, num_tiles)
+    else:
+        tile_lo = first_tile
         tile_hi = num_tiles
-        tile_mid = full_tiles
+    # [tile_lo, tile_hi) split into masked [tile_lo, unmasked_lo), whole [unmasked_lo,
+    # unmasked_hi), masked [unmasked_hi, tile_hi); empty ranges where a segment has no tiles.
+    unmasked_lo = tl.minimum(tl.maximum(full_lo, tile_lo), tile_hi)
+    unmasked_hi = tl.minimum(tl.maximum(full_hi, unmasked_lo), tile_hi)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max (log2 units)
     l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2
@@ -159,19 +188,28 @@ def _paged_attention_kernel(
     k_base = k_cache_ptr + kv_head * stride_k_head
     v_base = v_cache_ptr + kv_head * stride_v_head
 
-    for tile in range(tile_lo, tile_mid):
+    for tile in range(tile_lo, unmasked_lo):
         m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, tile, block_row, k_base, v_base, kv_end,
-                                     last_key, qk_scale, stride_k_blk, stride_k_off,
-                                     stride_v_blk, stride_v_off, HEAD_DIM, HEAD_DIM_PAD,
-                                     BLOCK_SIZE, TILE, False, DOT_PRECISION)
-    for tile in range(tile_mid, tile_hi):
+                                     first_key, last_key, qk_scale, softcap_log2, stride_k_blk,
+                                     stride_k_off, stride_v_blk, stride_v_off, HEAD_DIM,
+                                     HEAD_DIM_PAD, BLOCK_SIZE, TILE, True, SLIDING, SOFTCAP,
+                                     DOT_PRECISION)
+    for tile in range(unmasked_lo, unmasked_hi):
         m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, tile, block_row, k_base, v_base, kv_end,
-                                     last_key, qk_scale, stride_k_blk, stride_k_off,
-                                     stride_v_blk, stride_v_off, HEAD_DIM, HEAD_DIM_PAD,
-                                     BLOCK_SIZE, TILE, True, DOT_PRECISION)
+                                     first_key, last_key, qk_scale, softcap_log2, stride_k_blk,
+                                     stride_k_off, stride_v_blk, stride_v_off, HEAD_DIM,
+                                     HEAD_DIM_PAD, BLOCK_SIZE, TILE, False, SLIDING, SOFTCAP,
+                                     DOT_PRECISION)
+    for tile in range(unmasked_hi, tile_hi):
+        m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, tile, block_row, k_base, v_base, kv_end,
+                                     first_key, last_key, qk_scale, softcap_log2, stride_k_blk,
+                                     stride_k_off, stride_v_blk, stride_v_off, HEAD_DIM,
+                                     HEAD_DIM_PAD, BLOCK_SIZE, TILE, True, SLIDING, SOFTCAP,
+                                     DOT_PRECISION)
 
     if NUM_SEGMENTS == 1:
-        out = acc / l_i[:, None]
+        # padding rows past the sequence's new tokens may see no key (l_i 0): never stored
+        out = acc / tl.where(row_valid, l_i, 1.0)[:, None]
         o_offs = token[:, None] * stride_o_t + head[:, None] * stride_o_h + offs_d[None, :]
         tl.store(out_ptr + o_offs, out.to(out_ptr.dtype.element_ty),
                  mask=row_valid[:, None] & d_valid[None, :])
@@ -198,7 +236,7 @@ def _merge_segments_kernel(
     d_valid = offs_d < HEAD_DIM
     part = (token * NUM_Q_HEADS + head) * NUM_SEGMENTS + offs_s  # [S]
     m = tl.load(segm_max_ptr + part, mask=s_valid, other=float("-inf"))
-    m_all = tl.max(m, axis=0)  # finite: the segment holding key 0 saw it
+    m_all = tl.max(m, axis=0)  # finite: the segment holding the row's own key saw it
     w = tl.exp2(m - m_all)  # empty segments (max -inf) weigh 0
     total = tl.sum(tl.load(segm_sum_ptr + part, mask=s_valid, other=0.0) * w, axis=0)
     acc = tl.load(segm_out_ptr + part[:, None] * HEAD_DIM_PAD + offs_d[None, :],
@@ -235,7 +273,11 @@ def plan_launch(max_query_len: int, max_seq_len: int, num_seqs: int, num_q_heads
     block_m = max(block_m, 16, _next_pow2(group))
     block_q = block_m // group
     # Tile shapes measured on an H200 (docs/RESULTS.md, "Triton paged attention (issue 2)").
-    if elem_size > 2 or head_dim_pad > 128:
+    if elem_size > 2 and head_dim_pad > 128:
+        # float32 with Gemma 2's head_dim 256: half the tile keeps two stages of K and V (and
+        # the q tile) well inside an SM's shared memory
+        tile, num_warps, num_stages = 16, 4, 2
+    elif elem_size > 2 or head_dim_pad > 128:
         tile, num_warps, num_stages = 32, 4 if block_m <= 64 else 8, 2
     elif block_m >= 128:
         tile, num_warps, num_stages = 128, 8, 2  # prefill 8k: 1533 us; tile 64: 1709 us
@@ -277,13 +319,18 @@ class TritonAttentionBackend:
                                      if device.type == "cuda" else 1)
         return self._num_sms[device]
 
-    def plan(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> LaunchPlan:
-        return plan_launch(meta.max_query_len, meta.max_seq_len, meta.num_seqs, q.shape[1],
+    def plan(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
+             sliding_window: int | None = None) -> LaunchPlan:
+        # a query with a window reads at most sliding_window keys, its q block a few more
+        max_keys = (meta.max_seq_len if sliding_window is None else
+                    min(meta.max_seq_len, sliding_window + meta.max_query_len))
+        return plan_launch(meta.max_query_len, max_keys, meta.num_seqs, q.shape[1],
                            kv_cache.shape[-2], q.shape[2], q.element_size(), self.num_sms(q.device),
                            self.split_kv)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                meta: AttentionMetadata, scale: float, out: torch.Tensor | None = None
+                meta: AttentionMetadata, scale: float, sliding_window: int | None = None,
+                logit_softcap: float | None = None, out: torch.Tensor | None = None
                 ) -> torch.Tensor:
         """Write k, v ([T, Hkv, D]) into kv_cache, then return attention of q ([T, Hq, D])."""
         if self.triton_kv_write:
@@ -291,12 +338,16 @@ class TritonAttentionBackend:
             triton_write_kv_cache(k, v, kv_cache, meta.slot_mapping)
         else:
             write_kv_cache(k, v, kv_cache, meta.slot_mapping)
-        return paged_attention(q, kv_cache, meta, scale, self.plan(q, kv_cache, meta), out)
+        return paged_attention(q, kv_cache, meta, scale, self.plan(q, kv_cache, meta, sliding_window),
+                               out, sliding_window, logit_softcap)
 
 
 def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-                    plan: LaunchPlan, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Causal attention of q ([T, Hq, D]) over the paged cache ([2, NB, BS, Hkv, D])."""
+                    plan: LaunchPlan, out: torch.Tensor | None = None,
+                    sliding_window: int | None = None,
+                    logit_softcap: float | None = None) -> torch.Tensor:
+    """Causal attention of q ([T, Hq, D]) over the paged cache ([2, NB, BS, Hkv, D]), within the
+    last sliding_window keys of each query if set, scores soft-capped at logit_softcap if set."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = kv_cache.shape[-2]
     if num_q_heads % num_kv_heads:
@@ -330,7 +381,10 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
         out, segm_out, segm_max, segm_sum,
         q, k_cache, v_cache,
         meta.block_tables, meta.seq_lens, meta.query_start_loc,
-        scale * LOG2E, num_seqs,
+        # soft-capping: tanh(q.k * scale / cap) * cap, in log2 units
+        scale * LOG2E if logit_softcap is None else scale / logit_softcap,
+        0.0 if logit_softcap is None else logit_softcap * LOG2E,
+        sliding_window or 0, num_seqs,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -339,7 +393,8 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
         HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
         BLOCK_SIZE=meta.block_size, TILE=plan.tile,
         BLOCK_M=plan.block_m, BLOCK_Q=plan.block_q,
-        NUM_SEGMENTS=plan.num_segments,
+        NUM_SEGMENTS=plan.num_segments, SLIDING=sliding_window is not None,
+        SOFTCAP=logit_softcap is not None,
         DOT_PRECISION="tf32x3" if q.dtype == torch.float32 else "tf32",
         num_warps=plan.num_warps, num_stages=plan.num_stages,
     )

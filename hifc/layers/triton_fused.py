@@ -45,7 +45,8 @@ def _round(x, dtype: tl.constexpr):
 @_jit
 def _rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, summed_ptr,
                      stride_x, stride_residual, stride_out, stride_summed, eps,
-                     HIDDEN: tl.constexpr, BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+                     HIDDEN: tl.constexpr, BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                     UNIT_OFFSET: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < HIDDEN
@@ -57,16 +58,22 @@ def _rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, summed_ptr,
         tl.store(summed_ptr + row * stride_summed + offs, x, mask=mask)
     h = x.to(tl.float32)
     variance = tl.sum(h * h, axis=0) / HIDDEN
-    h = _round(h * tl.math.rsqrt(variance + eps), dtype)
+    h = h * tl.math.rsqrt(variance + eps)
     weight = tl.load(weight_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * stride_out + offs, (weight * h).to(dtype), mask=mask)
+    if UNIT_OFFSET:  # Gemma: (1 + weight) * h in float32, rounded once
+        out = (1.0 + weight) * h
+    else:  # Llama: h rounded to the model dtype first
+        out = weight * _round(h, dtype)
+    tl.store(out_ptr + row * stride_out + offs, out.to(dtype), mask=mask)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
-             residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+             residual: torch.Tensor | None = None,
+             unit_offset: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """RMSNorm.forward in one launch: x, residual [T, H], weight [H] (all one dtype).
 
-    Returns ``(weight * norm(s), s)`` with ``s = x + residual`` (or x itself)."""
+    Returns ``(weight * norm(s), s)`` with ``s = x + residual`` (or x itself); with unit_offset
+    ``(1 + weight) * norm(s)``."""
     if weight.dtype != x.dtype or (residual is not None and residual.dtype != x.dtype):
         raise ValueError("rms_norm needs x, residual and weight of one dtype")
     hidden = x.shape[-1]
@@ -90,6 +97,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
             x2, residual2, weight, out2, summed2,
             x2.stride(0), residual2.stride(0), out2.stride(0), summed2.stride(0), eps,
             HIDDEN=hidden, BLOCK=block, HAS_RESIDUAL=residual is not None,
+            UNIT_OFFSET=unit_offset,
             num_warps=max(1, min(block // 256, 16)), enable_fp_fusion=False)
     return out, summed
 

@@ -7,13 +7,14 @@ from pathlib import Path
 from types import MappingProxyType
 
 import torch
+from torch import nn
 
 from hifc.loader.hf import iter_safetensors, read_hf_arch, safetensors_files
 from hifc.loader.random_weights import init_random_weights
 from hifc.loader.tokenizer import Tokenizer, has_tokenizer
 from hifc.models.config import ModelArchConfig
-from hifc.models.llama import LlamaForCausalLM
 from hifc.models.presets import PRESETS, preset_arch
+from hifc.models.registry import spec_for
 
 RANDOM_PREFIX = "random:"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -37,7 +38,7 @@ ALIASES = MappingProxyType({"smollm2-135m": smollm2_gguf_path})
 
 @dataclass
 class LoadedModel:
-    model: LlamaForCausalLM
+    model: nn.Module  # the registry's model class for arch.architecture
     arch: ModelArchConfig
     tokenizer: Tokenizer | None
     name: str
@@ -56,7 +57,7 @@ def _load_random(preset: str, dtype: torch.dtype, device: torch.device,
         raise ValueError(f"unknown random preset {preset!r}; presets: "
                          f"{', '.join(RANDOM_PREFIX + name for name in PRESETS)}")
     arch = preset_arch(preset)
-    model = LlamaForCausalLM(arch, dtype, device)
+    model = spec_for(arch.architecture).build(arch, dtype, device)
     init_random_weights(model, seed)
     return LoadedModel(model, arch, None, RANDOM_PREFIX + preset)
 
@@ -64,8 +65,9 @@ def _load_random(preset: str, dtype: torch.dtype, device: torch.device,
 def _load_hf_dir(model_dir: Path, dtype: torch.dtype, device: torch.device) -> LoadedModel:
     arch = read_hf_arch(model_dir)
     files = safetensors_files(model_dir)
-    model = LlamaForCausalLM(arch, dtype, device)
-    model.load_weights(iter_safetensors(files))
+    spec = spec_for(arch.architecture)
+    model = spec.build(arch, dtype, device)
+    spec.load_weights(model, iter_safetensors(files))
     tokenizer = (Tokenizer.from_model_dir(model_dir, arch.eos_token_ids)
                  if has_tokenizer(model_dir) else None)
     return LoadedModel(model, arch, tokenizer, model_dir.name)
@@ -77,9 +79,11 @@ def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device, name: str) 
 
     reader = open_gguf(path)
     arch = gguf_arch(reader, path)
-    model = LlamaForCausalLM(arch, dtype, device)
-    model.load_weights(iter_gguf_weights(reader, arch, dtype))
-    tokenizer = Tokenizer.from_gguf(path, arch.eos_token_ids)
+    spec = spec_for(arch.architecture)
+    model = spec.build(arch, dtype, device)
+    spec.load_weights(model, iter_gguf_weights(reader, arch, dtype))
+    has_tokenizer = "tokenizer.ggml.tokens" in reader.fields  # weights-only files have none
+    tokenizer = Tokenizer.from_gguf(path, arch.eos_token_ids) if has_tokenizer else None
     return LoadedModel(model, arch, tokenizer, name)
 
 
@@ -89,6 +93,7 @@ def load_model(model: str, dtype: torch.dtype, device: torch.device | str,
 
     model: a Hugging Face directory (config.json + safetensors + tokenizer), a ``.gguf`` file,
     an alias (``smollm2-135m``) or ``random:<preset>`` (seeded random weights, no tokenizer).
+    Directories and GGUF files without a tokenizer load with tokenizer None.
     Raises ValueError naming the problem for anything it cannot load.
     """
     device = torch.device(device)

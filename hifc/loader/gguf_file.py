@@ -11,18 +11,28 @@ from gguf import GGUFReader
 from gguf.quants import dequantize
 
 from hifc.models.config import ModelArchConfig
-
-# GGUF general.architecture -> hifc architecture; llama.cpp stores Mistral as "llama".
-GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+from hifc.models.registry import ArchitectureSpec, gguf_arch_names, spec_for, spec_for_gguf
 
 _GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
                  "output_norm.weight": "model.norm.weight",
                  "output.weight": "lm_head.weight"}
-_BLOCK_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-                "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
-                "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
-                "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+
+# "<arch>.<key>" metadata every architecture writes alike -> transformers config field
+_COMMON_METADATA = {
+    "context_length": "max_position_embeddings",
+    "block_count": "num_hidden_layers",
+    "feed_forward_length": "intermediate_size",
+    "embedding_length": "hidden_size",
+    "attention.head_count": "num_attention_heads",
+    "attention.head_count_kv": "num_key_value_heads",
+    "attention.layer_norm_rms_epsilon": "rms_norm_eps",
+    "attention.sliding_window": "sliding_window",
+    "rope.freq_base": "rope_theta",
+    "vocab_size": "vocab_size",
+}
+_REQUIRED_METADATA = ("embedding_length", "attention.head_count", "feed_forward_length",
+                      "block_count")
 
 
 def open_gguf(path: Path) -> GGUFReader:
@@ -52,64 +62,65 @@ def gguf_eos_ids(reader: GGUFReader) -> tuple[int, ...]:
 
 
 def _rope_scaling(reader: GGUFReader, prefix: str, path: Path) -> dict[str, Any] | None:
-    if any(t.name == "rope_freqs.weight" for t in reader.tensors):
-        raise ValueError(f"{path}: GGUF rope frequency factors (rope_freqs.weight, Llama 3.1 "
-                         f"scaling) are not supported; load the Hugging Face directory instead")
+    if any(t.name.startswith(("rope_freqs", "rope_factors")) for t in reader.tensors):
+        raise ValueError(f"{path}: GGUF rope frequency factors (rope_freqs / rope_factors "
+                         f"tensors: Llama 3.1 or LongRoPE scaling) are not supported; load the "
+                         f"Hugging Face directory instead")
     rope_type = _field(reader, f"{prefix}.rope.scaling.type", "none")
     if rope_type == "none":
         return None
     return {"rope_type": rope_type, "factor": _field(reader, f"{prefix}.rope.scaling.factor")}
 
 
-def gguf_arch(reader: GGUFReader, path: Path) -> ModelArchConfig:
-    """The architecture a GGUF file describes; ValueError for unsupported ones."""
-    gguf_arch_name = _require(reader, "general.architecture", path)
-    if gguf_arch_name not in GGUF_ARCHITECTURES:
-        raise ValueError(f"{path}: unsupported GGUF architecture {gguf_arch_name!r}; hifc "
-                         f"supports {', '.join(GGUF_ARCHITECTURES)}")
-    architecture = GGUF_ARCHITECTURES[gguf_arch_name]
-    if gguf_arch_name == "llama" and "mistral" in str(_field(reader, "general.name", "")).lower():
-        architecture = "MistralForCausalLM"
-    p = gguf_arch_name
-    hidden = int(_require(reader, f"{p}.embedding_length", path))
-    heads = int(_require(reader, f"{p}.attention.head_count", path))
+def _hf_config_fields(reader: GGUFReader, spec: ArchitectureSpec, prefix: str,
+                      path: Path) -> dict[str, Any]:
+    """The transformers config fields the GGUF metadata gives."""
+    for key in _REQUIRED_METADATA:
+        _require(reader, f"{prefix}.{key}", path)
+    names = {**_COMMON_METADATA, **spec.gguf.metadata}
+    fields = {hf: value for key, hf in names.items()
+              if (value := _field(reader, f"{prefix}.{key}")) is not None}
     tokens = reader.fields.get("tokenizer.ggml.tokens")
-    vocab = _field(reader, f"{p}.vocab_size", len(tokens.data) if tokens is not None else None)
-    if vocab is None:
-        raise ValueError(f"{path}: GGUF metadata gives no vocabulary size")
-    head_dim = _field(reader, f"{p}.attention.key_length",
-                      _field(reader, f"{p}.rope.dimension_count", hidden // heads))
-    eos_ids = gguf_eos_ids(reader)
-    bos = _field(reader, "tokenizer.ggml.bos_token_id")
-    return ModelArchConfig(
-        architecture=architecture,
-        vocab_size=int(vocab),
-        hidden_size=hidden,
-        intermediate_size=int(_require(reader, f"{p}.feed_forward_length", path)),
-        num_hidden_layers=int(_require(reader, f"{p}.block_count", path)),
-        num_attention_heads=heads,
-        num_key_value_heads=int(_field(reader, f"{p}.attention.head_count_kv", heads)),
-        head_dim=int(head_dim),
-        rms_norm_eps=float(_field(reader, f"{p}.attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=float(_field(reader, f"{p}.rope.freq_base", 10000.0)),
-        rope_scaling=_rope_scaling(reader, p, path),
-        max_position_embeddings=int(_field(reader, f"{p}.context_length", 4096)),
-        tie_word_embeddings=all(t.name != "output.weight" for t in reader.tensors),
-        attention_bias=architecture == "Qwen2ForCausalLM",
-        sliding_window=_field(reader, f"{p}.attention.sliding_window"),
-        bos_token_id=None if bos is None else int(bos),
-        eos_token_ids=eos_ids,
-    )
+    if "vocab_size" not in fields:
+        if tokens is None:
+            raise ValueError(f"{path}: GGUF metadata gives no vocabulary size")
+        fields["vocab_size"] = len(tokens.data)
+    fields["head_dim"] = _field(reader, f"{prefix}.attention.key_length", _field(
+        reader, f"{prefix}.rope.dimension_count",
+        fields["hidden_size"] // fields["num_attention_heads"]))
+    fields.setdefault("sliding_window", None)  # not a config class's default (Mistral: 4096)
+    fields["rope_scaling"] = _rope_scaling(reader, prefix, path)
+    fields["tie_word_embeddings"] = all(t.name != "output.weight" for t in reader.tensors)
+    fields["bos_token_id"] = _field(reader, "tokenizer.ggml.bos_token_id")
+    fields["eos_token_id"] = list(gguf_eos_ids(reader))
+    if spec.gguf.derived_config is not None:
+        fields.update(spec.gguf.derived_config(fields))
+    return fields
 
 
-def _hf_name(gguf_name: str) -> str | None:
+def gguf_arch(reader: GGUFReader, path: Path) -> ModelArchConfig:
+    """The architecture a GGUF file describes, read through transformers' config class for it;
+    ValueError for unsupported ones."""
+    from transformers import AutoConfig
+
+    gguf_arch_name = _require(reader, "general.architecture", path)
+    spec = spec_for_gguf(gguf_arch_name, str(_field(reader, "general.name", "")))
+    if spec is None:
+        raise ValueError(f"{path}: unsupported GGUF architecture {gguf_arch_name!r}; hifc "
+                         f"supports {', '.join(gguf_arch_names())}")
+    config = AutoConfig.for_model(spec.model_type,
+                                  **_hf_config_fields(reader, spec, gguf_arch_name, path))
+    return spec.arch_from_hf(config, spec.name)
+
+
+def _hf_name(gguf_name: str, spec: ArchitectureSpec) -> str | None:
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     match = _BLOCK_RE.fullmatch(gguf_name)
-    if match is None or match.group(2) not in _BLOCK_NAMES:
+    if match is None or match.group(2) not in spec.gguf.block_tensors:
         return None
     layer, part, kind = match.groups()
-    return f"model.layers.{layer}.{_BLOCK_NAMES[part]}.{kind}"
+    return f"model.layers.{layer}.{spec.gguf.block_tensors[part]}.{kind}"
 
 
 def _unpermute(w: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -120,10 +131,12 @@ def _unpermute(w: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 def iter_gguf_weights(reader: GGUFReader, arch: ModelArchConfig,
                       dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, tensor in ``dtype``) for each tensor, dequantized and with Q/K rows restored."""
-    permuted = arch.architecture != "Qwen2ForCausalLM"  # llama.cpp permutes llama-arch Q/K
+    """(HF name, tensor in ``dtype``) for each tensor, dequantized, with Q/K rows and norm
+    weights restored where llama.cpp changed them."""
+    spec = spec_for(arch.architecture)
+    naming = spec.gguf
     for tensor in reader.tensors:
-        name = _hf_name(tensor.name)
+        name = _hf_name(tensor.name, spec)
         if name is None:
             raise ValueError(f"GGUF tensor {tensor.name!r} has no counterpart in hifc's "
                              f"{arch.architecture}")
@@ -132,9 +145,11 @@ def iter_gguf_weights(reader: GGUFReader, arch: ModelArchConfig,
         values = np.asarray(values, dtype=np.float32)
         if not values.flags.writeable:  # a view into the read-only file map
             values = values.copy()
-        weight = torch.from_numpy(values).reshape(shape).to(dtype)
-        if permuted and name.endswith(("q_proj.weight", "q_proj.bias")):
+        weight = torch.from_numpy(values).reshape(shape)  # float32
+        if naming.permuted_qk and name.endswith(("q_proj.weight", "q_proj.bias")):
             weight = _unpermute(weight, arch.num_attention_heads)
-        elif permuted and name.endswith(("k_proj.weight", "k_proj.bias")):
+        elif naming.permuted_qk and name.endswith(("k_proj.weight", "k_proj.bias")):
             weight = _unpermute(weight, arch.num_key_value_heads)
-        yield name, weight
+        elif naming.norm_offset and name.endswith("norm.weight"):
+            weight = weight - naming.norm_offset
+        yield name, weight.to(dtype)

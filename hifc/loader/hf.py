@@ -1,6 +1,8 @@
-"""Hugging Face model directories: config.json -> ModelArchConfig, safetensors -> tensors."""
+"""Hugging Face model directories: config.json (through transformers' config classes) ->
+ModelArchConfig, safetensors -> tensors."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any, Iterator
@@ -8,11 +10,8 @@ from typing import Any, Iterator
 import torch
 from safetensors import safe_open
 
-from hifc.layers.rotary import check_rope_scaling, rope_type_of
-from hifc.models.config import SUPPORTED_ARCHITECTURES, ModelArchConfig
-
-_MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                "mistral": "MistralForCausalLM"}
+from hifc.models.config import ModelArchConfig, token_ids
+from hifc.models.registry import arch_from_hf_config
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -22,82 +21,32 @@ def _read_json(path: Path) -> dict[str, Any]:
         raise ValueError(f"cannot read {path}: {exc}") from exc
 
 
-def _architecture(cfg: dict[str, Any], path: Path) -> str:
-    names = cfg.get("architectures") or [_MODEL_TYPES.get(cfg.get("model_type"),
-                                                          cfg.get("model_type"))]
-    supported = [name for name in names if name in SUPPORTED_ARCHITECTURES]
-    if not supported:
-        raise ValueError(f"{path}: unsupported architecture {', '.join(map(str, names))}; "
-                         f"hifc supports {', '.join(SUPPORTED_ARCHITECTURES)}")
-    return supported[0]
-
-
-def _rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
-    """(rope_theta, rope_scaling) from either the classic keys or transformers 5's rope_parameters."""
-    params = dict(cfg.get("rope_parameters") or {})
-    theta = cfg.get("rope_theta", params.pop("rope_theta", 10000.0))
-    scaling = dict(cfg.get("rope_scaling") or params)
-    scaling.pop("rope_theta", None)
-    if "type" in scaling and "rope_type" not in scaling:
-        scaling["rope_type"] = scaling.pop("type")
-    if rope_type_of(scaling) == "default":
-        return float(theta), None
-    check_rope_scaling(scaling)
-    return float(theta), scaling
-
-
-def _ids(value: Any) -> tuple[int, ...]:
-    if value is None:
+def _generation_eos_ids(model_dir: Path) -> tuple[int, ...]:
+    """The eos ids of generation_config.json, if the directory has one."""
+    if not (model_dir / "generation_config.json").is_file():
         return ()
-    return tuple(value) if isinstance(value, (list, tuple)) else (int(value),)
-
-
-def arch_from_hf_config(cfg: dict[str, Any], path: Path,
-                        generation_cfg: dict[str, Any] | None = None) -> ModelArchConfig:
-    """Translate a config.json (plus generation_config.json) into a ModelArchConfig."""
-    architecture = _architecture(cfg, path)
-    if cfg.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"{path}: unsupported hidden_act {cfg['hidden_act']!r} (only silu)")
-    if architecture == "LlamaForCausalLM" and (cfg.get("attention_bias") or cfg.get("mlp_bias")):
-        raise ValueError(f"{path}: Llama attention_bias/mlp_bias checkpoints are not supported")
-    heads = cfg["num_attention_heads"]
-    theta, scaling = _rope(cfg)
-    sliding_window = None
-    if architecture == "MistralForCausalLM" or cfg.get("use_sliding_window"):
-        sliding_window = cfg.get("sliding_window")
-    eos = _ids(cfg.get("eos_token_id")) + _ids((generation_cfg or {}).get("eos_token_id"))
-    return ModelArchConfig(
-        architecture=architecture,
-        vocab_size=cfg["vocab_size"],
-        hidden_size=cfg["hidden_size"],
-        intermediate_size=cfg["intermediate_size"],
-        num_hidden_layers=cfg["num_hidden_layers"],
-        num_attention_heads=heads,
-        num_key_value_heads=cfg.get("num_key_value_heads") or heads,
-        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-        rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-        rope_theta=theta,
-        rope_scaling=scaling,
-        max_position_embeddings=cfg.get("max_position_embeddings", 4096),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        attention_bias=architecture == "Qwen2ForCausalLM",
-        sliding_window=sliding_window,
-        bos_token_id=cfg.get("bos_token_id"),
-        eos_token_ids=tuple(dict.fromkeys(eos)),
-    )
+    from transformers import GenerationConfig
+    try:
+        generation = GenerationConfig.from_pretrained(str(model_dir), local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read {model_dir / 'generation_config.json'}: {exc}") from exc
+    return token_ids(generation.eos_token_id)
 
 
 def read_hf_arch(model_dir: Path) -> ModelArchConfig:
-    """The architecture of a Hugging Face model directory."""
+    """The architecture of a Hugging Face model directory, read through transformers' config
+    class for it; eos ids from config.json and generation_config.json together."""
     config_path = model_dir / "config.json"
     if not config_path.is_file():
         raise ValueError(f"{model_dir} is not a Hugging Face model directory (no config.json)")
-    generation_path = model_dir / "generation_config.json"
-    generation_cfg = _read_json(generation_path) if generation_path.is_file() else None
+    from transformers import AutoConfig
     try:
-        return arch_from_hf_config(_read_json(config_path), model_dir, generation_cfg)
-    except KeyError as exc:
-        raise ValueError(f"{config_path}: missing field {exc.args[0]!r}") from exc
+        config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ValueError(f"cannot read {config_path}: {exc}") from exc
+    arch = arch_from_hf_config(config, f"{config_path}: ")
+    eos = arch.eos_token_ids + _generation_eos_ids(model_dir)
+    return dataclasses.replace(arch, eos_token_ids=tuple(dict.fromkeys(eos)))
 
 
 def safetensors_files(model_dir: Path) -> list[Path]:

@@ -1,7 +1,8 @@
-"""Llama-family model definitions (Llama 2/3, Qwen2, Mistral) and architecture presets."""
-from hifc.models.config import SUPPORTED_ARCHITECTURES, ModelArchConfig
-from hifc.models.llama import LlamaForCausalLM
+"""Decoder model families (Llama/Mistral/Qwen2, Qwen3, Gemma 2, Phi-3), the registry that maps
+an architecture name to its code, and random-weight presets."""
+from hifc.models.config import ModelArchConfig
 from hifc.models.presets import PRESETS, preset_arch
+from hifc.models.registry import ARCHITECTURES, build_model, size_estimate
 
-__all__ = ["LlamaForCausalLM", "ModelArchConfig", "PRESETS", "SUPPORTED_ARCHITECTURES",
-           "preset_arch"]
+__all__ = ["ARCHITECTURES", "ModelArchConfig", "PRESETS", "build_model", "preset_arch",
+           "size_estimate"]

@@ -1,31 +1,47 @@
-"""Llama-family decoder (Llama 2/3, Qwen2, Mistral) over the paged attention context.
+"""Llama-family decoder (Llama 2/3, Mistral, Qwen2) over the paged attention context.
 
 Parameter names follow Hugging Face's, except that q/k/v are merged into ``qkv_proj`` and
-gate/up into ``gate_up_proj`` (fewer launches); ``hifc.models.weights`` maps checkpoints onto them.
+gate/up into ``gate_up_proj`` (fewer launches); ``CHECKPOINT_SHARDS`` says which checkpoint
+tensor fills which part. The other families (Qwen3, Gemma 2, Phi-3) build on these classes.
 """
 from __future__ import annotations
 
-from typing import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import skip_init
 
-from hifc.layers.activation import silu_and_mul
+from hifc.layers.activation import GATED_ACTIVATIONS
 from hifc.layers.attention import AttentionContext
+from hifc.layers.linear import ColumnLinear, MergedColumnLinear, QKVLinear, RowLinear, ShardId
 from hifc.layers.norm import RMSNorm
 from hifc.layers.rotary import RotaryEmbedding
-from hifc.models.config import ModelArchConfig
-from hifc.models.weights import load_hf_weights
+from hifc.models.config import ModelArchConfig, common_hf_fields
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+# checkpoint module name -> (hifc module it is merged into, shard)
+CHECKPOINT_SHARDS: dict[str, tuple[str, ShardId]] = {
+    "q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
+    "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+}
 
 
-def _linear(in_features: int, out_features: int, bias: bool, dtype: torch.dtype,
-            device: torch.device) -> nn.Linear:
-    """An uninitialized Linear (weights come from a checkpoint or the random initializer)."""
-    layer = skip_init(nn.Linear, in_features, out_features, bias=bias, device=device, dtype=dtype)
-    layer.requires_grad_(False)
-    return layer
+def arch_from_hf(config: PretrainedConfig, architecture: str) -> ModelArchConfig:
+    """Llama / Mistral: the common fields; their bias options are not implemented."""
+    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
+        raise ValueError(f"{architecture}: attention_bias/mlp_bias checkpoints are not supported")
+    return ModelArchConfig(architecture=architecture, hidden_act=config.hidden_act,
+                           **common_hf_fields(config))
+
+
+def qwen2_arch_from_hf(config: PretrainedConfig, architecture: str) -> ModelArchConfig:
+    """Qwen2: Llama with a bias on the q/k/v projections."""
+    return ModelArchConfig(architecture=architecture, hidden_act=config.hidden_act,
+                           attention_bias=True, **common_hf_fields(config))
 
 
 class LlamaAttention(nn.Module):
@@ -36,41 +52,50 @@ class LlamaAttention(nn.Module):
         self.num_heads = arch.num_attention_heads
         self.num_kv_heads = arch.num_key_value_heads
         self.head_dim = arch.head_dim
-        self.q_size = self.num_heads * self.head_dim
-        self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = _linear(arch.hidden_size, self.q_size + 2 * self.kv_size,
-                                arch.attention_bias, dtype, device)
-        self.o_proj = _linear(self.q_size, arch.hidden_size, False, dtype, device)
+        self.qkv_proj = QKVLinear(arch.hidden_size, self.num_heads, self.num_kv_heads,
+                                  self.head_dim, arch.attention_bias, dtype, device)
+        self.o_proj = RowLinear(self.num_heads * self.head_dim, arch.hidden_size, False, dtype,
+                                device)
+
+    def normalize_qk(self, q: torch.Tensor,
+                     k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-head q/k normalization before RoPE: none in Llama (Qwen3 has one)."""
+        return q, k
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, attn: AttentionContext,
                 rotary: RotaryEmbedding) -> torch.Tensor:
         num_tokens = hidden.shape[0]
-        qkv = self.qkv_proj(hidden)  # [T, (Hq + 2 Hkv) D]
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k, v = self.qkv_proj(hidden)
         q = q.view(num_tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
-        q, k = rotary(positions, q, k)
+        q, k = rotary(positions, *self.normalize_qk(q, k))
         o = attn(self.layer_idx, q, k, v)  # [T, Hq, D]
-        return self.o_proj(o.reshape(num_tokens, self.q_size))  # [T, H]
+        return self.o_proj(o.reshape(num_tokens, self.num_heads * self.head_dim))  # [T, H]
 
 
 class LlamaMLP(nn.Module):
+    """down(act(gate) * up) with gate and up as one matrix."""
+
     def __init__(self, arch: ModelArchConfig, dtype: torch.dtype, device: torch.device):
         super().__init__()
-        self.gate_up_proj = _linear(arch.hidden_size, 2 * arch.intermediate_size, False, dtype,
-                                    device)
-        self.down_proj = _linear(arch.intermediate_size, arch.hidden_size, False, dtype, device)
+        inter = arch.intermediate_size
+        self.gate_up_proj = MergedColumnLinear(arch.hidden_size, [inter, inter], False, dtype,
+                                               device)
+        self.down_proj = RowLinear(inter, arch.hidden_size, False, dtype, device)
+        self.act_and_mul = GATED_ACTIVATIONS[arch.hidden_act]
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(hidden)))  # [T, H]
+        return self.down_proj(self.act_and_mul(self.gate_up_proj(hidden)))  # [T, H]
 
 
 class LlamaDecoderLayer(nn.Module):
+    attention_class = LlamaAttention
+
     def __init__(self, arch: ModelArchConfig, layer_idx: int, dtype: torch.dtype,
                  device: torch.device):
         super().__init__()
-        self.self_attn = LlamaAttention(arch, layer_idx, dtype, device)
+        self.self_attn = self.attention_class(arch, layer_idx, dtype, device)
         self.mlp = LlamaMLP(arch, dtype, device)
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype, device)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype, device)
@@ -86,21 +111,29 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
+    """Embedding, decoder layers of ``layer_class``, final norm, and the RoPE tables."""
+
+    norm_unit_offset = False  # RMSNorm scales by weight (Gemma: by 1 + weight)
+
     def __init__(self, arch: ModelArchConfig, dtype: torch.dtype, device: torch.device,
-                 max_positions: int):
+                 max_positions: int, layer_class: type[nn.Module]):
         super().__init__()
         self.embed_tokens = skip_init(nn.Embedding, arch.vocab_size, arch.hidden_size,
                                       device=device, dtype=dtype)
         self.embed_tokens.requires_grad_(False)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(arch, i, dtype, device)
+        self.layers = nn.ModuleList(layer_class(arch, i, dtype, device)
                                     for i in range(arch.num_hidden_layers))
-        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype, device)
+        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype, device,
+                            self.norm_unit_offset)
         self.rotary_emb = RotaryEmbedding(arch.head_dim, max_positions, arch.rope_theta,
                                           arch.rope_scaling, dtype, device)
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)  # [T, H]
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 attn: AttentionContext) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)  # [T, H]
+        hidden = self.embed(input_ids)  # [T, H]
         residual = None
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual, attn, self.rotary_emb)
@@ -109,7 +142,13 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """The decoder plus its LM head. Parameters are uninitialized until weights are loaded."""
+    """The decoder plus its LM head. Parameters are uninitialized until weights are loaded.
+
+    attention_layers: each layer's LayerAttention, which the runtime's attention context reads.
+    """
+
+    model_class = LlamaModel
+    decoder_layer = LlamaDecoderLayer
 
     def __init__(self, arch: ModelArchConfig, dtype: torch.dtype, device: torch.device,
                  max_positions: int | None = None):
@@ -117,10 +156,12 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.arch = arch
         self.dtype = dtype
-        self.model = LlamaModel(arch, dtype, torch.device(device),
-                                max_positions or arch.max_position_embeddings)
+        self.attention_layers = arch.attention_layers()
+        self.model = self.model_class(arch, dtype, torch.device(device),
+                                      max_positions or arch.max_position_embeddings,
+                                      self.decoder_layer)
         self.lm_head = (None if arch.tie_word_embeddings else
-                        _linear(arch.hidden_size, arch.vocab_size, False, dtype, device))
+                        ColumnLinear(arch.hidden_size, arch.vocab_size, False, dtype, device))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 attn: AttentionContext) -> torch.Tensor:
@@ -128,10 +169,9 @@ class LlamaForCausalLM(nn.Module):
         return self.model(input_ids, positions, attn)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [N, H] final-norm states -> [N, vocab] float32 logits."""
+        """hidden: [N, H] final-norm states -> [N, vocab] float32 logits (soft-capped in float32
+        where the architecture caps them)."""
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy Hugging Face-named tensors into this model; ValueError if any are missing."""
-        load_hf_weights(self, weights)
+        logits = F.linear(hidden, weight).float()  # [N, V]
+        cap = self.arch.final_logit_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap

@@ -75,14 +75,13 @@ class DecodeGraphs:
     """Padded decode steps over persistent input buffers, replayed from CUDA graphs."""
 
     def __init__(self, model: torch.nn.Module, kv_caches: list[torch.Tensor],
-                 backend: AttentionBackend, scale: float, block_size: int, max_model_len: int,
+                 backend: AttentionBackend, block_size: int, max_model_len: int,
                  batch_sizes: list[int], device: torch.device):
         if not batch_sizes or sorted(set(batch_sizes)) != list(batch_sizes) or batch_sizes[0] < 1:
             raise ValueError(f"batch_sizes must be ascending positive sizes, got {batch_sizes}")
         self.model = model
         self.kv_caches = kv_caches
         self.backend = backend
-        self.scale = scale
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.batch_sizes = list(batch_sizes)
@@ -123,7 +122,7 @@ class DecodeGraphs:
             max_seq_len=self.max_model_len,  # fixes the launch plan for any step of this size
             block_size=self.block_size,
         )
-        ctx = AttentionContext(meta, self.kv_caches, self.backend, self.scale)
+        ctx = AttentionContext(meta, self.kv_caches, self.backend, self.model.attention_layers)
         hidden = self.model(x.input_ids.long(), x.positions.long(), ctx)  # [b, H]
         return self.model.compute_logits(hidden)  # [b, V]: one new token per row
 

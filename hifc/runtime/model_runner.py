@@ -21,13 +21,12 @@ logger = logging.getLogger(__name__)
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv_cache: torch.Tensor, backend: AttentionBackend,
-                 block_size: int, head_dim: int, device: torch.device, seed: int):
-        self.model = model
+                 block_size: int, device: torch.device, seed: int):
+        self.model = model  # with attention_layers: each layer's LayerAttention
         self.kv_cache = kv_cache  # [L, 2, NB, BS, Hkv, D]
         self.kv_caches = list(kv_cache.unbind(0))  # per layer [2, NB, BS, Hkv, D]
         self.backend = backend
         self.block_size = block_size
-        self.scale = head_dim ** -0.5
         self.device = device
         self.sampler = Sampler()
         self.generator = torch.Generator(device=device)  # noise of unseeded requests
@@ -56,8 +55,8 @@ class ModelRunner:
         """Run decode-only steps of up to max(batch_sizes) sequences padded to the next size,
         from persistent input buffers: replayed from CUDA graphs captured now (capture=True,
         CUDA only) or run eagerly (capture=False: the same computation)."""
-        graphs = DecodeGraphs(self.model, self.kv_caches, self.backend, self.scale,
-                              self.block_size, max_model_len, batch_sizes, self.device)
+        graphs = DecodeGraphs(self.model, self.kv_caches, self.backend, self.block_size,
+                              max_model_len, batch_sizes, self.device)
         if capture:
             graphs.capture()
         self.decode_graphs = graphs
@@ -76,7 +75,7 @@ class ModelRunner:
     def eager_forward(self, work: list[ScheduledSeq]) -> tuple[torch.Tensor, list[int]]:
         """Hidden states ([T, H]) of every new token, and where each sequence's start ([B+1])."""
         meta = inputs.build_attention_metadata(work, self.block_size, self.device)
-        ctx = AttentionContext(meta, self.kv_caches, self.backend, self.scale)
+        ctx = AttentionContext(meta, self.kv_caches, self.backend, self.model.attention_layers)
         input_ids = inputs.build_input_ids(work, self.device)
         positions = inputs.build_positions(work, self.device)
         return self.model(input_ids, positions, ctx), meta.query_start_loc_cpu

@@ -13,7 +13,7 @@ VARIANT_KEYS = {
     "preemptions", "swap_out_blocks", "swap_in_blocks", "tier_bytes_written", "tier_bytes_read",
     "swap_io_seconds", "swap_stall_seconds", "recomputed_sequences", "swap_failures", "steps",
     "tier_blocks_total", "tier_allocator", "trace_path", "ratio_to_dram", "tier_write_gibps",
-    "step_ms_percentiles", "tier_backend", "swap_out_stall_seconds"}
+    "step_ms_percentiles", "tier_backend", "swap_out_stall_seconds", "fraction_of_ideal"}
 
 
 def test_compare_all_variants_then_analysis_tools(hifc, tiers, tmp_path):
@@ -49,6 +49,12 @@ def test_compare_all_variants_then_analysis_tools(hifc, tiers, tmp_path):
     assert by["flash"]["tier_backend"] == "posix"  # auto on a CPU cache
     assert by["dram"]["tier_backend"] is None and by["none"]["tier_backend"] is None
     assert summary["workload"]["kind"] == "fixed" and summary["settings"]["block_size"] == 16
+    ideal = summary["workload"]["ideal"]
+    assert ideal["ideal_decode_steps"] == 47  # 8 sequences decode together, 48 - 1 steps
+    assert ideal["ideal_s"] == pytest.approx(ideal["ideal_prefill_s"] + ideal["ideal_decode_s"])
+    for r in by.values():
+        assert r["fraction_of_ideal"] == pytest.approx(ideal["ideal_s"] / r["elapsed_s"])
+    assert "physical ideal" in stdout and "x ideal" in stdout
     assert summary["tps_test"] == by["flash"]["output_tokens_per_s"]
     assert summary["tps_ideal"] == by["none"]["output_tokens_per_s"]
     trace = traces / "flash.trace"

@@ -13,6 +13,7 @@ import torch
 from hifc.layers.attention import (AttentionMetadata, TorchAttentionBackend,
                                    reference_paged_attention, write_kv_cache)
 from hifc.layers.triton_attention import TritonAttentionBackend, plan_launch
+from tests.fixtures import paged_metadata
 
 try:
     import triton  # noqa: F401
@@ -89,15 +90,17 @@ def make_step(query_lens, context_lens, num_q_heads, num_kv_heads, head_dim, blo
     return q, k, v, kv_cache, meta
 
 
-def check(backend, q, k, v, kv_cache, meta, dtype):
+def check(backend, q, k, v, kv_cache, meta, dtype, sliding_window=None, logit_softcap=None):
     if DEVICE == "cpu" and dtype == torch.bfloat16:
         pytest.skip("Triton's interpreter gets bf16 tl.dot wrong")
     scale = 1.0 / math.sqrt(q.shape[-1])
     ref_cache = kv_cache.clone()
     write_kv_cache(k, v, ref_cache, meta.slot_mapping)
-    ref = reference_paged_attention(q.float(), ref_cache.float(), meta, scale)
+    ref = reference_paged_attention(q.float(), ref_cache.float(), meta, scale, sliding_window,
+                                    logit_softcap)
     out = torch.full_like(q, float("nan"))  # poison: every element must be written
-    result = backend.forward(q, k, v, kv_cache, meta, scale, out=out)
+    result = backend.forward(q, k, v, kv_cache, meta, scale, sliding_window=sliding_window,
+                             logit_softcap=logit_softcap, out=out)
     assert result.data_ptr() == out.data_ptr()
     assert torch.equal(kv_cache, ref_cache), "KV write differs from write_kv_cache"
     assert not torch.isnan(out).any(), "output has NaN (unwritten or bad softmax)"
@@ -172,6 +175,49 @@ def test_long_prefill_and_single_decode():
     check(TritonAttentionBackend(), *step, torch.bfloat16)
     step = make_step([1], [8000], 8, 2, 128, 16, torch.bfloat16, seed=6)
     check(TritonAttentionBackend(), *step, torch.bfloat16)
+
+
+# Small enough for the interpreter: decodes, a prefill, a chunk continuing a context, over
+# windows narrower and wider than the contexts and not multiples of the block or tile size.
+WINDOW_QUERY = [1, 40, 1, 9, 1]
+WINDOW_CONTEXT = [90, 0, 7, 50, 0]
+
+
+@device_test
+@pytest.mark.parametrize("split_kv", [False, True])
+@pytest.mark.parametrize("sliding_window,logit_softcap", [(13, None), (33, None), (None, 2.0),
+                                                          (20, 1.5)])
+def test_sliding_window_and_softcap(sliding_window, logit_softcap, split_kv):
+    step = make_step(WINDOW_QUERY, WINDOW_CONTEXT, 4, 2, 32, 16, torch.float32, seed=21)
+    check(TritonAttentionBackend(split_kv=split_kv), *step, torch.float32, sliding_window,
+          logit_softcap)
+
+
+@device_test
+@pytest.mark.skipif(INTERPRET, reason="head_dim 256 is slow in the interpreter")
+@pytest.mark.parametrize("split_kv", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_gemma2_shape_window_and_softcap(dtype, split_kv):
+    # Gemma-2-9B per layer: 16 query / 8 KV heads of 256, window 4096 crossed, scores capped at 50.
+    step = make_step([1, 300, 1, 1], [5000, 0, 4000, 100], 16, 8, 256, 16, dtype, seed=31)
+    check(TritonAttentionBackend(split_kv=split_kv), *step, dtype, 4096, 50.0)
+
+
+def test_reference_honours_window_and_softcap():
+    # 3 new tokens after 40 cached ones; keys 0..42, block size 4, one KV head for 2 query heads.
+    gen = torch.Generator().manual_seed(3)
+    kv_cache = torch.randn(2, 11, 4, 1, 8, generator=gen)
+    q = torch.randn(43, 2, 8, generator=gen)[-3:]
+    meta = paged_metadata([list(range(11))], [40], [3], 4, "cpu")
+    full = reference_paged_attention(q, kv_cache, meta, 1.0)
+    windowed = reference_paged_attention(q, kv_cache, meta, 1.0, sliding_window=5)
+    capped = reference_paged_attention(q, kv_cache, meta, 1.0, logit_softcap=0.5)
+    own_key_only = reference_paged_attention(q, kv_cache, meta, 1.0, sliding_window=1)
+    values = kv_cache[1].reshape(44, 1, 8)  # [slot, Hkv, D]; slot = position here
+    assert torch.equal(own_key_only, values[40:43].expand(3, 2, 8))
+    assert not torch.allclose(full, windowed) and not torch.allclose(full, capped)
+    wide = reference_paged_attention(q, kv_cache, meta, 1.0, sliding_window=43)
+    torch.testing.assert_close(wide, full)  # a window holding the whole context changes nothing
 
 
 @device_test

@@ -112,6 +112,26 @@ def test_rms_norm(device, dtype, with_residual, num_tokens, hidden):
         assert torch.equal(norm(x, residual)[0], out)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rms_norm_unit_offset_over_heads(device, dtype):
+    # Gemma's (1 + weight) on [T, H, D] rows (per-head q/k norms normalize the last dim only).
+    norm = RMSNorm(32, 1e-6, dtype, torch.device(device), unit_offset=True)
+    assert torch.equal(norm.weight, torch.zeros_like(norm.weight))  # identity weight
+    norm.weight.copy_(randn(32, dtype=dtype, device=device, seed=1, scale=0.3))
+    x = randn(5, 4, 32, dtype=dtype, device=device, seed=2, scale=4)
+    with torch_path():
+        expected, _ = norm(x)
+    out, _ = triton_fused.rms_norm(x, norm.weight, norm.eps, unit_offset=True)
+    assert out.shape == x.shape
+    if dtype == torch.float32:
+        assert_ulps(out, expected, max_ulps=8)
+    else:
+        assert_ulps(out, expected, max_ulps=2, max_fraction=0.02)
+    plain, _ = triton_fused.rms_norm(x, norm.weight, norm.eps)
+    assert not torch.allclose(plain.float(), out.float())  # the offset changes the result
+
+
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")  # interpreter
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

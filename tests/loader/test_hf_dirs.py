@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from hifc.loader import load_model
-from hifc.loader.hf import arch_from_hf_config
+from hifc.loader.hf import read_hf_arch
+from hifc.models.registry import arch_from_hf_config
 from tests.fixtures import greedy_decode_paged, make_tiny_hf_model
 
 
@@ -38,26 +39,33 @@ def test_tied_embedding_llama_matches_transformers(tmp_path):
 
 def test_classic_rope_keys_parse_like_rope_parameters(tmp_path):
     path = make_tiny_hf_model(tmp_path, "llama3")
+    modern = read_hf_arch(path)
     cfg = json.loads((path / "config.json").read_text())
-    modern = arch_from_hf_config(cfg, path)
     params = cfg.pop("rope_parameters")
     cfg["rope_theta"] = params.pop("rope_theta")
     params["type"] = params.pop("rope_type")  # the oldest spelling
     cfg["rope_scaling"] = params
-    classic = arch_from_hf_config(cfg, path)
+    (path / "config.json").write_text(json.dumps(cfg))
+    classic = read_hf_arch(path)
     assert classic == modern
     assert modern.rope_theta == 500000.0 and modern.rope_scaling["rope_type"] == "llama3"
 
 
 def test_sliding_window_only_where_used():
-    base = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                num_attention_heads=2, sliding_window=4096)
+    from transformers import MistralConfig, Qwen2Config
+    base = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                num_attention_heads=2, num_key_value_heads=1, sliding_window=4096)
     qwen = dict(base, architectures=["Qwen2ForCausalLM"])
-    assert arch_from_hf_config(dict(qwen, use_sliding_window=False), "q").sliding_window is None
-    assert arch_from_hf_config(dict(qwen, use_sliding_window=True), "q").sliding_window == 4096
-    mistral = arch_from_hf_config(dict(base, architectures=["MistralForCausalLM"]), "m")
-    assert mistral.sliding_window == 4096 and not mistral.attention_bias
-    assert arch_from_hf_config(qwen, "q").attention_bias
+    off = arch_from_hf_config(Qwen2Config(use_sliding_window=False, **qwen))
+    assert off.sliding_window is None and off.attention_bias
+    assert [off.layer_window(i) for i in range(3)] == [None, None, None]
+    # transformers' Qwen2: layers from max_window_layers on slide
+    on = arch_from_hf_config(Qwen2Config(use_sliding_window=True, max_window_layers=1, **qwen))
+    assert [on.layer_window(i) for i in range(3)] == [None, 4096, 4096]
+    mistral = arch_from_hf_config(MistralConfig(architectures=["MistralForCausalLM"], **base))
+    assert [mistral.layer_window(i) for i in range(3)] == [4096] * 3
+    assert not mistral.attention_bias
+    assert [a.sliding_window for a in mistral.attention_layers()] == [4096] * 3
 
 
 def test_eos_ids_merge_config_generation_config_and_tokenizer(tmp_path):

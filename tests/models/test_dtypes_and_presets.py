@@ -2,8 +2,9 @@
 import pytest
 import torch
 
+from hifc import LLM, SamplingParams
 from hifc.loader import load_model
-from hifc.models import PRESETS, LlamaForCausalLM, preset_arch
+from hifc.models import PRESETS, preset_arch, size_estimate
 from tests.fixtures import greedy_decode_paged, make_tiny_hf_model
 
 PROMPTS = [[1, 5, 9, 13, 2, 7], list(range(10, 40))]
@@ -38,7 +39,8 @@ def test_checkpoint_saved_in_bf16_loads_in_fp32(tmp_path):
     assert all(len(t) == 3 for t in tokens)
 
 
-@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2", "tiny-mistral"])
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2", "tiny-mistral", "tiny-qwen3",
+                                    "tiny-gemma2", "tiny-phi3"])
 def test_tiny_presets_are_seeded_and_run(preset):
     a = load_model(f"random:{preset}", torch.float32, "cpu", seed=1)
     b = load_model(f"random:{preset}", torch.float32, "cpu", seed=1)
@@ -47,7 +49,8 @@ def test_tiny_presets_are_seeded_and_run(preset):
     pa, pb, pc = (dict(m.model.named_parameters()) for m in (a, b, c))
     assert all(torch.equal(pa[n], pb[n]) for n in pa)
     assert not torch.equal(pa["model.embed_tokens.weight"], pc["model.embed_tokens.weight"])
-    assert torch.equal(pa["model.norm.weight"], torch.ones_like(pa["model.norm.weight"]))
+    identity = 0.0 if a.arch.architecture == "Gemma2ForCausalLM" else 1.0  # Gemma: 1 + weight
+    assert torch.equal(pa["model.norm.weight"], torch.full_like(pa["model.norm.weight"], identity))
     std = pa["model.layers.0.mlp.gate_up_proj.weight"].std().item()
     assert 0.015 < std < 0.025
     tokens, _ = greedy_decode_paged(a.model, PROMPTS, num_tokens=3)
@@ -59,10 +62,23 @@ def test_tiny_presets_are_seeded_and_run(preset):
     ("ds-r1-qwen-14b", 14_770_033_664),  # Qwen2.5-14B
     ("ds-r1-qwen-32b", 32_763_876_352),  # Qwen2.5-32B
     ("mistral-7b", 7_248_023_552),       # Mistral-7B-v0.3
+    ("qwen3-8b", 8_190_735_360),         # Qwen3-8B
+    ("gemma2-9b", 9_241_705_984),        # Gemma-2-9B
+    ("phi3-mini", 3_821_079_552),        # Phi-3-mini-4k-instruct
 ])
 def test_real_size_presets_have_the_published_parameter_counts(preset, num_params):
-    model = LlamaForCausalLM(preset_arch(preset), torch.bfloat16, torch.device("meta"))
-    assert sum(p.numel() for p in model.parameters()) == num_params
+    assert size_estimate(preset_arch(preset), torch.bfloat16).parameter_bytes == 2 * num_params
+
+
+def test_sliding_window_leaves_the_context_length_alone():
+    # Attention honours the window, so sequences may outgrow it (up to the model's context).
+    llm = LLM("random:tiny-mistral", device="cpu", block_size=16, num_gpu_blocks=128)
+    window = preset_arch("tiny-mistral").sliding_window
+    assert llm.engine.limits.max_model_len == 1024 > 2 * window
+    prompt = list(range(3, 3 + 2 * window))
+    out = llm.generate([prompt], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True),
+                       use_tqdm=False)
+    assert len(out[0].token_ids) == 4
 
 
 def test_llama_8b_preset_has_llama31_rope_scaling():

@@ -25,8 +25,8 @@ def test_replay_equals_the_padded_and_the_unpadded_forward():
     graphs = runner.decode_graphs
     assert sorted(graphs.graphs) == capture_sizes(16) == [1, 2, 4, 8, 16]
     runner.kv_cache.normal_()  # a cache full of keys and values
-    eager = DecodeGraphs(runner.model, runner.kv_caches, runner.backend, runner.scale,
-                         runner.block_size, 1024, graphs.batch_sizes, runner.device)
+    eager = DecodeGraphs(runner.model, runner.kv_caches, runner.backend, runner.block_size,
+                         1024, graphs.batch_sizes, runner.device)
     for seed, lens in enumerate([[1, 17, 200], [513, 2, 1000, 64, 31, 7, 1023], [300], [5] * 16,
                                  [40, 41]]):
         work = decode_work(lens, 16, seed=seed)

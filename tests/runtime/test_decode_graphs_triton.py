@@ -95,6 +95,25 @@ def test_plan_from_max_model_len_reads_actual_lengths(seq_lens, batch, dtype, sp
     assert err < TOLERANCE[dtype], f"relative error {err:.2e}"
 
 
+@pytest.mark.parametrize("split", [True, False])
+def test_graph_decode_with_window_and_softcap(split):
+    # A padded decode step under a fixed plan, Gemma 2 style: window and soft-capped scores.
+    seq_lens, batch, max_model_len, window, softcap = [5, 130, 999], 4, 1024, 100, 5.0
+    q, k, v, kv_cache, graph_meta, real_meta = padded_step(
+        seq_lens, batch, max_model_len, 16, 4, 2, 32, torch.float32, seed=7)
+    plan = plan_launch(1, window + 1, batch, 4, 2, 32, 4, H200_SMS, split_kv=split)
+    ref_cache = kv_cache.clone()
+    write_kv_cache(k[:3], v[:3], ref_cache, real_meta.slot_mapping)
+    ref = reference_paged_attention(q[:3], ref_cache, real_meta, 1 / math.sqrt(32), window,
+                                    softcap)
+    triton_write_kv_cache(k, v, kv_cache, graph_meta.slot_mapping)
+    out = torch.full_like(q, float("nan"))
+    paged_attention(q, kv_cache, graph_meta, 1 / math.sqrt(32), plan, out, window, softcap)
+    assert torch.isfinite(out).all(), "padding rows must read initialised keys only"
+    err = ((out[:3] - ref).norm() / ref.norm()).item()
+    assert err < TOLERANCE[torch.float32], f"relative error {err:.2e}"
+
+
 def test_graph_plans_depend_only_on_the_batch_size():
     """Split-KV for small batches, fixed by max_model_len: the plan a graph captures."""
     plans = {b: plan_launch(1, 32768, b, 32, 8, 128, 2, H200_SMS) for b in (1, 2, 4, 8, 16)}
@@ -102,7 +121,13 @@ def test_graph_plans_depend_only_on_the_batch_size():
 
 
 @pytest.mark.slow
-def test_padded_decode_through_triton_matches_the_torch_engine():
+@pytest.mark.parametrize("model", [
+    "random:tiny-llama",
+    # sliding windows (48, 40) crossed by the longer prompts, soft-capping: on the GPU only (the
+    # interpreter takes half a minute per model; the kernel cases above cover both there)
+    *(pytest.param(m, marks=pytest.mark.skipif(DEVICE == "cpu", reason="GPU only"))
+      for m in ("random:tiny-mistral", "random:tiny-gemma2"))])
+def test_padded_decode_through_triton_matches_the_torch_engine(model):
     """The engine's padded decode path with the Triton backend (no capture) against the torch
     reference engine: greedy outputs identical."""
     prompts = random_prompts(6, (1, 70), seed=5)
@@ -110,9 +135,9 @@ def test_padded_decode_through_triton_matches_the_torch_engine():
               for i in range(6)]
     common = dict(device=DEVICE, dtype="float32", block_size=16, num_gpu_blocks=64,
                   max_model_len=1024, enforce_eager=True)
-    ref = LLM("random:tiny-llama", attention_backend="torch", **common)
+    ref = LLM(model, attention_backend="torch", **common)
     expected = [o.token_ids for o in ref.generate(prompts, params, use_tqdm=False)]
-    llm = LLM("random:tiny-llama", attention_backend="torch", **common)
+    llm = LLM(model, attention_backend="torch", **common)
     runner = llm.engine.runner
     runner.backend = TritonAttentionBackend(split_kv=True)
     runner.use_padded_decode(llm.engine.limits.max_model_len, [1, 2, 4, 8], capture=False)

@@ -110,7 +110,7 @@ def test_prefill_long_tables_and_oversized_batches_are_refused():
 
 
 def test_decode_graphs_route_only_padded_decode_steps():
-    graphs = DecodeGraphs(torch.nn.Identity(), [], TorchAttentionBackend(), 1.0, BLOCK,
+    graphs = DecodeGraphs(torch.nn.Identity(), [], TorchAttentionBackend(), BLOCK,
                           max_model_len=64, batch_sizes=[1, 2, 4], device=torch.device("cpu"))
     assert graphs.layout == DecodeInputLayout(4, 4)
     assert graphs.batch_size_for(decode_work([10, 20, 30], BLOCK)) == 4
@@ -119,7 +119,7 @@ def test_decode_graphs_route_only_padded_decode_steps():
     with pytest.raises(RuntimeError, match="CUDA"):
         graphs.capture()
     with pytest.raises(ValueError):
-        DecodeGraphs(torch.nn.Identity(), [], TorchAttentionBackend(), 1.0, BLOCK, 64, [4, 2],
+        DecodeGraphs(torch.nn.Identity(), [], TorchAttentionBackend(), BLOCK, 64, [4, 2],
                      torch.device("cpu"))
 
 
