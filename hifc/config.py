@@ -40,7 +40,8 @@ class EngineConfig:
         None, "longest sequence (default: the model's context, capped by the KV pool)")
     max_num_seqs: int = option(256, "most sequences in one batch")
     max_num_batched_tokens: int | None = option(
-        None, "most tokens in one step (default: max(8192, max_model_len))")
+        None, "most tokens in one step (default: max(8192, max_num_seqs) with chunked prefill, "
+        "else max(8192, max_model_len))")
     num_gpu_blocks: int | None = option(None, "explicit KV pool size in blocks (also on CPU)")
     kv_cache_gib: float | None = option(None, "KV pool budget in GiB")
     gpu_memory_utilization: float = option(
@@ -52,6 +53,11 @@ class EngineConfig:
         False, "run every step eagerly (no CUDA graphs of decode steps)")
     max_logprobs: int = option(
         20, "most log-probabilities a request may ask for per token (logprobs, prompt_logprobs)")
+    enable_prefix_caching: bool = option(
+        True, "share the KV blocks of common prompt prefixes between requests (GPU prefix cache)")
+    enable_chunked_prefill: bool = option(
+        True, "prefill long prompts in chunks that share each step's token budget with the "
+        "decoding sequences")
     preemption: str | None = option(
         None, "recompute, swap or auto (default: swap when a tier is set)",
         choices=PREEMPTION_MODES)
@@ -84,8 +90,9 @@ class EngineConfig:
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
         if self.num_gpu_blocks is not None and self.kv_cache_gib is not None:
             raise ValueError("give either num_gpu_blocks or kv_cache_gib, not both")
-        if not isinstance(self.enforce_eager, bool):
-            raise ValueError(f"enforce_eager must be True or False, got {self.enforce_eager!r}")
+        for name in ("enforce_eager", "enable_prefix_caching", "enable_chunked_prefill"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         if not isinstance(self.tier, TierConfig):
@@ -100,10 +107,12 @@ class EngineConfig:
                 raise ValueError(
                     f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
                     f"max_num_seqs ({self.max_num_seqs})")
-            if self.max_model_len is not None and self.max_num_batched_tokens < self.max_model_len:
+            if (not self.enable_chunked_prefill and self.max_model_len is not None
+                    and self.max_num_batched_tokens < self.max_model_len):
                 raise ValueError(
                     f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
-                    f"max_model_len ({self.max_model_len}): prompts are prefilled in one step")
+                    f"max_model_len ({self.max_model_len}) without chunked prefill: prompts are "
+                    "prefilled in one step")
 
     @property
     def preemption_mode(self) -> str:

@@ -1,23 +1,33 @@
 """``hifc bench init``: KV tier initialisation time, flash cache file vs pinned DRAM (Table 6).
 
 Times, for a tier of ``--size-gib``: creating the flash cache file (preallocated), reopening it
-(matching geometry: only a new epoch is written, so this is O(1) in the size), and allocating a
-zero-filled DRAM pool of the same size, pinned when the KV cache is on a GPU (what a vLLM-style
-DRAM swap space costs at start-up). ``--json`` writes ``flash_create_s``, ``flash_reopen_s``,
-``dram_alloc_s`` and the ratios.
+(matching geometry: only a new epoch is written, so this is O(1) in the size; the prefix store
+off), and allocating a zero-filled DRAM pool of the same size, pinned when the KV cache is on a
+GPU (what a vLLM-style DRAM swap space costs at start-up). ``--json`` writes ``flash_create_s``,
+``flash_reopen_s``, ``dram_alloc_s`` and the ratios.
+
+``--prefix-scan`` also times what the prefix store adds to a reopen: rebuilding its index from
+the record headers, once on the empty file and then (``--repeat`` times) after every block of
+the file was written as a prefix record (``prefix_scan_s``, ``prefix_scan_s_per_gib``).
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import os
 import shutil
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 
 from hifc.bench.io import add_geometry_args, device_from_args, geometry_from_args
+
+
+GIB = 1 << 30
+FILL_CACHE_BYTES = 256 << 20  # the KV cache the fill writes from
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -32,6 +42,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--layout", default=DEFAULT_LAYOUT, choices=LAYOUTS)
     p.add_argument("--repeat", type=int, default=3, help="reopen timings to take the median of")
     p.add_argument("--skip-dram", action="store_true", help="time the flash tier only")
+    p.add_argument("--prefix-scan", action="store_true", help="also fill the file with prefix "
+                   "records and time the index rebuild of a reopen (a scan of every header)")
     add_geometry_args(p)
     p.set_defaults(func=run)
     return p
@@ -54,7 +66,7 @@ def measure(args, path: str) -> dict:
     geometry = geometry_from_args(args)
     device = device_from_args(args)
     flash = TierConfig(kv_offload="flash", flash_path=path, flash_size_gib=args.size_gib,
-                       flash_layout=args.layout)
+                       flash_layout=args.layout, prefix_store="off")
     create_s, created = _timed(lambda: make_tier(flash, geometry, device))
     reopen = [_timed(lambda: make_tier(flash, geometry, device)) for _ in range(args.repeat)]
     result = {
@@ -68,6 +80,9 @@ def measure(args, path: str) -> dict:
         "epochs_distinct": len({created["epoch"], *(s["epoch"] for _, s in reopen)})
         == 1 + len(reopen),
     }
+    if args.prefix_scan:
+        result.update(measure_prefix_scan(replace(flash, prefix_store="evicted"), geometry,
+                                          device, args.repeat))
     if not args.skip_dram:
         dram = TierConfig(kv_offload="dram", swap_space=args.size_gib)
         dram_s, dstats = _timed(lambda: make_tier(dram, geometry, device))
@@ -76,6 +91,50 @@ def measure(args, path: str) -> dict:
                       dram_vs_flash_reopen=dram_s / result["flash_reopen_s"],
                       dram_vs_flash_create=dram_s / create_s)
     return result
+
+
+def fill_with_prefix_records(tier, geometry, device) -> int:
+    """Write every block of ``tier`` as a prefix record (zero KV, distinct hashes)."""
+    import torch
+
+    from hifc.dtypes import torch_dtype
+
+    batch = max(1, min(tier.num_blocks, FILL_CACHE_BYTES // geometry.block_bytes))
+    kv = torch.zeros((geometry.num_layers, 2, batch, geometry.block_size,
+                      geometry.num_kv_heads, geometry.head_dim),
+                     dtype=torch_dtype(geometry.dtype), device=device)
+    salt = hashlib.sha256(b"hifc bench init").digest()
+    written = 0
+    while written < tier.num_blocks:
+        n = min(batch, tier.num_blocks - written)
+        hashes = [hashlib.sha256(b"block %d" % (written + i)).digest() for i in range(n)]
+        job = tier.wait(tier.submit_prefix_write(kv, list(zip(range(n), hashes)), salt))
+        if not job.ok or not job.blocks_ok:
+            raise RuntimeError(f"filling the cache file failed: {job.error}")
+        written += job.blocks_ok
+    return written
+
+
+def measure_prefix_scan(config, geometry, device, repeat: int) -> dict:
+    from hifc.tiers import make_tier
+
+    empty_s, empty = _timed(lambda: make_tier(config, geometry, device))
+    start = time.perf_counter()
+    with make_tier(config, geometry, device) as tier:
+        written = fill_with_prefix_records(tier, geometry, device)
+    fill_s = time.perf_counter() - start
+    reopen = [_timed(lambda: make_tier(config, geometry, device)) for _ in range(repeat)]
+    scans = [s["prefix_store_scan_seconds"] for _, s in reopen]
+    gib = empty["file_bytes"] / GIB
+    return {"prefix_scan_empty_s": empty["prefix_store_scan_seconds"],
+            "prefix_reopen_empty_s": empty_s, "prefix_fill_s": fill_s,
+            "prefix_fill_gibps": written * geometry.block_bytes / GIB / fill_s,
+            "prefix_records": written,
+            "prefix_scan_records": min(s["prefix_store_scan_records"] for _, s in reopen),
+            "prefix_reopen_s": statistics.median(t for t, _ in reopen),
+            "prefix_scan_s": statistics.median(scans), "prefix_scan_all_s": scans,
+            "prefix_scan_s_per_gib": statistics.median(scans) / gib,
+            "prefix_scan_headers_per_s": empty["num_blocks"] / statistics.median(scans)}
 
 
 def print_table(r: dict) -> None:
@@ -89,6 +148,14 @@ def print_table(r: dict) -> None:
         print(f"{'dram: allocate ' + kind:<30}{r['dram_alloc_s']:>10.4f}")
         print(f"dram / flash reopen: {r['dram_vs_flash_reopen']:.1f}x   "
               f"dram / flash create: {r['dram_vs_flash_create']:.2f}x")
+    if "prefix_scan_s" in r:
+        print(f"{'flash: reopen + index (empty)':<30}{r['prefix_reopen_empty_s']:>10.4f}")
+        print(f"{'flash: fill with prefix records':<30}{r['prefix_fill_s']:>10.4f}"
+              f"   ({r['prefix_fill_gibps']:.2f} GiB/s)")
+        print(f"{'flash: reopen + index (full)':<30}{r['prefix_reopen_s']:>10.4f}")
+        print(f"index rebuild: {r['prefix_scan_s']:.4f} s for {r['prefix_scan_records']} records "
+              f"= {r['prefix_scan_s_per_gib']:.4f} s/GiB ({r['prefix_scan_headers_per_s']:.0f} "
+              f"headers/s); empty file {r['prefix_scan_empty_s']:.4f} s")
     print(f"reopen kept the file: {r['reopen_reused_file']}   "
           f"new epoch each open: {r['epochs_distinct']}")
 

@@ -48,7 +48,8 @@ FLASH_TIER_VARIANTS = ("flash", "auto")
 # engine.stats() counters reported per variant (deltas over the timed run)
 COUNTERS = ("preemptions", "swap_out_blocks", "swap_in_blocks", "tier_bytes_written",
             "tier_bytes_read", "swap_io_seconds", "swap_stall_seconds", "swap_out_stall_seconds",
-            "recomputed_sequences", "swap_failures", "steps")
+            "recomputed_sequences", "swap_failures", "prefix_cache_queries", "prefix_cache_hits",
+            "steps")
 # engine options left out of the JSON's "settings" (each variant sets its own tier and policy)
 NOT_SETTINGS = ("kv_offload", "preemption", "tier_fault_injection")
 
@@ -298,11 +299,12 @@ WARMUP_REQUESTS = 2
 def _warm_up(engine, name: str, requests: list[BenchRequest]) -> None:
     """Untimed: the workload's first prompts together, a few tokens each, so that the kernels
     its prefill and decode steps launch (Triton compiles one per tile plan) are compiled before
-    the clock starts, whichever variant runs first."""
+    the clock starts, whichever variant runs first. The prompts run reversed: the same lengths,
+    but nothing the timed run could find in the prefix cache."""
     from hifc.sampling_params import SamplingParams
 
     for i, r in enumerate(requests[:WARMUP_REQUESTS]):
-        engine.add_request(f"{name}-warmup-{i}", r.prompt_token_ids,
+        engine.add_request(f"{name}-warmup-{i}", r.prompt_token_ids[::-1],
                            SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
     while engine.has_unfinished_requests():
         engine.step()

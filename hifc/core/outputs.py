@@ -29,9 +29,11 @@ class PromptLogprobs:
 @dataclass
 class SamplerOutput:
     """The sampler's result for one step: ``token_ids[i]`` is the token sampled for the i-th
-    scheduled sequence (``SchedulerOutput.scheduled`` order). ``logprobs`` (row i: the sampled
-    token's) is set when a scheduled request asked for log-probabilities; ``prompt_logprobs``
-    maps a row to its prompt log-probabilities from this step."""
+    sequence that samples in the step (``SchedulerOutput.sampling``: the scheduled sequences
+    whose chunk ends at their last known token, in scheduled order). ``logprobs`` (row i: the
+    sampled token's) is set when such a request asked for log-probabilities;
+    ``prompt_logprobs`` maps a row of ``SchedulerOutput.scheduled`` (any chunk of a prompt) to
+    the prompt log-probabilities this step computed for it."""
 
     token_ids: list[int]
     logprobs: TopLogprobs | None = None

@@ -1,20 +1,43 @@
-"""Continuous batching: every step decodes the running sequences and admits waiting prompts.
+"""Continuous batching with chunked prefill and a GPU prefix cache (vLLM V1 style).
 
-Policy (vLLM-style, no chunked prefill):
-1. Each running sequence gets one decode token, in admission order. When the pool has no block
-   for it, the newest running sequence is preempted (possibly the one being scheduled) until it
-   fits. A preempted sequence either swaps its KV out to the tier (its GPU blocks are freed only
-   when the write completes; sequences waiting for those blocks sit out a step meanwhile) or is
-   dropped for recompute (back to the front of the waiting queue).
-2. If nothing was preempted in this step, swapped sequences are swapped back in (oldest first)
-   while free blocks stay above a watermark: the read is started at once and overlaps the
-   following steps; the sequence decodes again once the read has completed.
+Each sequence records ``num_computed_tokens``: the tokens whose K/V is in the cache. A step
+computes some more tokens of some sequences, within a budget of ``max_num_batched_tokens``;
+a sequence samples its next token only in the step that computes its last known token.
+
+1. Running sequences: decodes first (one token each), then the prompts being prefilled, in
+   admission order, each with a chunk of what is left of the budget (the whole rest of the
+   prompt without chunked prefill, or nothing this step if it does not fit). When the pool has
+   no block for a sequence, the newest running sequence not yet scheduled in this step is
+   preempted until it fits. The sequence sits out the step instead when a swap-out in flight
+   will release enough blocks, or when it is itself the newest and is prefilling (it keeps
+   what it has computed; a decode that needs blocks later preempts it). A decode that is the
+   newest preempts itself.
+2. If nothing was preempted and no sequence sat out for blocks in this step, swapped sequences
+   are swapped back in (oldest first) while free blocks stay above a watermark: the read starts
+   at once and overlaps the following steps; the sequence runs again once it has completed.
 3. Only when no sequence is left swapped, waiting sequences are admitted in order while the
-   sequence and token budgets and the free blocks (above the watermark) allow. A prompt is
-   prefilled in one step; a recomputed sequence is re-prefilled over prompt + generated tokens.
+   sequence and token budgets and the free blocks (above the watermark) allow. A sequence
+   starts from the longest prefix of its tokens that the prefix cache holds (at least its last
+   token is computed), then prefills the rest in chunks; a recomputed sequence re-prefills
+   prompt + generated tokens the same way, and finds its own earlier blocks if they are still
+   cached. Blocks are cached as soon as they are scheduled, so a prompt admitted in the same
+   step shares the blocks another one computes in it (each layer writes the step's K/V before
+   any query attends).
+
+Preemption with shared blocks. A victim either drops all its blocks for recompute (each loses
+one reference: blocks others share stay with them, its cached blocks stay cached), or swaps:
+only the blocks it alone references are written to the tier (and freed when the write ends);
+its references to blocks other sequences share are dropped at once, leaving holes in its table.
+A shared block is always cached by hash, so at swap-in the holes are filled by looking those
+hashes up again, and only the swapped blocks are read back; if one of those shared blocks has
+been evicted in the meantime, the sequence is recomputed instead (its tier copy is freed). So a
+swapped sequence holds no GPU block, and no shared block is ever written or freed as if it
+were owned.
 
 The scheduler speaks to the runtime only through ``SchedulerOutput`` and learns of finished
-swaps through ``swap_out_done`` / ``swap_in_done``, called by the engine.
+swaps through ``swap_out_done`` / ``swap_in_done``, called by the engine. A second prefix
+level (the flash store) plugs in at admission, after ``kv.cached_prefix`` (the block hashes of a
+sequence are ``kv.block_hashes(seq)``), and at eviction (``KVCacheManager(on_evict=...)``).
 """
 from __future__ import annotations
 
@@ -41,13 +64,15 @@ class TierBlocks(Protocol):
 @dataclass(frozen=True)
 class ScheduledSeq:
     """One sequence's work in a step: compute K/V for ``token_ids`` at positions
-    ``start_pos..start_pos+len-1`` and sample the next token from the last one."""
+    ``start_pos..start_pos+len-1``; if ``samples`` (the chunk ends at the sequence's last known
+    token), sample the next token from the last one."""
 
     request_id: str
     token_ids: list[int]
     start_pos: int
     block_table: list[int]
     sampling_params: SamplingParams
+    samples: bool = True
 
     @property
     def seq_len(self) -> int:
@@ -73,6 +98,11 @@ class SchedulerOutput:
     swap_in: list[SwapOrder] = field(default_factory=list)
 
     @property
+    def sampling(self) -> list[ScheduledSeq]:
+        """The scheduled sequences that sample a token in this step, in scheduled order."""
+        return [s for s in self.scheduled if s.samples]
+
+    @property
     def num_prefill_tokens(self) -> int:
         return sum(len(s.token_ids) for s in self.scheduled if len(s.token_ids) > 1)
 
@@ -86,12 +116,18 @@ class SchedulerLimits:
     max_num_seqs: int
     max_num_batched_tokens: int
     max_model_len: int
+    chunked_prefill: bool = True
 
 
 @dataclass
 class _Stored:
+    """The tier copy of a swapped(-ing) sequence: ``positions`` of its table were written to
+    ``tier_blocks``; ``shared`` positions held blocks that others share (found again by hash)."""
+
     tier_blocks: list[int]
     owner: tuple[int, int]
+    positions: list[int]
+    shared: list[int]
 
 
 class Scheduler:
@@ -113,6 +149,8 @@ class Scheduler:
         self.num_swap_failures = 0
         self.swap_out_blocks = 0
         self.swap_in_blocks = 0
+        self.prefix_cache_queries = 0  # tokens of the sequences admitted with prefix caching on
+        self.prefix_cache_hits = 0  # of them, tokens found in the GPU prefix cache
 
     # ---- requests -------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -154,71 +192,118 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput(scheduled=[], finished_request_ids=self._finished_since_step)
         self._finished_since_step = []
-        self._schedule_decodes(out)
-        if not out.preempted_request_ids:
+        budget, starved = self._schedule_running(out)
+        if not (out.preempted_request_ids or starved):
             self._start_swap_ins(out)
             if not self.swapped:
-                self._admit_waiting(out, self.limits.max_num_batched_tokens - len(out.scheduled))
+                self._admit_waiting(out, budget)
         return out
 
-    def _schedule_decodes(self, out: SchedulerOutput) -> None:
-        queue = list(self.running)
-        kept: list[Sequence] = []
-        releasing = sum(len(self.kv.block_table(r)) for r in self.swapping_out)
+    def _chunk(self, num_to_compute: int, budget: int) -> int:
+        """Tokens to compute in this step out of ``num_to_compute`` (0: none this step)."""
+        if self.limits.chunked_prefill:
+            return min(num_to_compute, budget)
+        return num_to_compute if num_to_compute <= budget else 0
+
+    def _schedule_running(self, out: SchedulerOutput) -> tuple[int, bool]:
+        """Schedule the running sequences (decodes first). Returns the token budget left and
+        whether a sequence sat out the step for lack of blocks."""
+        budget = self.limits.max_num_batched_tokens
+        queue = ([s for s in self.running if s.num_tokens_to_compute == 1]
+                 + [s for s in self.running if s.num_tokens_to_compute > 1])
+        kept: set[str] = set()
+        releasing = sum(len(self._stored[r].positions) for r in self.swapping_out)
         promised = 0
+        starved = False
         while queue:
             seq = queue.pop(0)
-            while self.kv.can_allocate(seq.request_id, seq.num_tokens) is not AllocStatus.OK:
-                deficit = self.kv.num_new_blocks(seq.request_id, seq.num_tokens) \
-                    - self.kv.num_free_blocks
-                if releasing - promised >= deficit:  # blocks are on their way: sit out a step
-                    promised += deficit
-                    kept.append(seq)
+            num_new = self._chunk(seq.num_tokens_to_compute, budget)
+            if num_new == 0:  # no budget left this step
+                kept.add(seq.request_id)
+                continue
+            target = seq.num_computed_tokens + num_new
+            while self.kv.can_allocate(seq.request_id, target) is not AllocStatus.OK:
+                deficit = self.kv.num_new_blocks(seq.request_id, target) - self.kv.num_free_blocks
+                victim = max(queue + [seq], key=lambda s: s.arrival)
+                on_their_way = releasing - promised >= deficit
+                if on_their_way or (victim is seq and seq.num_tokens_to_compute > 1):
+                    promised += deficit if on_their_way else 0
+                    starved = True
+                    kept.add(seq.request_id)
                     break
-                victim = queue.pop() if queue else seq
+                if victim is not seq:
+                    queue.remove(victim)
                 releasing += self._preempt(victim, out)
                 if victim is seq:
                     break
             else:
-                self.kv.allocate(seq.request_id, seq.num_tokens)
-                out.scheduled.append(self._work(seq))
-                kept.append(seq)
-        self.running = kept
+                self._allocate(seq, target)
+                out.scheduled.append(self._work(seq, num_new))
+                kept.add(seq.request_id)
+                budget -= num_new
+        self.running = [s for s in self.running if s.request_id in kept]
+        return budget, starved
 
     def _start_swap_ins(self, out: SchedulerOutput) -> None:
         while self.swapped:
             seq = self.swapped[0]
+            rid = seq.request_id
+            stored = self._stored[rid]
+            reused = self.kv.cached_blocks([seq.block_hashes[p] for p in stored.shared])
+            if reused is None:  # a block it shared was evicted meanwhile: recompute instead
+                self.swapped.pop(0)
+                self._free_tier_copy(rid)
+                self.kv.free(rid)
+                self._requeue_for_recompute(seq)
+                continue
             busy = bool(self.running or self.swapping_in)
-            if self.kv.can_allocate(seq.request_id, seq.num_computed_tokens,
-                                    use_watermark=busy) is not AllocStatus.OK:
+            if self.kv.can_fill_holes(rid, reused, use_watermark=busy) is not AllocStatus.OK:
                 break
             self.swapped.pop(0)
-            stored = self._stored[seq.request_id]
-            gpu_blocks = self.kv.allocate(seq.request_id, seq.num_computed_tokens)
+            gpu_blocks = self.kv.fill_holes(rid, dict(zip(stored.shared, reused)))
             seq.status = SequenceStatus.SWAPPING_IN
-            self.swapping_in[seq.request_id] = seq
-            out.swap_in.append(SwapOrder(seq.request_id, stored.owner,
+            self.swapping_in[rid] = seq
+            out.swap_in.append(SwapOrder(rid, stored.owner,
                                          list(zip(stored.tier_blocks, gpu_blocks))))
 
-    def _admit_waiting(self, out: SchedulerOutput, token_budget: int) -> None:
-        while self.waiting and len(self.running) < self.limits.max_num_seqs:
+    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        block_size = self.kv.block_size
+        while self.waiting and budget > 0 and len(self.running) < self.limits.max_num_seqs:
             seq = self.waiting[0]
-            if seq.num_tokens > token_budget:
+            prefix = self.kv.cached_prefix(seq)
+            num_cached = len(prefix) * block_size
+            num_new = self._chunk(seq.num_tokens - num_cached, budget)
+            if num_new == 0:
                 break
-            if self.kv.can_allocate(seq.request_id, seq.num_tokens,
-                                    use_watermark=True) is not AllocStatus.OK:
+            if self.kv.can_allocate(seq.request_id, num_cached + num_new, use_watermark=True,
+                                    prefix=prefix) is not AllocStatus.OK:
                 break
             self.waiting.popleft()
-            self.kv.allocate(seq.request_id, seq.num_tokens)
+            self._allocate(seq, num_cached + num_new, prefix)
+            seq.num_computed_tokens = num_cached
+            if seq.num_cached_tokens is None:
+                seq.num_cached_tokens = num_cached
+            if self.kv.prefix_caching:
+                self.prefix_cache_queries += seq.num_tokens
+                self.prefix_cache_hits += num_cached
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            out.scheduled.append(self._work(seq))
-            token_budget -= seq.num_tokens
+            out.scheduled.append(self._work(seq, num_new))
+            budget -= num_new
 
-    def _work(self, seq: Sequence) -> ScheduledSeq:
+    def _allocate(self, seq: Sequence, num_tokens: int, prefix: list[int] = ()) -> None:
+        """Give the sequence blocks for ``num_tokens`` tokens, which this step computes, and
+        cache its full blocks among them at once: a sequence admitted later in the same step may
+        share them, as every layer writes the step's K/V before any query attends."""
+        self.kv.allocate(seq.request_id, num_tokens, prefix)
+        self.kv.cache_blocks(seq, num_tokens)
+
+    def _work(self, seq: Sequence, num_new: int) -> ScheduledSeq:
         start = seq.num_computed_tokens
-        return ScheduledSeq(seq.request_id, seq.token_ids(start), start,
-                            list(self.kv.block_table(seq.request_id)), seq.sampling_params)
+        end = start + num_new
+        return ScheduledSeq(seq.request_id, seq.token_ids(start, end), start,
+                            list(self.kv.block_table(seq.request_id)), seq.sampling_params,
+                            samples=end == seq.num_tokens)
 
     # ---- preemption -----------------------------------------------------------------------
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> int:
@@ -227,19 +312,24 @@ class Scheduler:
         seq.num_preemptions += 1
         seq.generation += 1
         out.preempted_request_ids.append(seq.request_id)
-        gpu_blocks = list(self.kv.block_table(seq.request_id))
-        mode = self.policy.choose(len(gpu_blocks), seq.num_computed_tokens)
-        if mode is PreemptionMode.SWAP and self.tier is not None \
-                and self.tier.can_reserve(len(gpu_blocks)):
-            tier_blocks = self.tier.reserve(len(gpu_blocks))
+        rid = seq.request_id
+        owned = self.kv.exclusive_positions(rid)
+        mode = self.policy.choose(len(owned), seq.num_computed_tokens)
+        if mode is PreemptionMode.SWAP and owned and self.tier is not None \
+                and self.tier.can_reserve(len(owned)):
+            table = self.kv.block_table(rid)
+            gpu_blocks = [table[p] for p in owned]
+            owned_set = set(owned)
+            shared = [p for p in range(len(table)) if p not in owned_set]
+            self.kv.release(rid, shared)  # the other sequences keep them; found again by hash
+            tier_blocks = self.tier.reserve(len(owned))
             owner = (seq.arrival, seq.generation)
-            self._stored[seq.request_id] = _Stored(tier_blocks, owner)
+            self._stored[rid] = _Stored(tier_blocks, owner, owned, shared)
             seq.status = SequenceStatus.SWAPPING_OUT
-            self.swapping_out[seq.request_id] = seq
-            out.swap_out.append(SwapOrder(seq.request_id, owner,
-                                          list(zip(gpu_blocks, tier_blocks))))
-            return len(gpu_blocks)
-        self.kv.free(seq.request_id)
+            self.swapping_out[rid] = seq
+            out.swap_out.append(SwapOrder(rid, owner, list(zip(gpu_blocks, tier_blocks))))
+            return len(owned)
+        self.kv.free(rid)
         self._requeue_for_recompute(seq)
         return 0
 
@@ -257,14 +347,16 @@ class Scheduler:
     # ---- swap completions (told by the engine) -------------------------------------------
     def swap_out_done(self, request_id: str, ok: bool) -> None:
         seq = self.swapping_out.pop(request_id)
-        self.kv.free(request_id)  # the write is over: the GPU copy is no longer needed
         if seq.status.is_finished or not ok:
+            self.kv.free(request_id)
             self._free_tier_copy(request_id)
             if not seq.status.is_finished:
                 self.num_swap_failures += 1
                 self._requeue_for_recompute(seq)
             return
-        self.swap_out_blocks += len(self._stored[request_id].tier_blocks)
+        stored = self._stored[request_id]
+        self.kv.release(request_id, stored.positions)  # the write is over: GPU copy not needed
+        self.swap_out_blocks += len(stored.tier_blocks)
         seq.status = SequenceStatus.SWAPPED
         bisect.insort(self.swapped, seq, key=lambda s: s.arrival)
 
@@ -279,20 +371,30 @@ class Scheduler:
                 self._requeue_for_recompute(seq)
             return
         self.swap_in_blocks += len(stored.tier_blocks)
+        self.kv.cache_blocks(seq, seq.num_computed_tokens)  # shareable again
         seq.status = SequenceStatus.RUNNING
         bisect.insort(self.running, seq, key=lambda s: s.arrival)
 
     # ---- results --------------------------------------------------------------------------
     def update(self, out: SchedulerOutput, sampled: SamplerOutput,
                seqs: dict[str, Sequence]) -> list[Sequence]:
-        """Record the sampled token of every scheduled sequence; finish those that stop.
-        Returns the sequences that received a token."""
+        """Advance every scheduled sequence by the tokens it computed and append the sampled
+        token of those that sampled; finish those that stop. Returns the sequences that
+        received a token."""
+        sampling = out.sampling
+        if len(sampled) != len(sampling):
+            raise RuntimeError(f"{len(sampled)} sampled tokens for {len(sampling)} sequences "
+                               "that sample in this step")
+        tokens = iter(sampled.token_ids)
         updated = []
-        for work, token_id in zip(out.scheduled, sampled.token_ids):
+        for work in out.scheduled:
+            token_id = next(tokens) if work.samples else None
             seq = seqs[work.request_id]
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # aborted while the step ran
             seq.num_computed_tokens = work.seq_len
+            if token_id is None:
+                continue  # a prompt chunk before the last
             seq.append_token(token_id)
             stop = seq.stop_reason_after_append(self.limits.max_model_len)
             if stop is not None:

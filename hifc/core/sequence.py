@@ -38,6 +38,8 @@ class Sequence:
         self.arrival = arrival
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0  # tokens whose K/V are in the cache
+        self.num_cached_tokens: int | None = None  # prompt tokens found in the prefix cache
+        self.block_hashes: list[bytes] = []  # content hashes of the full blocks (prefix cache)
         self.generation = 0  # bumped at every preemption; tags the sequence's stored KV
         self.num_preemptions = 0
         self.stop_reason: int | str | None = None  # the stop token id or string that ended it
@@ -45,6 +47,11 @@ class Sequence:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_tokens_to_compute(self) -> int:
+        """Tokens whose K/V is not computed yet; the last one's logits give the next token."""
+        return self.num_tokens - self.num_computed_tokens
 
     @property
     def num_prompt_tokens(self) -> int:

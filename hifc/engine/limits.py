@@ -15,6 +15,7 @@ from hifc.runtime.kv_cache import kv_bytes_per_block
 logger = logging.getLogger(__name__)
 
 CPU_DEFAULT_KV_GIB = 1.0
+DEFAULT_BATCHED_TOKENS = 8192
 _GIB = 1 << 30
 
 
@@ -64,7 +65,7 @@ def resolve_limits(config: EngineConfig, arch: ModelArchConfig, dtype: torch.dty
         num_blocks = int(config.kv_cache_gib * _GIB // block_bytes)
     elif device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
-        batch_tokens = config.max_num_batched_tokens or max(8192, model_len)
+        batch_tokens = _batched_tokens(config, model_len)
         size = size_estimate(arch, dtype)
         reserve = _activation_reserve_bytes(size, arch.vocab_size, batch_tokens,
                                             config.max_num_seqs)
@@ -86,8 +87,19 @@ def resolve_limits(config: EngineConfig, arch: ModelArchConfig, dtype: torch.dty
                              f"{capacity} tokens)")
         model_len = capacity
         logger.info("max_model_len capped to the KV pool capacity: %d tokens", capacity)
-    batched = config.max_num_batched_tokens or max(8192, model_len)
-    if batched < model_len:
+    batched = _batched_tokens(config, model_len)
+    if batched < model_len and not config.enable_chunked_prefill:
         raise ValueError(f"max_num_batched_tokens ({batched}) must be at least max_model_len "
-                         f"({model_len}): prompts are prefilled in one step")
+                         f"({model_len}) without chunked prefill: prompts are prefilled in one "
+                         "step")
     return ResolvedLimits(num_blocks, model_len, batched, block_bytes)
+
+
+def _batched_tokens(config: EngineConfig, model_len: int) -> int:
+    """The step's token budget: a long prompt is split into chunks of it (chunked prefill) or
+    must fit it whole."""
+    if config.max_num_batched_tokens is not None:
+        return config.max_num_batched_tokens
+    if config.enable_chunked_prefill:
+        return max(DEFAULT_BATCHED_TOKENS, config.max_num_seqs)
+    return max(DEFAULT_BATCHED_TOKENS, model_len)

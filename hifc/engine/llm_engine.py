@@ -18,6 +18,7 @@ from hifc.engine.bad_words import BadWords
 from hifc.engine.detokenizer import IncrementalDetokenizer
 from hifc.engine.limits import ResolvedLimits, resolve_device, resolve_dtype, resolve_limits
 from hifc.engine.logprobs import LogprobsBuilder
+from hifc.engine.model_salt import model_salt
 from hifc.engine.outputs import RequestMetrics, RequestOutput
 from hifc.engine.request_state import CompletionState, RequestState
 from hifc.engine.swaps import SwapTracker
@@ -29,6 +30,7 @@ from hifc.runtime.sampling_inputs import StepConstraints
 from hifc.runtime.swapper import KVSwapper
 from hifc.sampling_params import SamplingParams
 from hifc.structured.grammar import BitmaskFiller, GrammarCompiler
+from hifc.tiers.factory import geometry_of
 
 logger = logging.getLogger(__name__)
 
@@ -63,14 +65,18 @@ class LLMEngine:
         # after the KV cache exists; CPU / torch backend: decode stays unpadded
         self.runner.setup_padded_decode(self.limits.max_model_len, config.max_num_seqs,
                                         capture=not config.enforce_eager)
-        self.kv_manager = KVCacheManager(self.limits.num_gpu_blocks, config.block_size)
+        # names the model for the prefix cache (and a persistent store): see model_salt
+        self.model_salt = model_salt(config.model, config.seed, self.arch, geometry_of(kv_cache))
+        self.kv_manager = KVCacheManager(
+            self.limits.num_gpu_blocks, config.block_size,
+            salt=self.model_salt if config.enable_prefix_caching else None)
         self.tier = _build_tier(config, kv_cache)
         self.preemption = PreemptionPolicy(config.preemption_mode,
                                            self.tier.geometry.block_bytes if self.tier else 0)
         self.scheduler = Scheduler(
             SchedulerLimits(config.max_num_seqs, self.limits.max_num_batched_tokens,
-                            self.limits.max_model_len), self.kv_manager, self.preemption,
-            self.tier)
+                            self.limits.max_model_len, config.enable_chunked_prefill),
+            self.kv_manager, self.preemption, self.tier)
         self.swaps = SwapTracker(self.scheduler, self.preemption,
                                  KVSwapper(self.tier, kv_cache) if self.tier else None)
         self._requests: dict[str, RequestState] = {}
@@ -174,7 +180,9 @@ class LLMEngine:
 
     def _completion_params(self, params: SamplingParams, prompt_len: int) -> list[SamplingParams]:
         """Each sequence's parameters: n = 1, max_tokens resolved (None: what the context leaves
-        after the prompt), seeds seed, seed + 1, ... (vLLM's)."""
+        after the prompt), seeds seed, seed + 1, ... (vLLM's). Only the first sequence computes
+        prompt logprobs (they are the request's): the others find the prompt's blocks in the
+        prefix cache as the first one computes them, so the prompt is prefilled once."""
         max_tokens = params.max_tokens
         if max_tokens is None:
             max_tokens = self.limits.max_model_len - prompt_len
@@ -183,11 +191,12 @@ class LLMEngine:
                                  f"leaves after the prompt ({max_tokens} tokens)")
         if params.n == 1 and max_tokens == params.max_tokens:
             return [params]
-        base = dataclasses.replace(params, n=1, max_tokens=max_tokens)
-        if params.seed is None:
-            return [base] * params.n
-        return [dataclasses.replace(base, seed=(params.seed + i) % 2**63)
-                for i in range(params.n)]
+        first = dataclasses.replace(params, n=1, max_tokens=max_tokens)
+        others = dataclasses.replace(first, prompt_logprobs=None)
+        return [dataclasses.replace(
+            first if i == 0 else others,
+            seed=None if params.seed is None else (params.seed + i) % 2**63)
+            for i in range(params.n)]
 
     def _grammar_compiler(self) -> GrammarCompiler:
         if self._grammars is None:
@@ -235,16 +244,18 @@ class LLMEngine:
 
     def _execute(self, out: SchedulerOutput, completions: list[CompletionState]) -> SamplerOutput:
         t0 = time.perf_counter()
+        sampling = [c for w, c in zip(out.scheduled, completions) if w.samples]
         sampled = self.runner.execute(out, [c.seq for c in completions],
-                                      self._constraints(completions))
+                                      self._constraints(sampling))
         if out.num_prefill_tokens:
             self.preemption.prefill_speed.add(out.num_prefill_tokens, time.perf_counter() - t0)
         self.num_steps += 1
         return sampled
 
-    def _constraints(self, completions: list[CompletionState]) -> StepConstraints | None:
-        """This step's bad-word bans and grammar bitmasks, for the rows that have them."""
-        constrained = [(row, c) for row, c in enumerate(completions) if c.grammar or c.bad_words]
+    def _constraints(self, sampling: list[CompletionState]) -> StepConstraints | None:
+        """This step's bad-word bans and grammar bitmasks, by row of the sequences that
+        sample."""
+        constrained = [(row, c) for row, c in enumerate(sampling) if c.grammar or c.bad_words]
         if not constrained:
             return None
         step = StepConstraints()
@@ -256,20 +267,20 @@ class LLMEngine:
         step.grammar_rows = [row for row, c in constrained if c.grammar is not None]
         if step.grammar_rows:
             step.grammar_bitmask = self._bitmasks.fill(
-                [completions[row].grammar for row in step.grammar_rows])
+                [sampling[row].grammar for row in step.grammar_rows])
         return step
 
     def _update(self, out: SchedulerOutput, completions: list[CompletionState],
                 sampled: SamplerOutput) -> list[RequestOutput]:
         for row, part in sampled.prompt_logprobs.items():
             completions[row].request.add_prompt_logprobs(part, self._logprobs)
-        rows = {c.seq.request_id: row for row, c in enumerate(completions)}
+        rows = {w.request_id: row for row, w in enumerate(out.sampling)}  # -> sampled rows
         updated = self.scheduler.update(out, sampled, {c.seq.request_id: c.seq
                                                        for c in completions})
         self.num_generated_tokens += len(updated)
         advanced: dict[str, RequestState] = {}
         for seq in updated:
-            completion = completions[rows[seq.request_id]]
+            completion = self._completions[seq.request_id]
             self._take_token(completion, sampled, rows[seq.request_id])
             advanced[completion.request.request_id] = completion.request
         now = time.time()
@@ -317,12 +328,15 @@ class LLMEngine:
             "swap_failures": sched.num_swap_failures,
             "swap_out_blocks": sched.swap_out_blocks,
             "swap_in_blocks": sched.swap_in_blocks,
+            "prefix_cache_queries": sched.prefix_cache_queries,
+            "prefix_cache_hits": sched.prefix_cache_hits,
             **self.swaps.stats(),
             "running": len(sched.running),
             "waiting": len(sched.waiting),
             "swapped": len(sched.swapped) + len(sched.swapping_out) + len(sched.swapping_in),
             "gpu_blocks_free": self.kv_manager.num_free_blocks,
             "gpu_blocks_total": self.kv_manager.num_total_blocks,
+            "gpu_blocks_cached": self.kv_manager.num_cached_free_blocks,
             "tier_blocks_used": sched.tier_blocks_used,
             "tier_blocks_total": self.tier.num_blocks if self.tier else 0,
         }
@@ -338,5 +352,5 @@ def _sequence_ids(request_id: str, n: int) -> list[str]:
 def _build_tier(config: EngineConfig, kv_cache: torch.Tensor):
     if not config.tier.enabled:
         return None
-    from hifc.tiers import geometry_of, make_tier
+    from hifc.tiers import make_tier
     return make_tier(config.tier, geometry_of(kv_cache), device=kv_cache.device)

@@ -113,7 +113,7 @@ class RequestOutput:
     # position 0 is None (nothing predicts the first token), then one entry per prompt token
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     metrics: RequestMetrics | None = None
-    num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    num_cached_tokens: int | None = None  # prompt tokens found in the prefix cache (vLLM's)
 
     # Flat access for the common single-completion case.
     @property

@@ -72,7 +72,6 @@ class RequestState:
     metrics: RequestMetrics
     completions: list[CompletionState] = field(default_factory=list)
     prompt_logprobs: list[PositionLogprobs | None] | None = None
-    num_cached_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.params.prompt_logprobs is not None:
@@ -107,4 +106,4 @@ class RequestState:
             self.request_id, self.prompt, self.prompt_token_ids,
             [c.output() for c in self.completions], self.finished,
             list(self.prompt_logprobs) if complete else None, self.metrics,
-            self.num_cached_tokens)
+            self.completions[0].seq.num_cached_tokens)

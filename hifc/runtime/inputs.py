@@ -39,9 +39,10 @@ def build_block_tables(work: list[ScheduledSeq], device) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.int32, device=device)  # [B, max_blocks]
 
 
-def build_logits_indices(query_start_loc: list[int], device) -> torch.Tensor:
-    return torch.tensor([end - 1 for end in query_start_loc[1:]], dtype=torch.long,
-                        device=device)  # [B]: last new token of each sequence
+def build_logits_indices(work: list[ScheduledSeq], query_start_loc: list[int],
+                         device) -> torch.Tensor:
+    return torch.tensor([end - 1 for w, end in zip(work, query_start_loc[1:]) if w.samples],
+                        dtype=torch.long, device=device)  # [S]: last new token of each sampler
 
 
 def build_attention_metadata(work: list[ScheduledSeq], block_size: int,

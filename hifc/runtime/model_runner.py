@@ -29,7 +29,7 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         self.sampler = Sampler()
-        self.generator = torch.Generator(device=device)  # noise of unseeded requests
+        self.generator = torch.Generator(device=device)  # draws of unseeded requests
         self.generator.manual_seed(seed)
         self.penalty_rows: PenaltyRows | None = None  # made at the first step that needs them
         self.step_packer = StepPacker(device)
@@ -68,9 +68,10 @@ class ModelRunner:
         return self.num_padded_decode_steps if graphs is not None and graphs.graphs else 0
 
     def eager_logits(self, work: list[ScheduledSeq]) -> torch.Tensor:
-        """Logits ([B, V]) of the last new token of each sequence, from unpadded inputs."""
+        """Compute the step's K/V from unpadded inputs; returns the logits ([S, V]) of the last
+        new token of each sequence that samples (S may be 0: prompt chunks only)."""
         hidden, query_start_loc = self.eager_forward(work)
-        return self._last_token_logits(hidden, query_start_loc)
+        return self._sampler_logits(work, hidden, query_start_loc)
 
     def eager_forward(self, work: list[ScheduledSeq]) -> tuple[torch.Tensor, list[int]]:
         """Hidden states ([T, H]) of every new token, and where each sequence's start ([B+1])."""
@@ -80,37 +81,55 @@ class ModelRunner:
         positions = inputs.build_positions(work, self.device)
         return self.model(input_ids, positions, ctx), meta.query_start_loc_cpu
 
-    def _last_token_logits(self, hidden: torch.Tensor, query_start_loc: list[int]) -> torch.Tensor:
-        last = inputs.build_logits_indices(query_start_loc, self.device)
-        return self.model.compute_logits(hidden.index_select(0, last))  # [B, V]
+    def _sampler_logits(self, work: list[ScheduledSeq], hidden: torch.Tensor,
+                        query_start_loc: list[int]) -> torch.Tensor:
+        last = inputs.build_logits_indices(work, query_start_loc, self.device)
+        return self.model.compute_logits(hidden.index_select(0, last))  # [S, V]
+
+    def _padded_logits(self, work: list[ScheduledSeq]) -> torch.Tensor | None:
+        """Logits ([S, V]) of the samplers of a decode-only step run padded (None: the step
+        runs eagerly). A one-token prompt chunk before the last is such a row, not sampled."""
+        logits = self.decode_graphs.run(work) if self.decode_graphs is not None else None
+        if logits is None:
+            return None
+        self.num_padded_decode_steps += 1
+        if all(w.samples for w in work):
+            return logits  # [B, V]
+        rows = [i for i, w in enumerate(work) if w.samples]
+        return logits[torch.tensor(rows, dtype=torch.long, device=logits.device)]
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, seqs: list[Sequence],
                 constraints: StepConstraints | None = None) -> SamplerOutput:
-        """Compute the scheduled tokens' K/V and sample one token per sequence. ``seqs``: the
-        scheduled sequences, in ``out.scheduled`` order (their parameters, prompts and the
-        tokens they accepted so far); ``constraints``: the engine's bans and grammar masks."""
+        """Compute the scheduled tokens' K/V and sample one token per sequence that finishes
+        its known tokens in this step (``ScheduledSeq.samples``). ``seqs``: the scheduled
+        sequences, in ``out.scheduled`` order (their parameters, prompts and accepted tokens);
+        ``constraints``: the engine's bans and grammar masks, by row of ``out.sampling``."""
         if self.penalty_rows is not None:
             self.penalty_rows.release(out.finished_request_ids)
         work = out.scheduled
         if not work:
             return SamplerOutput([])
         hidden = query_start_loc = None
-        logits = self.decode_graphs.run(work) if self.decode_graphs is not None else None
+        logits = self._padded_logits(work)
         if logits is None:
             hidden, query_start_loc = self.eager_forward(work)
-            logits = self._last_token_logits(hidden, query_start_loc)  # [B, V]
-        else:
-            self.num_padded_decode_steps += 1
+            logits = self._sampler_logits(work, hidden, query_start_loc)  # [S, V]
+        sampling = [seq for w, seq in zip(work, seqs) if w.samples]
+        result = (self._sample(logits, sampling, constraints) if sampling
+                  else SamplerOutput([]))
+        if hidden is not None:
+            result.prompt_logprobs = self._prompt_logprobs(work, seqs, hidden, query_start_loc)
+        return result
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence],
+                constraints: StepConstraints | None) -> SamplerOutput:
         vocab = logits.shape[-1]
         if self.penalty_rows is None and any(s.sampling_params.has_penalties for s in seqs):
             self.penalty_rows = PenaltyRows(vocab, self.device)
         batch = build_sampling_batch(seqs, constraints, self.penalty_rows, self.step_packer,
                                      vocab)
-        result = _to_output(self.sampler.sample(logits, batch, self.generator))
-        if hidden is not None:
-            result.prompt_logprobs = self._prompt_logprobs(work, seqs, hidden, query_start_loc)
-        return result
+        return _to_output(self.sampler.sample(logits, batch, self.generator))
 
     def _prompt_logprobs(self, work: list[ScheduledSeq], seqs: list[Sequence],
                          hidden: torch.Tensor, query_start_loc: list[int],
@@ -124,9 +143,9 @@ class ModelRunner:
             if k is None or w.start_pos >= last:
                 continue
             parts = []
+            offset = query_start_loc[row] - w.start_pos
             for pos in range(w.start_pos, last, chunk):
                 end = min(pos + chunk, last)
-                offset = query_start_loc[row] - w.start_pos
                 states = hidden[offset + pos:offset + end]  # [C, H]
                 logprobs = torch.log_softmax(self.model.compute_logits(states), dim=-1)
                 targets = torch.tensor(seq.prompt_token_ids[pos + 1:end + 1], device=self.device)
@@ -145,7 +164,7 @@ def _to_output(sampled: SampledTokens) -> SamplerOutput:
     k = sampled.top_ids.shape[1]
     columns = [sampled.token_ids[:, None], sampled.logprobs[:, None], sampled.ranks[:, None],
                sampled.top_ids, sampled.top_logprobs]
-    table = torch.cat([c.double() for c in columns], dim=1).tolist()  # [B, 3 + 2k]
+    table = torch.cat([c.double() for c in columns], dim=1).tolist()  # [S, 3 + 2k]
     token_ids = [int(row[0]) for row in table]
     return SamplerOutput(token_ids, TopLogprobs(
         token_ids, [row[1] for row in table], [int(row[2]) for row in table],

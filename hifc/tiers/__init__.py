@@ -14,8 +14,8 @@ Build::
 the name users give it: ``kv_offload`` none|dram|flash, ``flash_path``, ``flash_size_gib`` /
 ``swap_space`` (or ``num_tier_blocks``), ``flash_policy`` append|left-append, ``flash_layout``
 block-record|layer-kv, ``flash_io_threads``, ``flash_prep_threads``, ``flash_backend``
-auto|kvikio|posix, ``flash_chunk_mib``, ``flash_direct_io``, ``flash_force``,
-``tier_fault_injection`` (tests: ``tier.faults.arm(...)``).
+auto|kvikio|posix, ``flash_chunk_mib``, ``flash_direct_io``, ``prefix_store`` off|evicted|all,
+``flash_force``, ``tier_fault_injection`` (tests: ``tier.faults.arm(...)``).
 
 The KV cache is one tensor ``[num_layers, 2, num_blocks, block_size, kv_heads, head_dim]``
 (float32/float16/bfloat16, CPU or CUDA); block ``b`` of layer ``l``, kind ``k`` is
@@ -39,9 +39,28 @@ worker threads):
 * ``stats() -> dict``, ``close()`` (waits for jobs in flight), context manager.
 * ``num_blocks``, ``num_free_blocks``; flash only: ``epoch``, ``faults``, ``cache_file``.
 
-``Job`` (:mod:`hifc.tiers.jobs`) fields: ``job_id``, ``op`` ("swap_out"/"swap_in"), ``pairs``,
+The flash prefix store (flash only, unless ``prefix_store="off"``; :mod:`hifc.tiers.flash.prefix_store`):
+full KV blocks kept in the same log by 32-byte content hash under a 32-byte model salt, found
+again after GPU eviction and across restarts (swap records stay per run).
+
+* ``lookup_prefix(hashes, salt) -> int`` - how many leading hashes are stored; changes nothing
+  stored (counts the query in ``stats()``).
+* ``submit_prefix_write(kv_cache, [(gpu_block, hash)], salt) -> PrefixJob`` - skips hashes stored
+  or being written, and what does not fit; completion publishes what was written.
+* ``submit_prefix_read(kv_cache, [(hash, gpu_block)], salt) -> PrefixJob`` - the leading stored
+  hashes; each record verified (kind, salt, hash, block id, crcs) before it reaches the cache; one
+  that fails is dropped (a miss) and fails the job. Either way the first ``job.blocks_ok`` blocks
+  hold the stored KV.
+* ``hold_prefix(hashes, salt) -> list[int]`` / ``release_prefix(tier_blocks)`` - keep the leading
+  stored records from being overwritten meanwhile (a preempted sequence's stored blocks).
+* Prefix records never hold up a reservation: the append head overwrites the oldest as it comes
+  round (left-append reclaims the oldest when free blocks run out), skipping those being read.
+
+``Job`` (:mod:`hifc.tiers.jobs`) fields: ``job_id``, ``op`` ("swap_out"/"swap_in", and
+"prefix_write"/"prefix_read" for a ``PrefixJob``), ``pairs``,
 ``owner``, ``status`` (JobStatus PENDING/OK/FAILED), ``ok``, ``done``, ``error`` (message),
-``error_kind`` (ErrorKind IO_ERROR, NO_SPACE, SHORT_READ, INTEGRITY, TIER_FULL, BUSY, INTERNAL),
+``error_kind`` (ErrorKind IO_ERROR, NO_SPACE, SHORT_READ, INTEGRITY, TIER_FULL, BUSY, INTERNAL,
+CANCELLED),
 ``errno``, ``nbytes``, ``tier_blocks``, ``submitted_at``/``finished_at``/``latency_s``. Errors are
 reported on jobs, never raised; only misuse (bad shapes, unreserved ids, repeated ids) raises
 ValueError at submit.
@@ -56,12 +75,12 @@ pinned-DRAM tier), ``factory`` (``make_tier``). The flash tier's internals are t
 from hifc.tiers.allocator import APPEND, LEFT_APPEND, AllocatorStats, FCBlockAllocator
 from hifc.tiers.config import TierConfig
 from hifc.tiers.geometry import KVGeometry
-from hifc.tiers.jobs import ErrorKind, IntegrityError, Job, JobStatus
+from hifc.tiers.jobs import ErrorKind, IntegrityError, Job, JobStatus, PrefixJob
 
 __all__ = [
     "APPEND", "LEFT_APPEND", "AllocatorStats", "FCBlockAllocator", "ErrorKind", "Job",
-    "JobStatus", "KVGeometry", "IntegrityError", "KVTier", "FlashTier", "DramTier", "TierConfig",
-    "make_tier", "geometry_of",
+    "JobStatus", "PrefixJob", "KVGeometry", "IntegrityError", "KVTier", "FlashTier", "DramTier",
+    "TierConfig", "make_tier", "geometry_of",
 ]
 
 

@@ -111,6 +111,26 @@ class FCBlockAllocator:
             self._num_free += 1
             self._update(block, +1)
 
+    def take(self, block_ids) -> None:
+        """Allocate these particular free blocks (all or nothing); the head does not move."""
+        ids = list(block_ids)
+        for block in ids:
+            if not isinstance(block, int) or not 0 <= block < self.num_blocks:
+                raise ValueError(f"FC block id {block!r} out of range [0, {self.num_blocks})")
+            if not self._free[block]:
+                raise ValueError(f"FC block {block} is not free")
+        if len(set(ids)) != len(ids):
+            raise ValueError("take() got the same FC block twice")
+        for block in ids:
+            self._take(block)
+
+    def seek(self, block_id: int) -> None:
+        """append: look at ``block_id`` first in the next allocation (a log reopened after a
+        restart resumes after its newest record)."""
+        if not isinstance(block_id, int) or not 0 <= block_id < self.num_blocks:
+            raise ValueError(f"FC block id {block_id!r} out of range [0, {self.num_blocks})")
+        self._head = block_id
+
     def mark_written(self, block_ids) -> None:
         """Record that these allocated blocks were written, in this order (one swap-out)."""
         block_ids = list(block_ids)

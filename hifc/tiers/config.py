@@ -15,6 +15,7 @@ from hifc.tiers.flash.layout import DEFAULT_LAYOUT, LAYOUTS
 
 KV_OFFLOAD = ("none", "dram", "flash")
 FLASH_BACKENDS = ("auto", "kvikio", "posix")
+PREFIX_STORE = ("off", "evicted", "all")
 MAX_THREADS = 256
 
 
@@ -48,6 +49,10 @@ class TierConfig:
     flash_chunk_mib: int = option(32, "largest coalesced flash I/O in MiB")
     flash_direct_io: bool = option(
         True, "ask for O_DIRECT (falls back to buffered I/O where the file system refuses)")
+    prefix_store: str = option(
+        "evicted", "flash prefix store (kv_offload flash): full cached blocks kept in the cache "
+        "file by content hash, found again after GPU eviction and across restarts; written "
+        "when the GPU evicts them, for every full block, or never", choices=PREFIX_STORE)
     flash_force: bool = option(
         False, "reinitialise an existing file that is not an hifc cache file", cli=False)
     tier_fault_injection: bool = option(
@@ -58,6 +63,7 @@ class TierConfig:
         check_choice("flash_policy", self.flash_policy, POLICIES)
         check_choice("flash_layout", self.flash_layout, LAYOUTS)
         check_choice("flash_backend", self.flash_backend, FLASH_BACKENDS)
+        check_choice("prefix_store", self.prefix_store, PREFIX_STORE)
         _int_in("flash_io_threads", self.flash_io_threads, 1, MAX_THREADS)
         if self.flash_prep_threads is not None:
             _int_in("flash_prep_threads", self.flash_prep_threads, 1, MAX_THREADS)
@@ -87,6 +93,11 @@ class TierConfig:
     @property
     def enabled(self) -> bool:
         return self.kv_offload != "none"
+
+    @property
+    def stores_prefixes(self) -> bool:
+        """Whether the tier keeps a prefix store (a flash tier with prefix_store not off)."""
+        return self.kv_offload == "flash" and self.prefix_store != "off"
 
     @property
     def size_gib(self) -> float | None:

@@ -1,4 +1,5 @@
-"""Swap jobs: what ``submit_swap_out``/``submit_swap_in`` return and ``poll``/``wait`` report."""
+"""Tier jobs: what ``submit_swap_out``/``submit_swap_in`` (and the flash tier's
+``submit_prefix_write``/``submit_prefix_read``) return and ``poll``/``wait`` report."""
 from __future__ import annotations
 
 import enum
@@ -7,6 +8,7 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+WRITES = ("swap_out", "prefix_write")  # ops whose pairs are (GPU block, tier block)
 
 
 class JobStatus(enum.Enum):
@@ -23,6 +25,7 @@ class ErrorKind(enum.Enum):
     TIER_FULL = "tier_full"  # not enough free tier blocks
     BUSY = "busy"  # a block still has I/O in flight
     INTERNAL = "internal"  # an unexpected exception inside the tier (a bug; still not raised)
+    CANCELLED = "cancelled"  # the tier closed before this work started (prefix jobs only)
 
 
 class ShortReadError(OSError):
@@ -31,6 +34,10 @@ class ShortReadError(OSError):
 
 class IntegrityError(Exception):
     """A stored record failed verification (stale, torn or corrupted)."""
+
+
+class JobCancelled(Exception):
+    """Work not started before the tier closed."""
 
 
 def _checked_u64(name: str, value) -> int:
@@ -80,7 +87,7 @@ class Job:
 
     @property
     def tier_blocks(self) -> list[int]:
-        return [dst for _, dst in self.pairs] if self.op == "swap_out" else \
+        return [dst for _, dst in self.pairs] if self.op in WRITES else \
             [src for src, _ in self.pairs]
 
     @property
@@ -103,6 +110,8 @@ def classify(exc: BaseException) -> tuple[ErrorKind, str, int | None]:
     """Map an exception raised inside an I/O task to (kind, message, errno)."""
     if isinstance(exc, IntegrityError):
         return ErrorKind.INTEGRITY, str(exc), None
+    if isinstance(exc, JobCancelled):
+        return ErrorKind.CANCELLED, str(exc), None
     if isinstance(exc, ShortReadError):
         return ErrorKind.SHORT_READ, exc.strerror or str(exc), exc.errno
     if isinstance(exc, OSError):
@@ -110,3 +119,26 @@ def classify(exc: BaseException) -> tuple[ErrorKind, str, int | None]:
         name = errno_mod.errorcode.get(exc.errno or 0, "OSError")
         return kind, f"{name}: {exc.strerror or exc}", exc.errno
     return ErrorKind.INTERNAL, f"{type(exc).__name__}: {exc}", None
+
+
+@dataclass(eq=False)
+class PrefixJob(Job):
+    """A flash prefix-store write or read (``op`` "prefix_write" or "prefix_read").
+
+    ``pairs`` are (GPU block, tier block) for a write and (tier block, GPU block) for a read, and
+    ``hashes[i]`` is the content hash of ``pairs[i]``; ``requested`` counts the blocks the caller
+    asked for. A write covers the asked blocks that were not already stored (or being written)
+    and fit; ``skipped`` counts the others. A read covers the leading asked hashes still stored
+    when it was submitted. Once done, ``blocks_ok`` is, for a write, how many blocks were
+    published (findable by ``lookup_prefix``), and for a read, how many *leading* asked blocks
+    now hold verified KV in the cache (use those, recompute from there on). ``owner`` is unused
+    (0, 0).
+    """
+
+    salt: bytes = b""
+    hashes: tuple[bytes, ...] = ()
+    requested: int = 0
+    skipped: int = 0
+    blocks_ok: int = 0
+    _done: bytearray = field(default_factory=bytearray, repr=False)  # per pair: 1 = written
+    # (write) or verified and copied into the KV cache (read), set by the tier's workers

@@ -24,6 +24,16 @@ SWAP_OUT = "swap_out"
 SWAP_IN = "swap_in"
 
 
+def ready_event(kv_cache: torch.Tensor):
+    """For a CUDA KV cache, an event after the work already queued on the caller's stream (the
+    copies wait for it); None on the CPU."""
+    if not kv_cache.is_cuda:
+        return None
+    ready = torch.cuda.Event()
+    ready.record(torch.cuda.current_stream(kv_cache.device))
+    return ready
+
+
 class KVTier(ABC):
     kind = ""
 
@@ -62,7 +72,7 @@ class KVTier(ABC):
         """Give blocks back. Blocks with I/O in flight are freed when that I/O completes."""
         ids = list(tier_block_ids)
         for block in ids:
-            if not self.allocator.is_allocated(block) or block in self._free_after_io:
+            if not self._is_reserved(block):
                 raise ValueError(f"tier block {block!r} is not reserved (double free?)")
         if len(set(ids)) != len(ids):
             raise ValueError("free() got the same tier block twice")
@@ -92,9 +102,19 @@ class KVTier(ABC):
             return job
         return self.submit_swap_out(kv_cache, list(zip(ids, self.reserve(len(ids)))), owner)
 
+    def _is_reserved(self, block) -> bool:
+        """Whether ``block`` is a caller's reservation (may be freed, swapped to or from)."""
+        return self.allocator.is_allocated(block) and block not in self._free_after_io
+
     def _new_job(self, op: str, pairs, owner) -> Job:
+        return self._track(Job(self._new_job_id(), op, tuple(pairs), owner))
+
+    def _new_job_id(self) -> int:
         self._next_job_id += 1
-        job = Job(self._next_job_id, op, tuple(pairs), owner)
+        return self._next_job_id
+
+    def _track(self, job: Job) -> Job:
+        """Make ``job`` pending: reported once by ``poll`` or ``wait``."""
         self._pending.append(job)
         return job
 
@@ -110,10 +130,7 @@ class KVTier(ABC):
             return job
         if not pairs:
             return job
-        ready = None
-        if kv_cache.is_cuda:  # order the copy after work already queued on the caller's stream
-            ready = torch.cuda.Event()
-            ready.record(torch.cuda.current_stream(kv_cache.device))
+        ready = ready_event(kv_cache)
         if op == SWAP_OUT:
             self.allocator.mark_written(tier_ids)
         self._inflight.update(tier_ids)
@@ -127,6 +144,31 @@ class KVTier(ABC):
         return job
 
     def _check_pairs(self, op: str, kv: torch.Tensor, pairs) -> list[tuple[int, int]]:
+        self._check_kv(kv)
+        out = []
+        for pair in pairs:
+            if (not isinstance(pair, (tuple, list)) or len(pair) != 2
+                    or not all(isinstance(x, int) and not isinstance(x, bool) for x in pair)):
+                raise ValueError(f"swap pairs must be (src, dst) int pairs, got {pair!r}")
+            out.append((pair[0], pair[1]))
+        tier_ids = [p[1] for p in out] if op == SWAP_OUT else [p[0] for p in out]
+        gpu_ids = [p[0] for p in out] if op == SWAP_OUT else [p[1] for p in out]
+        for block in tier_ids:
+            if not self._is_reserved(block):
+                raise ValueError(f"tier block {block} is not reserved")
+        self._check_gpu_ids(kv, gpu_ids)
+        if len(set(tier_ids)) != len(tier_ids):
+            raise ValueError("swap pairs repeat a tier block id")
+        return out
+
+    def _check_gpu_ids(self, kv: torch.Tensor, gpu_ids: list[int]) -> None:
+        for block in gpu_ids:
+            if not 0 <= block < kv.shape[2]:
+                raise ValueError(f"KV cache block {block} out of range [0, {kv.shape[2]})")
+        if len(set(gpu_ids)) != len(gpu_ids):
+            raise ValueError("pairs repeat a KV cache block id")
+
+    def _check_kv(self, kv: torch.Tensor) -> None:
         g = self.geometry
         if not isinstance(kv, torch.Tensor) or kv.dim() != 6:
             raise ValueError("kv_cache must be a 6-D tensor [layers, 2, blocks, block_size, "
@@ -139,23 +181,6 @@ class KVTier(ABC):
                              f"{g.head_dim}]")
         if str(kv.dtype).removeprefix("torch.") != g.dtype:
             raise ValueError(f"kv_cache dtype {kv.dtype} does not match the tier dtype {g.dtype}")
-        out = []
-        for pair in pairs:
-            if (not isinstance(pair, (tuple, list)) or len(pair) != 2
-                    or not all(isinstance(x, int) and not isinstance(x, bool) for x in pair)):
-                raise ValueError(f"swap pairs must be (src, dst) int pairs, got {pair!r}")
-            out.append((pair[0], pair[1]))
-        tier_ids = [p[1] for p in out] if op == SWAP_OUT else [p[0] for p in out]
-        gpu_ids = [p[0] for p in out] if op == SWAP_OUT else [p[1] for p in out]
-        for block in tier_ids:
-            if not self.allocator.is_allocated(block) or block in self._free_after_io:
-                raise ValueError(f"tier block {block} is not reserved")
-        for block in gpu_ids:
-            if not 0 <= block < kv.shape[2]:
-                raise ValueError(f"KV cache block {block} out of range [0, {kv.shape[2]})")
-        if len(set(tier_ids)) != len(tier_ids) or len(set(gpu_ids)) != len(gpu_ids):
-            raise ValueError("swap pairs repeat a block id")
-        return out
 
     # -- completion --------------------------------------------------------------------------
     def poll(self) -> list[Job]:
@@ -192,6 +217,7 @@ class KVTier(ABC):
         job._futures = []
         if job.status is JobStatus.PENDING:
             job.status = JobStatus.OK
+        self._on_finished(job)
         self._inflight.subtract(job._pinned)
         self._inflight = +self._inflight  # drop zero counts
         release = [b for b in job._pinned if b in self._free_after_io and not self._inflight[b]]
@@ -216,6 +242,9 @@ class KVTier(ABC):
 
     def _extra_stats(self) -> dict:
         return {}
+
+    def _on_finished(self, job: Job) -> None:
+        """A subclass's bookkeeping once ``job``'s status is final (before its blocks unpin)."""
 
     def close(self) -> None:
         """Wait for jobs in flight, stop the workers and release files and memory."""

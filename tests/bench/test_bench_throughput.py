@@ -13,7 +13,8 @@ VARIANT_KEYS = {
     "preemptions", "swap_out_blocks", "swap_in_blocks", "tier_bytes_written", "tier_bytes_read",
     "swap_io_seconds", "swap_stall_seconds", "recomputed_sequences", "swap_failures", "steps",
     "tier_blocks_total", "tier_allocator", "trace_path", "ratio_to_dram", "tier_write_gibps",
-    "step_ms_percentiles", "tier_backend", "swap_out_stall_seconds", "fraction_of_ideal"}
+    "step_ms_percentiles", "tier_backend", "swap_out_stall_seconds", "fraction_of_ideal",
+    "prefix_cache_queries", "prefix_cache_hits"}
 
 
 def test_compare_all_variants_then_analysis_tools(hifc, tiers, tmp_path):
@@ -40,6 +41,9 @@ def test_compare_all_variants_then_analysis_tools(hifc, tiers, tmp_path):
         assert 0 < p["p50"] <= p["p90"] <= p["p99"] <= p["max"] <= 1000 * r["elapsed_s"]
     assert by["dram"]["ratio_to_dram"] == 1.0
     assert by["none"]["preemptions"] == 0 and by["none"]["tier_allocator"] is None
+    # every admission is a prefix cache query; the warm-up leaves nothing to reuse
+    assert by["none"]["prefix_cache_queries"] == by["none"]["prompt_tokens"]
+    assert by["none"]["prefix_cache_hits"] == 0
     for name in ("dram", "flash"):  # the budget forces swapping, and all of it comes back
         assert by[name]["swap_out_blocks"] > 0
         assert by[name]["swap_in_blocks"] == by[name]["swap_out_blocks"]

@@ -65,3 +65,20 @@ def test_each_choice_is_declared_once():
     assert tier_fields["flash_policy"].metadata["choices"] is POLICIES
     with pytest.raises(ValueError, match="flash_policy must be one of append, left-append"):
         TierConfig(flash_policy="lru")
+
+
+def test_prefix_caching_and_chunked_prefill_are_on_by_default_with_no_flags():
+    assert EngineConfig().enable_prefix_caching and EngineConfig().enable_chunked_prefill
+    config = parse("--no-enable-prefix-caching", "--no-enable-chunked-prefill")
+    assert not config.enable_prefix_caching and not config.enable_chunked_prefill
+    assert parse("--enable-prefix-caching").enable_prefix_caching
+    with pytest.raises(ValueError, match="enable_prefix_caching must be True or False"):
+        EngineConfig(enable_prefix_caching="yes")
+
+
+def test_a_step_budget_below_max_model_len_needs_chunked_prefill():
+    assert EngineConfig(max_model_len=4096, max_num_batched_tokens=512,
+                        max_num_seqs=64).max_num_batched_tokens == 512
+    with pytest.raises(ValueError, match="without chunked prefill"):
+        EngineConfig(max_model_len=4096, max_num_batched_tokens=512, max_num_seqs=64,
+                     enable_chunked_prefill=False)

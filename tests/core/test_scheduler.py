@@ -4,44 +4,8 @@ import pytest
 from hifc.core.kv_manager import AllocStatus, KVCacheManager
 from hifc.core.outputs import SamplerOutput
 from hifc.core.preemption import PreemptionMode, PreemptionPolicy
-from hifc.core.scheduler import Scheduler, SchedulerLimits
-from hifc.core.sequence import Sequence, SequenceStatus
-from hifc.sampling_params import SamplingParams
-
-
-class FakeTier:
-    """The block space of a swap tier, torch-free (what the scheduler sees of one)."""
-
-    def __init__(self, num_blocks):
-        self.free_ids = list(range(num_blocks))
-
-    def can_reserve(self, n):
-        return n <= len(self.free_ids)
-
-    def reserve(self, n):
-        ids, self.free_ids = self.free_ids[:n], self.free_ids[n:]
-        return ids
-
-    def free(self, ids):
-        self.free_ids.extend(ids)
-
-
-def make_scheduler(num_blocks=8, block_size=16, max_num_seqs=8, max_len=128, mode="recompute",
-                   tier=None):
-    kv = KVCacheManager(num_blocks, block_size, watermark=0.0)
-    limits = SchedulerLimits(max_num_seqs, max(max_len, max_num_seqs), max_len)
-    return Scheduler(limits, kv, PreemptionPolicy(mode, block_bytes=4096), tier), kv
-
-
-def make_seq(rid, n_prompt, max_tokens=100, arrival=0):
-    return Sequence(rid, list(range(1, n_prompt + 1)), SamplingParams(max_tokens=max_tokens,
-                    temperature=0), frozenset({0}), arrival)
-
-
-def run_step(sched, seqs, token=5):
-    out = sched.schedule()
-    sched.update(out, SamplerOutput([token] * len(out.scheduled)), seqs)
-    return out
+from hifc.core.sequence import SequenceStatus
+from tests.core.helpers import FakeTier, make_scheduler, make_seq, run_step
 
 
 def test_check_never_changes_state():
@@ -112,7 +76,8 @@ def test_core_does_not_import_torch():
     import subprocess
     import sys
     code = ("import sys; sys.modules['torch'] = None\n"
-            "import hifc.core.scheduler, hifc.core.kv_manager, hifc.core.sequence\n")
+            "import hifc.core.scheduler, hifc.core.kv_manager, hifc.core.sequence, "
+            "hifc.core.block_pool, hifc.core.block_hash\n")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -45,6 +45,31 @@ def test_n_seeded_completions_are_reproducible_and_different(llm):
     assert _idle(llm)
 
 
+def test_n_completions_prefill_the_prompt_once(llm):
+    prompt = list(range(100, 140))  # 40 tokens (none cached yet): two full blocks of 16, 8 more
+    before = llm.stats()
+    computed = []
+    execute = llm.engine.runner.execute
+
+    def counting(out, *args):
+        computed.extend(len(w.token_ids) for w in out.scheduled if w.start_pos < len(prompt))
+        return execute(out, *args)
+
+    llm.engine.runner.execute = counting
+    try:
+        out = _gen(llm, prompt, n=4, seed=1, temperature=1.0, max_tokens=3, ignore_eos=True,
+                   prompt_logprobs=1)
+    finally:
+        llm.engine.runner.execute = execute
+    after = llm.stats()
+    # the first sequence computes the prompt; the other three share its two full blocks and
+    # compute only the 8 tokens of the partial block
+    assert sorted(computed) == [8, 8, 8, 40]
+    assert after["prefix_cache_hits"] - before["prefix_cache_hits"] == 3 * 32
+    assert len(out.outputs) == 4 and len(out.prompt_logprobs) == 40
+    assert _idle(llm)
+
+
 def test_min_tokens_holds_back_eos_and_stop_tokens(llm):
     forced_eos = dict(temperature=0, max_tokens=20, logit_bias={EOS: 100.0})
     assert _gen(llm, **forced_eos).token_ids == [EOS]

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 
 import pytest
 from fastapi.testclient import TestClient
 
 from hifc.engine.llm_engine import LLMEngine
 from hifc.entrypoints.server.cli import bind_warning
-from tests.server.helpers import app_client
+from tests.server.helpers import app_client, metric_values
 
 
 def _client(model: str, name: str = "m", **settings) -> TestClient:
@@ -67,8 +68,29 @@ def test_model_without_tokenizer_takes_token_ids_only():
                                                    "max_tokens": 3, "ignore_eos": True})
         assert ids.status_code == 200
         assert ids.json()["usage"] == {"prompt_tokens": 3, "completion_tokens": 3,
-                                       "total_tokens": 6}
+                                       "total_tokens": 6,
+                                       "prompt_tokens_details": {"cached_tokens": 0}}
         assert client.get("/health").status_code == 200
+
+
+def test_repeated_prompt_reports_cached_tokens_in_usage_and_metrics():
+    prompt = list(range(3, 43))  # 40 tokens: two full blocks of 16 can be reused
+    body = {"model": "m", "prompt": prompt, "max_tokens": 2, "ignore_eos": True}
+    with _client("random:tiny-llama") as client:
+        first = client.post("/v1/completions", json=body).json()["usage"]
+        second = client.post("/v1/completions", json=body).json()["usage"]
+        deadline = time.monotonic() + 30
+        while True:  # the engine thread publishes its stats after the step that finished
+            metrics = metric_values(client.get("/metrics").text)
+            idle = metrics["hifc_gpu_kv_blocks_free"] == metrics["hifc_gpu_kv_blocks_total"]
+            if idle or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+    assert first["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert second["prompt_tokens_details"] == {"cached_tokens": 32}
+    assert metrics["vllm:prefix_cache_queries_total{model_name=m}"] == 80
+    assert metrics["vllm:prefix_cache_hits_total{model_name=m}"] == 32
+    assert idle and metrics["hifc_gpu_kv_blocks_cached"] == 2  # free, still cached
 
 
 def test_after_shutdown_health_and_requests_are_503():

@@ -13,12 +13,12 @@ def flash(tmp_path):
     tiers = []
 
     def build(geometry: KVGeometry = SMALL, name: str = "cache.kvc", num_blocks: int = 32,
-              fault_injection: bool = False, **flash_options):
+              fault_injection: bool = False, prefix_store: str = "evicted", **flash_options):
         """flash_options: TierConfig's flash_* options without the prefix (layout=...)."""
         options = {f"flash_{k}": v for k, v in flash_options.items()}
         config = TierConfig(kv_offload="flash", flash_path=str(tmp_path / name),
                             num_tier_blocks=num_blocks, tier_fault_injection=fault_injection,
-                            **options)
+                            prefix_store=prefix_store, **options)
         tier = make_tier(config, geometry)
         tiers.append(tier)
         return tier

@@ -125,6 +125,25 @@ def test_errors_are_clear():
     assert alloc.num_free_blocks == 3  # failed calls changed nothing
 
 
+def test_take_and_seek():
+    alloc = FCBlockAllocator(8, APPEND)
+    alloc.take([2, 5])
+    assert alloc.num_free_blocks == 6 and alloc.is_allocated(5)
+    assert alloc.allocate(3) == [0, 1, 3]  # taking a block does not move the head
+    alloc.seek(6)
+    assert alloc.allocate(2) == [6, 7]
+    assert alloc.allocate(1) == [4]  # wrapped: 2 and 5 are still taken
+    for bad, message in (([5], "not free"), ([9], "out of range"), ([4, 4], "not free")):
+        with pytest.raises(ValueError, match=message):
+            alloc.take(bad)
+    alloc.free([2])
+    with pytest.raises(ValueError, match="twice"):
+        alloc.take([2, 2])
+    with pytest.raises(ValueError, match="out of range"):
+        alloc.seek(8)
+    assert alloc.num_free_blocks == 1
+
+
 def test_allocator_imports_without_torch():
     code = textwrap.dedent("""
         import sys

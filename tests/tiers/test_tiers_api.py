@@ -5,35 +5,7 @@ import pytest
 import torch
 
 from hifc.tiers import ErrorKind, JobStatus, KVGeometry, TierConfig, geometry_of, make_tier
-from hifc.tiers.flash.io_base import FileIO
-from hifc.tiers.flash.chunks import ChunkMover
-from tests.tiers.tier_helpers import SMALL, random_kv
-
-
-class GatedIO(FileIO):
-    """Holds every I/O until the test opens the gate."""
-
-    def __init__(self, inner):
-        super().__init__()
-        self.inner, self.name, self.direct = inner, "gated", inner.direct
-        self.gate = threading.Event()
-
-    def staging_device(self, kv_device):
-        return self.inner.staging_device(kv_device)
-
-    def write(self, buf, file_offset):
-        assert self.gate.wait(10)
-        return self.inner.write(buf, file_offset)
-
-    def read(self, buf, file_offset):
-        assert self.gate.wait(10)
-        return self.inner.read(buf, file_offset)
-
-
-def gated(tier):
-    io = GatedIO(tier.io)
-    tier.mover = ChunkMover(tier.layout, io, tier.epoch, 8, num_buffers=2)
-    return io
+from tests.tiers.tier_helpers import SMALL, gated, random_kv
 
 
 def test_reserve_and_can_reserve(flash):

@@ -80,6 +80,22 @@ def test_bench_init_tiny(tmp_path, capsys, monkeypatch):
     assert os.listdir(tmp_path) == ["init.json"]  # the temporary cache file is gone
 
 
+def test_bench_init_prefix_scan_tiny(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "init.json"
+    args = parse("init", "--size-gib", "0.01", "--json", str(out), "--repeat", "2",
+                 "--skip-dram", "--prefix-scan", *TINY)
+    assert args.func(args) == 0
+    result = json.loads(out.read_text())
+    assert result["prefix_records"] == result["prefix_scan_records"] == result["num_blocks"]
+    for key in ("prefix_fill_s", "prefix_scan_s", "prefix_scan_s_per_gib", "prefix_reopen_s",
+                "prefix_scan_empty_s"):
+        assert result[key] > 0
+    assert len(result["prefix_scan_all_s"]) == 2
+    assert "index rebuild" in capsys.readouterr().out
+    assert os.listdir(tmp_path) == ["init.json"]
+
+
 def test_bench_bad_input(tmp_path):
     existing = tmp_path / "exists"
     existing.write_text("x")

@@ -81,6 +81,42 @@ def test_gpu_corruption_rejected_and_faults_reported(tmp_path):
         assert job.ok and torch.equal(back, kv)
 
 
+@pytest.mark.parametrize("backend", ["kvikio", "posix"])
+def test_gpu_prefix_store_across_a_restart(tmp_path, backend):
+    """Prefix blocks written from a CUDA KV cache are found and read back after a reopen; a
+    corrupted one never reaches the cache, the others of its chunk do."""
+    import hashlib
+
+    if backend == "kvikio" and not kvikio_available():
+        pytest.skip("kvikio not installed")
+    geometry = GEOMETRIES[0]  # 1 MiB chunks of 3 blocks
+    salt = hashlib.sha256(b"gpu test model").digest()
+    hashes = [hashlib.sha256(b"block %d" % i).digest() for i in range(12)]
+    kv = random_kv(geometry, 16, device="cuda")
+    src = random.Random(4).sample(range(16), 12)
+    with gpu_tier(tmp_path, geometry, backend) as tier:
+        kv.mul_(-1)  # queued on the current stream just before the write: must be seen by it
+        job = tier.wait(tier.submit_prefix_write(kv, list(zip(src, hashes)), salt))
+        assert job.ok and job.blocks_ok == 12, job.error
+        bad = job.tier_blocks[4]
+    with gpu_tier(tmp_path, geometry, backend) as tier:
+        assert tier.stats()["reused_file"] and tier.lookup_prefix(hashes, salt) == 12
+        fd = os.open(tmp_path / f"{backend}.kvc", os.O_RDWR)
+        at = tier.layout.data_file_offset(3, 0, bad) + 5
+        os.pwrite(fd, bytes([os.pread(fd, 1, at)[0] ^ 4]), at)
+        os.close(fd)
+        back = torch.full_like(kv, 5)
+        job = tier.wait(tier.submit_prefix_read(back, [(h, i) for i, h in enumerate(hashes)],
+                                                salt))
+        torch.cuda.synchronize()
+        assert job.error_kind is ErrorKind.INTEGRITY and job.blocks_ok == 4
+        got, want = back.view(torch.uint8), kv.view(torch.uint8)
+        assert torch.equal(got[:, :, :4], want[:, :, src[:4]])
+        assert (back[:, :, 4] == 5).all()
+        assert torch.equal(got[:, :, 5:12], want[:, :, src[5:]])
+        assert tier.lookup_prefix(hashes, salt) == 4 and tier.lookup_prefix(hashes[5:], salt) == 7
+
+
 def test_pinned_dram_tier_on_gpu():
     geometry = GEOMETRIES[0]
     tier = make_tier(TierConfig(kv_offload="dram", num_tier_blocks=64), geometry, device="cuda")

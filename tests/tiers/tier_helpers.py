@@ -1,9 +1,13 @@
 """Helpers shared by the tier tests (import as ``tests.tiers.tier_helpers``)."""
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from hifc.tiers import KVGeometry
+from hifc.tiers.flash.chunks import ChunkMover
+from hifc.tiers.flash.io_base import FileIO
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -17,3 +21,34 @@ def random_kv(geometry: KVGeometry, num_blocks: int, device="cpu", seed: int = 0
 
 
 SMALL = KVGeometry(num_layers=2, num_kv_heads=2, head_dim=32, block_size=16, dtype="float16")
+
+
+class GatedIO(FileIO):
+    """Holds every I/O until the test opens the gate."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.name, self.direct = inner, "gated", inner.direct
+        self.gate = threading.Event()
+        self.arrived = threading.Event()  # an I/O is waiting at the gate (or went through)
+
+    def staging_device(self, kv_device):
+        return self.inner.staging_device(kv_device)
+
+    def write(self, buf, file_offset):
+        self.arrived.set()
+        assert self.gate.wait(10)
+        return self.inner.write(buf, file_offset)
+
+    def read(self, buf, file_offset):
+        self.arrived.set()
+        assert self.gate.wait(10)
+        return self.inner.read(buf, file_offset)
+
+
+def gated(tier, chunk_blocks: int = 8, num_buffers: int = 2) -> GatedIO:
+    """Route a flash tier's I/O through a closed gate (returned: ``gate.set()`` opens it)."""
+    io = GatedIO(tier.io)
+    tier.mover = ChunkMover(tier.layout, io, tier.epoch, chunk_blocks, num_buffers=num_buffers,
+                            first_lsn=tier.mover.next_lsn)
+    return io

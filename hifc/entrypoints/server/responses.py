@@ -84,6 +84,8 @@ def chat_choice(index: int, text: str | None, logprobs: dict | None, finish_reas
             "finish_reason": finish_reason, "stop_reason": stop_reason}
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+    """``cached_tokens``: prompt tokens found in the prefix cache."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}

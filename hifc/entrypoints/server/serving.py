@@ -144,7 +144,8 @@ def _prompt_text(engine: AsyncEngine, out: RequestOutput) -> str:
 
 def _usage(finals: list[RequestOutput]) -> dict:
     return responses.usage(sum(len(o.prompt_token_ids) for o in finals),
-                           sum(len(c.token_ids) for o in finals for c in o.outputs))
+                           sum(len(c.token_ids) for o in finals for c in o.outputs),
+                           sum(o.num_cached_tokens or 0 for o in finals))
 
 
 def _envelope(call: _Call, choices: list[dict], chunk: bool) -> dict:

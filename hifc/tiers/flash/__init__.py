@@ -5,5 +5,7 @@
 ``io_base`` / ``posix_io`` / ``kvikio_io`` (I/O backends), ``faults`` (fault injection for tests),
 ``staging`` (staging buffers and their pool), ``pipeline`` (CPU and I/O stages on separate
 threads), ``chunks`` (a chunk's stages), ``hostcopy`` (CPU KV caches: copies with in-cache
-checksums). Torch-free: ``layout``, ``records``, ``cache_file``.
+checksums), ``prefix_index`` (content hash -> record, and the log's space), ``prefix_store``
+(the prefix jobs' bookkeeping), ``scan`` (the index rebuilt from the record headers at open).
+Torch-free: ``layout``, ``records``, ``cache_file``, ``prefix_index``, ``scan``.
 """

@@ -10,10 +10,12 @@ Opening (:meth:`CacheFile.open`):
 
 * a missing path is created with ``O_CREAT|O_EXCL|O_NOFOLLOW`` and mode 0600, and preallocated
   to its full size (``posix_fallocate``);
-* an existing hifc cache file of the same geometry, layout and size is *reused*: only a new
-  epoch is written to the superblock, which takes O(1) time whatever the size (the paper's fast
-  initialisation) and makes every record of earlier runs stale;
-* an hifc file of another geometry is reinitialised (resized, preallocated, new epoch);
+* an existing hifc cache file of the same format version, geometry, layout and size is
+  *reused*: only a new epoch is written to the superblock, which takes O(1) time whatever the
+  size (the paper's fast initialisation) and makes every swap record of earlier runs stale
+  (prefix records stay valid: the flash tier indexes them, :mod:`hifc.tiers.flash.scan`);
+* an hifc file of another format version or geometry is reinitialised (resized, preallocated,
+  new epoch): nothing of it is found, nothing of it is read;
 * any other non-empty file is refused unless ``force=True``; symbolic links are always refused
   (``O_NOFOLLOW``), and so is anything that is not a regular file;
 * the file is locked (``flock``) so two processes cannot share it, and set to mode 0600.
@@ -33,7 +35,7 @@ from hifc.tiers.flash.layout import SUPERBLOCK_BYTES, Layout
 from hifc.tiers.geometry import KVGeometry
 
 SUPER_MAGIC = b"HIFCKVC1"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: record kinds (swap, prefix), salt, hash and log sequence numbers
 _SUPER = struct.Struct("<8sIIIII16s16sQQQ")
 _SUPER_CRC = struct.Struct("<I")
 

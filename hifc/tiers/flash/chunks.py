@@ -9,9 +9,15 @@ and I/O stages on separate threads, on one set of staging buffers:
 swap-out: (CPU) gather the source blocks into an aligned staging buffer laid out exactly like the
   file (on the GPU for GPU caches: one kernel) -> crc32c of every slice and the block headers, in
   place on the host copy -> (IO) write the runs (kvikio from GPU memory, POSIX from the host copy).
-swap-in: (IO) read the runs into staging -> (CPU) verify every header (magic, epoch, block id,
-  owner, geometry, header crc) and slice crc on the host copy -> only then scatter into the
-  destination blocks. A record that fails verification is never copied into the KV cache.
+swap-in: (IO) read the runs into staging -> (CPU) verify every header (magic, kind, block id,
+  geometry, header crc, and epoch + owner or salt + hash) and slice crc on the host copy -> only
+  then scatter the blocks that passed into their destination blocks. A record that fails
+  verification is never copied into the KV cache; the chunk then fails with the first error.
+
+What a record's header holds is a stamp (:mod:`hifc.tiers.flash.records`): ``SwapStamp`` for a
+preempted sequence's blocks (``swap_out``/``swap_in``), ``PrefixStamp`` for prefix-store blocks
+(``write``/``read`` with callbacks that report, per block, what was written or delivered). Every
+record written gets the next log sequence number (``next_lsn``), in submission order.
 
 Checksums are computed where the bytes are on the host anyway (CPU caches, POSIX staging) or on
 a pinned host copy filled by a D2H copy on the buffer set's own CUDA stream; neither the engine
@@ -23,25 +29,30 @@ from __future__ import annotations
 import errno
 import functools
 import threading
+from typing import Callable
 
 import torch
 
 from hifc.tiers.flash.hostcopy import gather_with_crcs, int_view, verify_then_scatter
 from hifc.tiers.flash.io_base import FileIO, host_view
 from hifc.tiers.geometry import runs_of
-from hifc.tiers.jobs import ShortReadError
+from hifc.tiers.jobs import IntegrityError, ShortReadError
 from hifc.dtypes import torch_dtype
 from hifc.tiers.flash.layout import HEADER_BYTES, ChunkPlan, Layout
 from hifc.tiers.flash.pipeline import CPU, IO, ChunkTask
-from hifc.tiers.flash.records import pack_header, slice_crcs, verify_header, verify_slices
+from hifc.tiers.flash.records import PrefixStamp, SwapStamp, slice_crcs, verify_slices
 from hifc.tiers.flash.staging import BufferPool, StagingBuffers
+
+Stamp = SwapStamp | PrefixStamp
+
 
 class ChunkMover:
     def __init__(self, layout: Layout, io: FileIO, epoch: int, max_chunk_blocks: int,
-                 num_buffers: int, device=None):
+                 num_buffers: int, device=None, first_lsn: int = 1):
         self.layout = layout
         self.io = io
         self.epoch = epoch
+        self.next_lsn = first_lsn  # of the next record written (tasks are built in order)
         self.max_chunk_blocks = max_chunk_blocks
         self.geometry = layout.geometry
         self._num_buffers = num_buffers
@@ -108,17 +119,33 @@ class ChunkMover:
         for first, at, length in runs:
             kv.narrow(2, first, length).copy_(data.narrow(2, at, length), non_blocking=True)
 
-    # -- swap-out ---------------------------------------------------------------------------
+    def prefix_stamp(self, salt: bytes, hashes) -> PrefixStamp:
+        return PrefixStamp(self.epoch, salt, tuple(hashes))
+
+    # -- writes ------------------------------------------------------------------------------
     def swap_out(self, kv: torch.Tensor, src_ids: list[int], first_block: int, owner,
                  ready: torch.cuda.Event | None) -> ChunkTask:
+        return self.write(kv, src_ids, first_block, SwapStamp(self.epoch, tuple(owner)), ready)
+
+    def write(self, kv: torch.Tensor, src_ids: list[int], first_block: int, stamp: Stamp,
+              ready: torch.cuda.Event | None,
+              on_written: Callable[[], None] | None = None) -> ChunkTask:
+        """Blocks ``kv[:, :, src_ids]`` as records at tier blocks ``first_block...``;
+        ``on_written()`` (a worker thread) once they are all on the file."""
         plan = self.layout.chunk_plan(first_block, len(src_ids))
-        prepare = functools.partial(self._prepare_out, kv, src_ids, first_block, owner, ready,
-                                    plan)
-        return ChunkTask(self.pool(kv.device), ((CPU, prepare),
-                                                (IO, functools.partial(self._write, plan))),
+        first_lsn, self.next_lsn = self.next_lsn, self.next_lsn + plan.n
+        prepare = functools.partial(self._prepare_out, kv, src_ids, first_block, stamp,
+                                    first_lsn, ready, plan)
+
+        def write(buffers: StagingBuffers) -> None:
+            self._write(plan, buffers)
+            if on_written is not None:
+                on_written()
+
+        return ChunkTask(self.pool(kv.device), ((CPU, prepare), (IO, write)),
                          plan.n * self.geometry.block_bytes)
 
-    def _prepare_out(self, kv, src_ids, first_block, owner, ready, plan,
+    def _prepare_out(self, kv, src_ids, first_block, stamp: Stamp, first_lsn: int, ready, plan,
                      buffers: StagingBuffers) -> None:
         nbytes = plan.staging_bytes
         g = self.geometry
@@ -136,8 +163,8 @@ class ChunkMover:
                     for i in range(plan.n)]
         for i in range(plan.n):
             at = plan.header_offset + i * plan.header_stride
-            pack_header(host[at:at + HEADER_BYTES], epoch=self.epoch, block_id=first_block + i,
-                        owner=owner, slice_bytes=g.slice_bytes, crcs=crcs[i])
+            stamp.pack(host[at:at + HEADER_BYTES], i, first_block + i, first_lsn + i,
+                       g.slice_bytes, crcs[i])
         if buffers.io is not buffers.host:  # headers were built on the host: upload them
             with buffers.context():
                 self._header_view(buffers.io, plan).copy_(
@@ -151,11 +178,20 @@ class ChunkMover:
                 raise OSError(errno.EIO, f"short write: {written} of {length} bytes at "
                               f"offset {file_offset}")
 
-    # -- swap-in -----------------------------------------------------------------------------
+    # -- reads -------------------------------------------------------------------------------
     def swap_in(self, kv: torch.Tensor, first_block: int, dst_ids: list[int], owner,
                 ready: torch.cuda.Event | None) -> ChunkTask:
+        return self.read(kv, first_block, dst_ids, SwapStamp(self.epoch, tuple(owner)), ready)
+
+    def read(self, kv: torch.Tensor, first_block: int, dst_ids: list[int], stamp: Stamp,
+             ready: torch.cuda.Event | None,
+             on_delivered: Callable[[int], None] | None = None) -> ChunkTask:
+        """Records at tier blocks ``first_block...`` into ``kv[:, :, dst_ids]``, each verified
+        against ``stamp`` first; ``on_delivered(i)`` (a worker thread) for each block ``i`` of
+        the chunk that passed and reached the KV cache."""
         plan = self.layout.chunk_plan(first_block, len(dst_ids))
-        finish = functools.partial(self._finish_in, kv, first_block, dst_ids, owner, ready, plan)
+        finish = functools.partial(self._finish_in, kv, first_block, dst_ids, stamp, ready, plan,
+                                   on_delivered)
         return ChunkTask(self.pool(kv.device), ((IO, functools.partial(self._read, plan)),
                                                 (CPU, finish)),
                          plan.n * self.geometry.block_bytes)
@@ -167,31 +203,49 @@ class ChunkMover:
                 raise ShortReadError(errno.EIO, f"short read: {got} of {length} bytes at "
                                      f"offset {file_offset}")
 
-    def _finish_in(self, kv, first_block, dst_ids, owner, ready, plan,
+    def _finish_in(self, kv, first_block, dst_ids, stamp: Stamp, ready, plan, on_delivered,
                    buffers: StagingBuffers) -> None:
         nbytes = plan.staging_bytes
         buffers.copy(buffers.host, buffers.io, nbytes)  # D2H when kvikio read into the GPU
         host = host_view(buffers.host[:nbytes])
+        g = self.geometry
+        rejected: list[IntegrityError] = []
 
-        def verify(i: int) -> None:
-            g = self.geometry
+        def verify(i: int) -> bool:
             at = plan.header_offset + i * plan.header_stride
-            stored = verify_header(host[at:at + HEADER_BYTES], epoch=self.epoch,
-                                   block_id=first_block + i, owner=owner,
-                                   num_slices=g.num_slices, slice_bytes=g.slice_bytes)
-            computed = slice_crcs(host, self._slice_offsets(plan, i), g.slice_bytes)
-            verify_slices(first_block + i, stored, computed, g.num_layers)
+            try:
+                stored = stamp.verify(host[at:at + HEADER_BYTES], i, first_block + i,
+                                      g.num_slices, g.slice_bytes)
+                computed = slice_crcs(host, self._slice_offsets(plan, i), g.slice_bytes)
+                verify_slices(first_block + i, stored, computed, g.num_layers)
+            except IntegrityError as exc:
+                rejected.append(exc)
+                return False
+            return True
 
         if not kv.is_cuda:  # each block verified, then copied while cached (hostcopy)
             data = int_view(self._data_view(buffers.host[:nbytes], plan))
-            verify_then_scatter(int_view(kv), dst_ids, data, verify)
-            return
-        for i in range(plan.n):
-            verify(i)
-        # Verified: only now may the bytes reach the KV cache.
-        buffers.copy(buffers.work, buffers.io, nbytes)  # H2D when posix read into the host
+            delivered = verify_then_scatter(int_view(kv), dst_ids, data, verify)
+        else:
+            delivered = [i for i in range(plan.n) if verify(i)]
+            if delivered:  # verified: only now may the bytes reach the KV cache
+                self._scatter_verified(kv, dst_ids, delivered, ready, plan, buffers)
+        if on_delivered is not None:
+            for i in delivered:
+                on_delivered(i)
+        if rejected:
+            raise rejected[0]
+
+    def _scatter_verified(self, kv, dst_ids, delivered: list[int], ready, plan,
+                          buffers: StagingBuffers) -> None:
+        """GPU caches: ``kv[:, :, dst_ids[i]] = block i`` for each verified ``i``."""
+        buffers.copy(buffers.work, buffers.io, plan.staging_bytes)  # H2D when posix read
         with buffers.context():
             if ready is not None:
                 buffers.stream.wait_event(ready)
-            self._scatter(kv, dst_ids, self._data_view(buffers.work[:nbytes], plan))
+            data = self._data_view(buffers.work[:plan.staging_bytes], plan)
+            if len(delivered) < plan.n:
+                index = torch.tensor(delivered, dtype=torch.long, device=data.device)
+                data = data.index_select(2, index)
+            self._scatter(kv, [dst_ids[i] for i in delivered], data)
         buffers.sync()

@@ -13,8 +13,9 @@ through DRAM as they can:
   while the bytes are still in the CPU cache, instead of in a second pass over the whole chunk;
 * swap-in: each block is verified (header and every slice crc) and, only if it passes, copied
   into the KV cache at once, while its bytes are still cached. A block that fails verification
-  is never copied; blocks of the chunk verified before it may already have been (a failed job
-  leaves its destination blocks undefined, see :class:`~hifc.tiers.tier.KVTier`).
+  is never copied; the other blocks of the chunk are (a failed swap-in leaves its destination
+  blocks undefined, see :class:`~hifc.tiers.tier.KVTier`; a prefix read uses the blocks that
+  passed).
 
 GPU KV caches keep the torch path in :mod:`hifc.tiers.flash.chunks` (gathers and scatters are GPU
 kernels there; only the checksums run on the host).
@@ -56,9 +57,12 @@ def gather_with_crcs(kv: np.ndarray, ids: list[int], data: np.ndarray, host: mem
 
 
 def verify_then_scatter(kv: np.ndarray, ids: list[int], data: np.ndarray,
-                        verify_block: Callable[[int], None]) -> None:
-    """For each block ``i`` of the chunk: ``verify_block(i)`` (raises if the record is bad), then
-    ``kv[:, :, ids[i]] = data[:, :, i]``."""
+                        verify_block: Callable[[int], bool]) -> list[int]:
+    """For each block ``i`` of the chunk: if ``verify_block(i)`` (False: the record is bad),
+    ``kv[:, :, ids[i]] = data[:, :, i]``. Returns the ``i`` copied."""
+    delivered = []
     for i, block in enumerate(ids):
-        verify_block(i)
-        np.copyto(kv[:, :, block], data[:, :, i])
+        if verify_block(i):
+            np.copyto(kv[:, :, block], data[:, :, i])
+            delivered.append(i)
+    return delivered

@@ -35,8 +35,9 @@ ALIGN = 4096
 SUPERBLOCK_BYTES = ALIGN
 HEADER_BYTES = ALIGN
 
-# A record header stores one crc32c (4 bytes) per slice after a 64-byte fixed part.
-MAX_SLICES = (HEADER_BYTES - 64) // 4
+# A record header stores one crc32c (4 bytes) per slice after a 128-byte fixed part (records.py).
+HEADER_FIXED_BYTES = 128
+MAX_SLICES = (HEADER_BYTES - HEADER_FIXED_BYTES) // 4
 
 LAYER_KV = "layer-kv"
 BLOCK_RECORD = "block-record"
@@ -96,6 +97,11 @@ class Layout:
         if n <= 0 or block < 0 or block + n > self.num_blocks:
             raise ValueError(f"blocks [{block}, {block + n}) out of range [0, {self.num_blocks})")
 
+    @property
+    def header_stride(self) -> int:
+        """File bytes from one block's header to the next one's."""
+        raise NotImplementedError
+
     def header_file_offset(self, block: int) -> int:
         raise NotImplementedError
 
@@ -112,6 +118,10 @@ class LayerKVLayout(Layout):
     @property
     def data_base(self) -> int:
         return SUPERBLOCK_BYTES + self.num_blocks * HEADER_BYTES
+
+    @property
+    def header_stride(self) -> int:
+        return HEADER_BYTES
 
     def header_file_offset(self, block: int) -> int:
         self._check(block)
@@ -142,6 +152,10 @@ class BlockRecordLayout(Layout):
     def record_file_offset(self, block: int) -> int:
         self._check(block)
         return SUPERBLOCK_BYTES + block * self.per_block_file_bytes
+
+    @property
+    def header_stride(self) -> int:
+        return self.per_block_file_bytes
 
     def header_file_offset(self, block: int) -> int:
         return self.record_file_offset(block)

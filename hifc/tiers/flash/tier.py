@@ -8,10 +8,17 @@ each); every chunk runs through the two-stage pipeline of :mod:`hifc.tiers.flash
 I/O on the tier's ``flash_io_threads`` threads, its gather, checksums and scatter on
 ``flash_prep_threads`` others), so a job is a batch of chunk futures whose completion ``poll``
 checks. Staging memory: one chunk buffer set per I/O thread and per prep thread.
+
+The same log holds the prefix store (:mod:`hifc.tiers.flash.prefix_store`): ``lookup_prefix``,
+``submit_prefix_write`` and ``submit_prefix_read`` keep full KV blocks by content hash, across
+restarts (a reopened file's index is rebuilt from its record headers,
+:mod:`hifc.tiers.flash.scan`). Reservations go through the prefix index
+(:mod:`hifc.tiers.flash.prefix_index`), which overwrites prefix records as the log comes round.
 """
 from __future__ import annotations
 
 import concurrent.futures as cf
+import functools
 import os
 
 import torch
@@ -24,9 +31,16 @@ from hifc.tiers.flash.io_base import FileIO
 from hifc.tiers.flash.kvikio_io import KvikioIO, gds_available, kvikio_available
 from hifc.tiers.flash.layout import make_layout
 from hifc.tiers.flash.pipeline import ChunkPipeline, cpu_stage_pool
-from hifc.tiers.flash.posix_io import PosixIO
+from hifc.tiers.flash.posix_io import PosixIO, open_data_fd
+from hifc.tiers.flash.prefix_index import PrefixIndex
+from hifc.tiers.flash.prefix_store import (
+    PREFIX_READ, PREFIX_WRITE, WRITE_LIMIT_CHUNKS, PrefixStore, check_key, check_read_pairs,
+    check_write_pairs, mark_delivered, mark_written,
+)
+from hifc.tiers.flash.scan import ScanResult, scan_headers
 from hifc.tiers.geometry import KVGeometry
-from hifc.tiers.tier import SWAP_OUT, KVTier
+from hifc.tiers.jobs import PrefixJob, classify
+from hifc.tiers.tier import SWAP_OUT, KVTier, ready_event
 
 def resolve_backend(backend: str, device) -> str:
     """``auto``: kvikio for GPU caches where GPUDirect Storage works, else POSIX O_DIRECT.
@@ -113,15 +127,159 @@ class FlashTier(KVTier):
         self.io = FaultyIO(io, self.faults) if self.faults is not None else io
         chunk_blocks = max(1, (config.flash_chunk_mib << 20) // self.layout.per_block_file_bytes)
         chunk_blocks = min(chunk_blocks, num_blocks)  # no staging larger than the whole tier
+        num_buffers = io_threads + prep_threads
+        self.index = PrefixIndex(self.allocator)
+        try:
+            scan = self._rebuild_index(config) if config.stores_prefixes else None
+        except BaseException:
+            self.io.close()
+            self.cache_file.close()
+            self._pool.shutdown()
+            raise
         self.mover = ChunkMover(self.layout, self.io, self.cache_file.epoch, chunk_blocks,
-                                    num_buffers=io_threads + prep_threads, device=device)
+                                num_buffers=num_buffers, device=device,
+                                first_lsn=scan.next_lsn if scan else 1)
+        self.prefix = PrefixStore(
+            self.index, geometry, enabled=config.stores_prefixes, scan=scan,
+            write_limit=max(1, min(num_blocks // 2,
+                                   WRITE_LIMIT_CHUNKS * chunk_blocks * num_buffers)))
         self.prep_threads = prep_threads
         self._cpu_pool = cpu_stage_pool(prep_threads, "hifc-flash-cpu")
         self.pipeline = ChunkPipeline(io_pool=self._pool, cpu_pool=self._cpu_pool)
 
+    def _rebuild_index(self, config: TierConfig) -> ScanResult | None:
+        """A reused file: index its prefix records, and resume the log after its newest."""
+        if not self.cache_file.reused:
+            return None
+        fd, _, _ = open_data_fd(self.cache_file.fd, self.cache_file.path,
+                                config.flash_direct_io)
+        try:
+            scan = scan_headers(fd, self.layout, config.flash_io_threads)
+        finally:
+            os.close(fd)
+        self.index.load(scan.records)
+        self.allocator.seek(scan.head)
+        return scan
+
     @property
     def epoch(self) -> int:
         return self.cache_file.epoch
+
+    # -- one log for swap and prefix records ---------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks a reservation can have now: free ones and unpinned prefix records."""
+        return self.index.num_reservable
+
+    def can_reserve(self, n: int) -> bool:
+        return self.index.can_reserve(n)
+
+    def reserve(self, n: int) -> list[int]:
+        """Reserve ``n`` tier blocks in policy order, overwriting the prefix records the log
+        reaches (never one with a read in flight). ValueError if fewer are reservable."""
+        self._check_open()
+        return self.index.reserve(n)
+
+    def _is_reserved(self, block) -> bool:
+        return super()._is_reserved(block) and not self.index.owns(block)
+
+    # -- prefix store ----------------------------------------------------------------------------
+    def lookup_prefix(self, hashes, salt: bytes) -> int:
+        """How many leading ``hashes`` (32-byte content hashes of consecutive full blocks) are
+        stored under the model ``salt`` (32 bytes) and can be read now. Changes nothing stored
+        (the query and its hits are counted in ``stats()``)."""
+        return self.prefix.lookup(hashes, salt)
+
+    def submit_prefix_write(self, kv_cache: torch.Tensor, pairs, salt: bytes) -> PrefixJob:
+        """Store blocks ``kv_cache[:, :, gpu_block]`` under their hashes; pairs are
+        ``(gpu_block, block_hash)``. Hashes already stored or being written are skipped, and
+        so is what does not fit (free log space, a bound on writes in flight); the job covers
+        the rest, appended to the log like swap records. Its completion publishes the blocks
+        written (``blocks_ok``); until then the GPU blocks must not change."""
+        self._check_open()
+        self.prefix.require_enabled()
+        check_key("salt", salt)
+        self._check_kv(kv_cache)
+        pairs = check_write_pairs(pairs)
+        self._check_gpu_ids(kv_cache, [g for g, _ in pairs])
+        todo = self.prefix.select_writes(pairs, salt, self.index.num_reservable)
+        tier_ids = self.index.reserve(len(todo))
+        job = PrefixJob(self._new_job_id(), PREFIX_WRITE,
+                        tuple((g, b) for (g, _), b in zip(todo, tier_ids)), (0, 0), salt=salt,
+                        hashes=tuple(h for _, h in todo), requested=len(pairs),
+                        skipped=len(pairs) - len(todo), _done=bytearray(len(todo)))
+        if tier_ids:
+            self.allocator.mark_written(tier_ids)
+        return self._start_prefix(job, kv_cache)
+
+    def submit_prefix_read(self, kv_cache: torch.Tensor, pairs, salt: bytes) -> PrefixJob:
+        """Read stored blocks into ``kv_cache``; pairs are ``(block_hash, gpu_block)``, the
+        chain from its first block. The job covers the leading hashes stored now. Every record
+        is verified (magic, kind, block id, salt, hash, header and payload crcs) before a byte
+        of it reaches ``kv_cache``; one that fails is dropped from the index (a miss from then
+        on) and fails the job (INTEGRITY, or the I/O error). Either way, once done, the first
+        ``job.blocks_ok`` GPU blocks hold the stored KV; recompute from there on."""
+        self._check_open()
+        self.prefix.require_enabled()
+        check_key("salt", salt)
+        self._check_kv(kv_cache)
+        pairs = check_read_pairs(pairs)
+        self._check_gpu_ids(kv_cache, [g for _, g in pairs])
+        found = self.prefix.select_reads(pairs, salt)
+        job = PrefixJob(self._new_job_id(), PREFIX_READ, tuple((b, g) for b, g, _ in found),
+                        (0, 0), salt=salt, hashes=tuple(h for _, _, h in found),
+                        requested=len(pairs), _done=bytearray(len(found)))
+        return self._start_prefix(job, kv_cache)
+
+    def hold_prefix(self, hashes, salt: bytes) -> list[int]:
+        """Keep the records of the leading stored ``hashes`` from being overwritten until
+        :meth:`release_prefix` (say the stored blocks of a preempted sequence, so that its
+        swap-out can skip them and its swap-in read them back with ``submit_prefix_read``).
+        Returns their tier blocks: the handle to release. Held blocks count as reserved."""
+        self._check_open()
+        self.prefix.require_enabled()
+        return self.prefix.hold(hashes, salt)
+
+    def release_prefix(self, tier_blocks) -> None:
+        """End holds taken by :meth:`hold_prefix` (ValueError for a block not held)."""
+        self.prefix.release(tier_blocks)
+
+    def _start_prefix(self, job: PrefixJob, kv_cache: torch.Tensor) -> PrefixJob:
+        self._track(job)
+        if not job.pairs:
+            return job
+        self.prefix.begin(job)
+        try:
+            job._futures = self._launch_prefix(job, kv_cache, ready_event(kv_cache))
+            for future in job._futures:
+                future.add_done_callback(job.note_io_done)
+        except Exception as exc:  # never raise I/O trouble into the engine
+            job.fail(*classify(exc))
+        return job
+
+    def _launch_prefix(self, job: PrefixJob, kv_cache, ready) -> list[cf.Future]:
+        write = job.op == PREFIX_WRITE
+        mover, futures, first = self.mover, [], 0
+        for chunk in split_chunks(list(job.pairs), 1 if write else 0, mover.max_chunk_blocks):
+            stamp = mover.prefix_stamp(job.salt, job.hashes[first:first + len(chunk)])
+            if write:
+                task = mover.write(kv_cache, [g for g, _ in chunk], chunk[0][1], stamp, ready,
+                                   functools.partial(mark_written, job, first, len(chunk)))
+            else:
+                task = mover.read(kv_cache, chunk[0][0], [g for _, g in chunk], stamp, ready,
+                                  functools.partial(mark_delivered, job, first))
+            futures.append(self.pipeline.submit(self.prefix.cancellable(task)))
+            first += len(chunk)
+        return futures
+
+    def _on_finished(self, job) -> None:
+        if isinstance(job, PrefixJob) and job.pairs:
+            self.prefix.finish(job)
+
+    def close(self) -> None:
+        """Cancel prefix I/O not started yet, wait for the rest, release everything."""
+        self.prefix.close()
+        super().close()
 
     def _launch(self, op, kv_cache, pairs, owner, ready) -> list[cf.Future]:
         mover = self.mover
@@ -142,7 +300,7 @@ class FlashTier(KVTier):
                 "init_seconds": self.cache_file.init_seconds,
                 "file_bytes": self.layout.file_bytes,
                 "chunk_blocks": self.mover.max_chunk_blocks,
-                "prep_threads": self.prep_threads}
+                "prep_threads": self.prep_threads, **self.prefix.stats()}
 
     def _shutdown(self) -> None:
         self._cpu_pool.shutdown(wait=True)

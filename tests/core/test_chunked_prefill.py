@@ -1,0 +1,93 @@
+"""Chunked prefill in the scheduler: the step's token budget goes to decodes first, then to
+prompt chunks; a sequence samples only when its last chunk runs."""
+from hifc.core.sequence import SequenceStatus
+from tests.core.helpers import FakeTier, make_scheduler, make_seq, run_step
+
+
+def shape(out):
+    return [(w.request_id, w.start_pos, len(w.token_ids), w.samples) for w in out.scheduled]
+
+
+def test_a_long_prompt_is_prefilled_over_several_steps_and_samples_once():
+    sched, kv = make_scheduler(budget=32, max_len=256, num_blocks=16)
+    seqs = {"a": make_seq("a", 100, max_tokens=3)}
+    sched.add(seqs["a"])
+    steps = [run_step(sched, seqs) for _ in range(4)]
+    assert [shape(o) for o in steps] == [[("a", 0, 32, False)], [("a", 32, 32, False)],
+                                          [("a", 64, 32, False)], [("a", 96, 4, True)]]
+    assert seqs["a"].output_token_ids == [5]  # only the last chunk sampled
+    assert len(kv.block_table("a")) == 7  # blocks grow with the chunks: 101 tokens
+    assert shape(run_step(sched, seqs)) == [("a", 100, 1, True)]
+
+
+def test_decodes_go_first_and_keep_decoding_while_a_prompt_is_chunked():
+    sched, kv = make_scheduler(budget=16, max_len=256, num_blocks=16)
+    seqs = {"d": make_seq("d", 4, max_tokens=20)}
+    sched.add(seqs["d"])
+    run_step(sched, seqs)
+    seqs["p"] = make_seq("p", 40, max_tokens=2, arrival=1)
+    sched.add(seqs["p"])
+    steps = [shape(run_step(sched, seqs)) for _ in range(3)]
+    assert steps == [[("d", 4, 1, True), ("p", 0, 15, False)],
+                     [("d", 5, 1, True), ("p", 15, 15, False)],
+                     [("d", 6, 1, True), ("p", 30, 10, True)]]
+    assert len(seqs["d"].output_token_ids) == 4 and seqs["p"].output_token_ids == [5]
+
+
+def test_without_chunking_a_prompt_waits_for_a_budget_that_holds_it_whole():
+    sched, kv = make_scheduler(budget=40, max_len=40, chunked=False)
+    seqs = {"a1": make_seq("a1", 5, max_tokens=3), "a2": make_seq("a2", 5, max_tokens=3),
+            "b": make_seq("b", 39, max_tokens=1, arrival=1)}
+    for s in seqs.values():
+        sched.add(s)
+    assert shape(run_step(sched, seqs)) == [("a1", 0, 5, True), ("a2", 0, 5, True)]
+    assert shape(run_step(sched, seqs)) == [("a1", 5, 1, True), ("a2", 5, 1, True)]  # 38 left
+    run_step(sched, seqs)  # a1 and a2 end
+    assert shape(run_step(sched, seqs)) == [("b", 0, 39, True)]
+
+
+def test_recompute_after_preemption_is_chunked_too():
+    sched, kv = make_scheduler(num_blocks=4, budget=16, max_len=64)
+    seqs = {f"r{i}": make_seq(f"r{i}", 16, max_tokens=30, arrival=i) for i in range(2)}
+    for s in seqs.values():
+        sched.add(s)
+    for _ in range(18):
+        out = run_step(sched, seqs)
+        if out.preempted_request_ids:
+            break
+    assert out.preempted_request_ids == ["r1"]
+    n_tokens = seqs["r1"].num_tokens
+    chunks = []  # r1's work until it samples again
+    while not chunks or not chunks[-1][2]:
+        out = run_step(sched, seqs)
+        chunks += [(w.start_pos, len(w.token_ids), w.samples) for w in out.scheduled
+                   if w.request_id == "r1"]
+    # re-prefilled over prompt + generated tokens in chunks of what r0's decode leaves of the
+    # budget; short of blocks for its second chunk, r1 (the newest) waits, keeping the first
+    assert n_tokens == 31 and chunks == [(0, 15, False), (15, 16, True)]
+    assert sched.num_preemptions == 1
+
+
+def test_a_sequence_swapped_out_mid_prefill_resumes_its_prefill():
+    tier = FakeTier(16)
+    sched, kv = make_scheduler(num_blocks=6, budget=16, max_len=96, mode="swap", tier=tier)
+    seqs = {"old": make_seq("old", 30, max_tokens=60), "new": make_seq("new", 60, arrival=1)}
+    sched.add(seqs["old"])
+    run_step(sched, seqs)
+    run_step(sched, seqs)  # old is decoding
+    sched.add(seqs["new"])
+    while not (out := run_step(sched, seqs)).swap_out:
+        pass
+    assert [o.request_id for o in out.swap_out] == ["new"]
+    new = seqs["new"]
+    computed = new.num_computed_tokens
+    assert 0 < computed < 60 and new.output_token_ids == []
+    sched.swap_out_done("new", ok=True)
+    sched.finish(seqs["old"], SequenceStatus.FINISHED_ABORTED)
+    out = sched.schedule()
+    assert [o.request_id for o in out.swap_in] == ["new"]
+    sched.swap_in_done("new", ok=True)
+    assert shape(run_step(sched, seqs))[0][:2] == ("new", computed)
+    while new.status is SequenceStatus.RUNNING:
+        run_step(sched, seqs)
+    assert kv.num_free_blocks == kv.num_total_blocks and len(tier.free_ids) == 16
