@@ -62,7 +62,8 @@ def decode_tokens_per_s(engine: LLMEngine, name: str, params: dict, prompts: lis
         seeded = p if p.seed is None else SamplingParams(
             max_tokens=steps + 2, ignore_eos=True, **{**params, "seed": params["seed"] + i})
         engine.add_request(f"{name}-{round_index}-{i}", prompt, seeded)
-    while engine.scheduler.waiting:  # prefill
+    while engine.scheduler.waiting or any(  # prefill (in chunks, if it must)
+            not seq.output_token_ids for seq in engine.scheduler.running):
         engine.step()
     engine.step()  # first decode step: warm-up
     graph_steps = engine.runner.num_graph_decode_steps

@@ -70,6 +70,20 @@ def test_n_completions_prefill_the_prompt_once(llm):
     assert _idle(llm)
 
 
+def test_prompt_logprobs_over_chunked_prefill_match_one_step(llm):
+    chunked = LLM(llm.engine.config.model, device="cpu", block_size=16, max_model_len=64,
+                  max_num_batched_tokens=16, max_num_seqs=4)
+    prompt = list(range(200, 240))  # 40 tokens: chunks of 16, 16 and 8
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, prompt_logprobs=2,
+                            logprobs=1)
+    whole = llm.generate([prompt], params, use_tqdm=False)[0]
+    parts = chunked.generate([prompt], params, use_tqdm=False)[0]
+    assert parts.token_ids == whole.token_ids and len(parts.prompt_logprobs) == 40
+    for a, b in zip(parts.prompt_logprobs[1:], whole.prompt_logprobs[1:]):
+        assert a.keys() == b.keys()
+        assert all(abs(a[t].logprob - b[t].logprob) < 1e-4 for t in a)
+
+
 def test_min_tokens_holds_back_eos_and_stop_tokens(llm):
     forced_eos = dict(temperature=0, max_tokens=20, logit_bias={EOS: 100.0})
     assert _gen(llm, **forced_eos).token_ids == [EOS]
