@@ -158,14 +158,14 @@ class ModelRunner:
 
 
 def _to_output(sampled: SampledTokens) -> SamplerOutput:
-    """The step's results on the host, in one device-to-host transfer."""
+    """The step's results on the host (one transfer for the ids and ranks, one for the
+    logprobs)."""
     if sampled.logprobs is None:
         return SamplerOutput(sampled.token_ids.tolist())
-    k = sampled.top_ids.shape[1]
-    columns = [sampled.token_ids[:, None], sampled.logprobs[:, None], sampled.ranks[:, None],
-               sampled.top_ids, sampled.top_logprobs]
-    table = torch.cat([c.double() for c in columns], dim=1).tolist()  # [S, 3 + 2k]
-    token_ids = [int(row[0]) for row in table]
+    ints = torch.cat([sampled.token_ids[:, None], sampled.ranks[:, None], sampled.top_ids],
+                     dim=1).tolist()  # [S, 2 + k]
+    floats = torch.cat([sampled.logprobs[:, None], sampled.top_logprobs], dim=1).tolist()
+    token_ids = [row[0] for row in ints]
     return SamplerOutput(token_ids, TopLogprobs(
-        token_ids, [row[1] for row in table], [int(row[2]) for row in table],
-        [[int(t) for t in row[3:3 + k]] for row in table], [row[3 + k:] for row in table]))
+        token_ids, [row[0] for row in floats], [row[1] for row in ints],
+        [row[2:] for row in ints], [row[1:] for row in floats]))
