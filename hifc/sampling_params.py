@@ -10,13 +10,19 @@ from hifc.structured.params import GuidedDecodingParams, StructuredOutputsParams
 __all__ = ["SamplingParams", "StructuredOutputsParams", "GuidedDecodingParams"]
 
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range for a logit bias; larger values are clamped to it
+# Temperatures below this are greedy (vLLM's _SAMPLING_EPS): dividing float32 logits by a
+# smaller one overflows them, and the distribution is a one-hot in all but name anyway.
+GREEDY_TEMPERATURE = 1e-5
+# Above this every token is about equally likely; larger values (or inf) mean nothing more.
+MAX_TEMPERATURE = 100.0
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     """How to sample one request (vLLM's ``SamplingParams``).
 
-    Sampling: ``temperature`` 0 is greedy; ``top_k`` 0 or -1 and ``top_p`` 1.0 disable them;
+    Sampling: ``temperature`` 0 (or below 1e-5) is greedy, and at most 100; ``top_k`` 0 or -1
+    and ``top_p`` 1.0 disable them;
     ``min_p`` keeps tokens at least that fraction as likely as the most likely one;
     ``presence_penalty`` / ``frequency_penalty`` (in [-2, 2]) subtract a constant / the count for
     tokens already generated; ``repetition_penalty`` (> 0, 1 is off) divides positive and
@@ -36,6 +42,9 @@ class SamplingParams:
     likely tokens and of the sampled one (with ranks); ``prompt_logprobs`` = k the same for the
     prompt's tokens. Log-probabilities are those of the model's raw distribution (before
     penalties, temperature and masks), as vLLM returns by default.
+
+    Values of the wrong type or out of range raise ValueError naming the field; token ids are
+    checked against the model's vocabulary when the request is added (:meth:`check_vocab`).
     """
 
     n: int = 1
@@ -105,12 +114,15 @@ class SamplingParams:
                              f"{self.repetition_penalty}")
         if _finite("temperature", self.temperature) < 0:
             raise ValueError(f"temperature must be non-negative, got {self.temperature}")
+        if self.temperature > MAX_TEMPERATURE:
+            raise ValueError(f"temperature must be at most {MAX_TEMPERATURE:g}, "
+                             f"got {self.temperature:g}")
         if not 0.0 < _finite("top_p", self.top_p) <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if not _is_int(self.top_k):
             raise ValueError(f"top_k must be an integer, got {_short(self.top_k)}")
         if self.top_k < -1:
-            raise ValueError(f"top_k must be 0 or -1 (disabled), or at least 1, got "
+            raise ValueError(f"top_k must be -1 or 0 (disabled), or at least 1, got "
                              f"{_short(self.top_k)}")
         if not 0.0 <= _finite("min_p", self.min_p) <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
@@ -143,7 +155,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
 
     @property
     def has_penalties(self) -> bool:
@@ -151,7 +163,11 @@ class SamplingParams:
                 or self.repetition_penalty != 1.0)
 
     def check_vocab(self, vocab_size: int) -> None:
-        """ValueError unless every token id named here is inside a vocabulary of this size."""
+        """ValueError unless every token id named here, and top_k, fit a vocabulary of this
+        size."""
+        if self.top_k > vocab_size:
+            raise ValueError(f"top_k must be at most the vocabulary size ({vocab_size}), "
+                             f"got {_short(self.top_k)}")
         for name in ("stop_token_ids", "allowed_token_ids"):
             beyond = [t for t in getattr(self, name) or () if t >= vocab_size]
             if beyond:
@@ -193,8 +209,7 @@ def _strings(name: str, value) -> tuple[str, ...]:
                          f"{type(value).__name__}")
     for s in items:
         if not isinstance(s, str) or not s:
-            raise ValueError(f"{name} cannot contain an empty string or a non-string, "
-                             f"got {s!r}")
+            raise ValueError(f"{name} strings must be non-empty strings, got {s!r}")
     return tuple(items)
 
 

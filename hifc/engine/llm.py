@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence as Seq
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -17,32 +16,49 @@ Prompt = str | list[int] | dict
 Message = dict[str, Any]
 
 
-def _is_token_ids(value) -> bool:
-    return isinstance(value, Seq) and not isinstance(value, str) and bool(value) and all(
-        isinstance(t, int) and not isinstance(t, bool) for t in value)
-
-
 def _as_prompt_list(prompts) -> list[str | list[int]]:
-    """One prompt or a list of prompts, each a string or token ids."""
+    """One prompt (a string, token ids or a prompt dict) or a list of prompts, as a list of
+    strings and token-id lists."""
     if isinstance(prompts, (str, dict)) or _is_token_ids(prompts):
-        return [_prompt(prompts)]
-    if isinstance(prompts, Seq):
-        return [_prompt(p) for p in prompts]
-    raise ValueError("prompts must be a string, a list of token ids, a prompt dict, or a list "
-                     "of those")
+        return [_prompt(prompts, "prompts")]
+    if not isinstance(prompts, (list, tuple)):
+        raise ValueError(f"prompts must be a string, a list of token ids, or a list of those, "
+                         f"got {type(prompts).__name__}")
+    return [_prompt(p, f"prompts[{i}]") for i, p in enumerate(prompts)]
 
 
-def _prompt(prompt) -> str | list[int]:
+def _prompt(prompt, where: str) -> str | list[int]:
+    """A string or token ids (the engine checks what they hold), from vLLM's prompt dicts too."""
     if isinstance(prompt, dict):
         keys = set(prompt)
         if keys == {"prompt"}:
-            return prompt["prompt"]
-        if keys == {"prompt_token_ids"}:
-            ids = prompt["prompt_token_ids"]
-            return list(ids) if isinstance(ids, Seq) and not isinstance(ids, str) else ids
-        raise ValueError(f"a prompt dict holds either 'prompt' (text) or 'prompt_token_ids'; "
-                         f"got keys {sorted(keys)}")
-    return prompt if isinstance(prompt, str) or not isinstance(prompt, Seq) else list(prompt)
+            prompt = prompt["prompt"]
+        elif keys == {"prompt_token_ids"}:
+            prompt = prompt["prompt_token_ids"]
+        else:
+            raise ValueError(f"a prompt dict holds either 'prompt' (text) or 'prompt_token_ids'; "
+                             f"got keys {sorted(keys)}")
+    if not isinstance(prompt, (str, list, tuple)):
+        raise ValueError(f"{where} must be a string or a list of token ids, got "
+                         f"{type(prompt).__name__}")
+    return prompt if isinstance(prompt, str) else list(prompt)
+
+
+def _is_token_ids(value) -> bool:
+    return isinstance(value, (list, tuple)) and bool(value) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def _params_list(sampling_params, num_prompts: int) -> list[SamplingParams]:
+    """One SamplingParams per prompt (the same one for all, or a list of them)."""
+    if sampling_params is None or isinstance(sampling_params, SamplingParams):
+        return [sampling_params or SamplingParams()] * num_prompts
+    if not isinstance(sampling_params, (list, tuple)):
+        raise ValueError(f"sampling_params must be a SamplingParams or a list of them, got "
+                         f"{type(sampling_params).__name__}")
+    if len(sampling_params) != num_prompts:
+        raise ValueError(f"got {len(sampling_params)} sampling params for {num_prompts} prompts")
+    return list(sampling_params)
 
 
 class LLM:
@@ -66,12 +82,7 @@ class LLM:
                  use_tqdm: bool = True) -> list[RequestOutput]:
         """Generate for one prompt or a list (strings, token ids, or vLLM's prompt dicts)."""
         prompt_list = _as_prompt_list(prompts)
-        if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            params = [sampling_params or SamplingParams()] * len(prompt_list)
-        else:
-            params = list(sampling_params)
-            if len(params) != len(prompt_list):
-                raise ValueError(f"got {len(params)} sampling params for {len(prompt_list)} prompts")
+        params = _params_list(sampling_params, len(prompt_list))
         # Validate everything before queueing anything, so bad input loses nothing.
         for p in params:
             self.engine.check_sampling_params(p)
@@ -96,11 +107,12 @@ class LLM:
         list of them, then generate. Message contents may be text or lists of text parts;
         ``continue_final_message`` continues the last (assistant) message instead of starting
         a new one."""
+        if not isinstance(messages, list) or not messages:
+            raise ValueError("messages must be a non-empty list of messages (dicts) or of "
+                             "conversations (lists of messages)")
         tokenizer = self.engine.tokenizer
         if tokenizer is None:
             raise ValueError(f"model {self.engine.model_name!r} has no tokenizer or chat template")
-        if not isinstance(messages, list) or not messages:
-            raise ValueError("messages must be a non-empty list of messages or of conversations")
         conversations = [messages] if isinstance(messages[0], dict) else messages
         prompts = [tokenizer.apply_chat_template(
             normalize_conversation(c), add_generation_prompt=add_generation_prompt,

@@ -22,6 +22,7 @@ from hifc.engine.model_salt import model_salt
 from hifc.engine.outputs import RequestMetrics, RequestOutput
 from hifc.engine.request_state import CompletionState, RequestState
 from hifc.engine.swaps import SwapTracker
+from hifc.engine.threads import apply_cpu_threads
 from hifc.layers.attention import AttentionBackend, TorchAttentionBackend
 from hifc.loader import LoadedModel, load_model
 from hifc.runtime.kv_cache import allocate_kv_cache
@@ -51,6 +52,7 @@ class LLMEngine:
         self.config = config
         self.device = resolve_device(config)
         self.dtype = resolve_dtype(config, self.device)
+        self.cpu_threads = apply_cpu_threads(config.cpu_threads, self.device)
         torch.manual_seed(config.seed)
         loaded: LoadedModel = load_model(config.model, self.dtype, self.device, config.seed)
         self.model_name = loaded.name
@@ -123,8 +125,9 @@ class LLMEngine:
         return ids
 
     def check_sampling_params(self, params: SamplingParams) -> None:
-        """ValueError unless this engine can serve ``params`` (token ids inside the vocabulary,
-        logprobs within ``max_logprobs``, a valid grammar, a tokenizer where one is needed)."""
+        """ValueError unless this engine can serve ``params`` (a SamplingParams, token ids and
+        top_k inside the vocabulary, logprobs within ``max_logprobs``, a valid grammar, a
+        tokenizer where one is needed)."""
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params must be a SamplingParams, got "
                              f"{type(params).__name__}")
