@@ -19,7 +19,7 @@ from hifc.options import (add_config_args, build, check_choice, check_size_gib, 
 from hifc.parallel.config import ParallelConfig, check_replicas
 from hifc.tiers.config import TierConfig
 
-DTYPES = ("auto",) + dtypes.NAMES
+DTYPES = ("auto",) + dtypes.NAMES + tuple(dtypes.ALIASES)
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 DEFAULT_MODEL = "smollm2-135m"
@@ -34,7 +34,8 @@ class EngineConfig:
         "random:<preset>")
     device: str = option("auto", "auto, cpu, cuda or cuda:N")
     dtype: str = option(
-        "auto", "weights and KV cache; auto: bfloat16 on CUDA, float32 on CPU", choices=DTYPES)
+        "auto", "weights and KV cache; auto: bfloat16 on CUDA, float32 on CPU (half = float16, "
+        "float = float32)", choices=DTYPES)
     block_size: int = option(64, "tokens per KV block", choices=BLOCK_SIZES)
     max_model_len: int | None = option(
         None, "longest sequence (default: the model's context, capped by the KV pool)")
@@ -51,6 +52,8 @@ class EngineConfig:
         "auto", "auto: triton on CUDA, torch elsewhere", choices=ATTENTION_BACKENDS)
     enforce_eager: bool = option(
         False, "run every step eagerly (no CUDA graphs of decode steps)")
+    max_logprobs: int = option(
+        20, "most log-probabilities a request may ask for per token (logprobs, prompt_logprobs)")
     enable_prefix_caching: bool = option(
         True, "share the KV blocks of common prompt prefixes between requests (GPU prefix cache)")
     enable_chunked_prefill: bool = option(
@@ -72,9 +75,14 @@ class EngineConfig:
                 self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         check_choice("dtype", self.dtype, DTYPES)
+        object.__setattr__(self, "dtype", dtypes.canonical(self.dtype))  # half -> float16
         check_choice("block_size", self.block_size, BLOCK_SIZES)
         check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         _positive_int("max_num_seqs", self.max_num_seqs)
+        if isinstance(self.max_logprobs, bool) or not isinstance(self.max_logprobs, int) \
+                or self.max_logprobs < 0:
+            raise ValueError(f"max_logprobs must be a non-negative integer, "
+                             f"got {self.max_logprobs!r}")
         for name in ("max_model_len", "max_num_batched_tokens", "num_gpu_blocks"):
             if getattr(self, name) is not None:
                 _positive_int(name, getattr(self, name))

@@ -7,6 +7,12 @@ from __future__ import annotations
 
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 NAMES = tuple(ITEMSIZE)
+ALIASES = {"half": "float16", "float": "float32"}  # vLLM's (and torch's) other names
+
+
+def canonical(name: str) -> str:
+    """The dtype's name in ``NAMES`` for one of its aliases; other names unchanged."""
+    return ALIASES.get(name, name)
 
 
 def torch_dtype(name: str):

@@ -82,8 +82,9 @@ class KVCacheManager:
 
     def cached_prefix(self, seq: Sequence) -> list[int]:
         """The cached blocks of the longest prefix of ``seq`` (a sequence without blocks) that
-        the cache holds; at least the last token is left to compute."""
-        if self.salt is None:
+        the cache holds; at least the last token is left to compute. Nothing for a sequence that
+        asks for prompt logprobs: they come from computing every prompt token (vLLM's rule)."""
+        if self.salt is None or seq.sampling_params.prompt_logprobs is not None:
             return []
         max_blocks = (seq.num_tokens - 1) // self.block_size
         hit = []

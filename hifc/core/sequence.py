@@ -42,6 +42,7 @@ class Sequence:
         self.block_hashes: list[bytes] = []  # content hashes of the full blocks (prefix cache)
         self.generation = 0  # bumped at every preemption; tags the sequence's stored KV
         self.num_preemptions = 0
+        self.stop_reason: int | str | None = None  # the stop token id or string that ended it
 
     @property
     def num_tokens(self) -> int:
@@ -73,14 +74,28 @@ class Sequence:
     def append_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
 
-    def stop_reason_after_append(self, max_model_len: int) -> SequenceStatus | None:
-        """Token-based stop conditions checked after a new token was appended."""
+    def stop_token_ids_before_min_tokens(self) -> tuple[int, ...]:
+        """The tokens that would end the sequence (EOS unless ignored, stop_token_ids): the
+        sampler bans them until ``min_tokens`` tokens are generated."""
         params = self.sampling_params
-        last = self.output_token_ids[-1]
-        if not params.ignore_eos and last in self.eos_token_ids:
-            return SequenceStatus.FINISHED_STOPPED
-        if last in params.stop_token_ids:
-            return SequenceStatus.FINISHED_STOPPED
-        if len(self.output_token_ids) >= params.max_tokens or self.num_tokens >= max_model_len:
+        eos = () if params.ignore_eos else tuple(self.eos_token_ids)
+        return eos + params.stop_token_ids
+
+    def stop_reason_after_append(self, max_model_len: int) -> SequenceStatus | None:
+        """Token-based stop conditions checked after a new token was appended (EOS and stop
+        tokens only once ``min_tokens`` tokens are out); sets ``stop_reason`` to a matching
+        stop token id."""
+        params = self.sampling_params
+        num_output = len(self.output_token_ids)
+        if num_output >= params.min_tokens:
+            last = self.output_token_ids[-1]
+            if not params.ignore_eos and last in self.eos_token_ids:
+                return SequenceStatus.FINISHED_STOPPED
+            if last in params.stop_token_ids:
+                self.stop_reason = last
+                return SequenceStatus.FINISHED_STOPPED
+        max_tokens = params.max_tokens
+        if (max_tokens is not None and num_output >= max_tokens) \
+                or self.num_tokens >= max_model_len:
             return SequenceStatus.FINISHED_LENGTH
         return None

@@ -2,30 +2,47 @@
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 from tqdm.auto import tqdm
 
 from hifc.config import EngineConfig
 from hifc.engine.outputs import RequestOutput
+from hifc.loader.chat import normalize_conversation
 from hifc.parallel.data_parallel import build_engine
 from hifc.sampling_params import SamplingParams
 
-Prompt = str | list[int]
-Message = dict[str, str]
+# a string, token ids, or vLLM's prompt dicts {"prompt": str} / {"prompt_token_ids": [...]}
+Prompt = str | list[int] | dict
+Message = dict[str, Any]
 
 
-def _as_prompt_list(prompts) -> list[Prompt]:
-    """One prompt (a string or a list of token ids) or a list of prompts, as a list."""
-    if isinstance(prompts, str) or _is_token_ids(prompts):
-        return [prompts if isinstance(prompts, str) else list(prompts)]
+def _as_prompt_list(prompts) -> list[str | list[int]]:
+    """One prompt (a string, token ids or a prompt dict) or a list of prompts, as a list of
+    strings and token-id lists."""
+    if isinstance(prompts, (str, dict)) or _is_token_ids(prompts):
+        return [_prompt(prompts, "prompts")]
     if not isinstance(prompts, (list, tuple)):
         raise ValueError(f"prompts must be a string, a list of token ids, or a list of those, "
                          f"got {type(prompts).__name__}")
-    for i, prompt in enumerate(prompts):
-        if not isinstance(prompt, (str, list, tuple)):  # the engine checks what they hold
-            raise ValueError(f"prompts[{i}] must be a string or a list of token ids, got "
-                             f"{type(prompt).__name__}")
-    return [p if isinstance(p, str) else list(p) for p in prompts]
+    return [_prompt(p, f"prompts[{i}]") for i, p in enumerate(prompts)]
+
+
+def _prompt(prompt, where: str) -> str | list[int]:
+    """A string or token ids (the engine checks what they hold), from vLLM's prompt dicts too."""
+    if isinstance(prompt, dict):
+        keys = set(prompt)
+        if keys == {"prompt"}:
+            prompt = prompt["prompt"]
+        elif keys == {"prompt_token_ids"}:
+            prompt = prompt["prompt_token_ids"]
+        else:
+            raise ValueError(f"a prompt dict holds either 'prompt' (text) or 'prompt_token_ids'; "
+                             f"got keys {sorted(keys)}")
+    if not isinstance(prompt, (str, list, tuple)):
+        raise ValueError(f"{where} must be a string or a list of token ids, got "
+                         f"{type(prompt).__name__}")
+    return prompt if isinstance(prompt, str) else list(prompt)
 
 
 def _is_token_ids(value) -> bool:
@@ -72,6 +89,7 @@ class LLM:
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
+        """Generate for one prompt or a list (strings, token ids, or vLLM's prompt dicts)."""
         prompt_list = _as_prompt_list(prompts)
         params = _params_list(sampling_params, len(prompt_list))
         # Validate everything before queueing anything, so bad input loses nothing.
@@ -79,16 +97,25 @@ class LLM:
             self.engine.check_sampling_params(p)
         token_prompts = [self.engine.tokenize_prompt(p) for p in prompt_list]
         order = []
-        for prompt, ids, p in zip(prompt_list, token_prompts, params):
-            request_id = f"gen-{next(self._ids)}"
-            self.engine.add_request(request_id, prompt, p, prompt_ids=ids)
-            order.append(request_id)
+        try:
+            for prompt, ids, p in zip(prompt_list, token_prompts, params):
+                request_id = f"gen-{next(self._ids)}"
+                self.engine.add_request(request_id, prompt, p, prompt_ids=ids)
+                order.append(request_id)
+        except ValueError:  # a check that needs the prompt and the pool (length, KV blocks)
+            self.engine.abort_request(order)
+            raise
         return self._run(order, use_tqdm)
 
     def chat(self, messages: list[Message] | list[list[Message]],
              sampling_params: SamplingParams | list[SamplingParams] | None = None,
-             use_tqdm: bool = True, add_generation_prompt: bool = True) -> list[RequestOutput]:
-        """Apply the model's chat template to one conversation or a list of them, then generate."""
+             use_tqdm: bool = True, chat_template: str | None = None,
+             add_generation_prompt: bool = True, continue_final_message: bool = False,
+             chat_template_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
+        """Apply the chat template (the model's, or ``chat_template``) to one conversation or a
+        list of them, then generate. Message contents may be text or lists of text parts;
+        ``continue_final_message`` continues the last (assistant) message instead of starting
+        a new one."""
         if not isinstance(messages, list) or not messages:
             raise ValueError("messages must be a non-empty list of messages (dicts) or of "
                              "conversations (lists of messages)")
@@ -96,10 +123,10 @@ class LLM:
         if tokenizer is None:
             raise ValueError(f"model {self.engine.model_name!r} has no tokenizer or chat template")
         conversations = [messages] if isinstance(messages[0], dict) else messages
-        for conv in conversations:
-            _validate_messages(conv)
-        prompts = [tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt)
-                   for c in conversations]
+        prompts = [tokenizer.apply_chat_template(
+            normalize_conversation(c), add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message, chat_template=chat_template,
+            chat_template_kwargs=chat_template_kwargs) for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def _run(self, order: list[str], use_tqdm: bool) -> list[RequestOutput]:
@@ -117,12 +144,3 @@ class LLM:
         finally:
             bar.close()
         return [finished[r] for r in order]
-
-
-def _validate_messages(conv) -> None:
-    if not isinstance(conv, list) or not conv:
-        raise ValueError("a conversation must be a non-empty list of messages")
-    for m in conv:
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) \
-                or not isinstance(m.get("content"), str):
-            raise ValueError("each message must be a dict with string 'role' and 'content'")

@@ -1,10 +1,10 @@
 """LLMEngine: add requests, step, abort. Single-threaded; the caller drives ``step()``."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
-from dataclasses import dataclass
 
 import torch
 
@@ -14,11 +14,14 @@ from hifc.core.outputs import SamplerOutput
 from hifc.core.preemption import PreemptionPolicy
 from hifc.core.scheduler import Scheduler, SchedulerLimits, SchedulerOutput
 from hifc.core.sequence import Sequence, SequenceStatus
+from hifc.engine.bad_words import BadWords
 from hifc.engine.detokenizer import IncrementalDetokenizer
 from hifc.engine.limits import ResolvedLimits, resolve_device, resolve_dtype, resolve_limits
+from hifc.engine.logprobs import LogprobsBuilder
 from hifc.engine.model_salt import model_salt
-from hifc.engine.outputs import CompletionOutput, RequestOutput
+from hifc.engine.outputs import RequestMetrics, RequestOutput
 from hifc.engine.prompts import check_sampling_params, tokenize_prompt
+from hifc.engine.request_state import CompletionState, RequestState
 from hifc.engine.swaps import SwapTracker
 from hifc.engine.threads import apply_cpu_threads
 from hifc.layers.attention import AttentionBackend, TorchAttentionBackend
@@ -26,19 +29,14 @@ from hifc.loader import LoadedModel, load_model
 from hifc.parallel.config import replica_config
 from hifc.runtime.kv_cache import allocate_kv_cache
 from hifc.runtime.model_runner import ModelRunner
+from hifc.runtime.sampling_inputs import StepConstraints
 from hifc.runtime.swapper import KVSwapper
 from hifc.sampling_params import SamplingParams
+from hifc.structured.grammar import BitmaskFiller, GrammarCompiler
 from hifc.tiers.factory import geometry_of
 from hifc.tiers.flash.arbiter import DeviceShare
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class _Request:
-    seq: Sequence
-    prompt: str | None
-    detokenizer: IncrementalDetokenizer | None
 
 
 def _attention_backend(name: str, device: torch.device) -> AttentionBackend:
@@ -92,7 +90,11 @@ class LLMEngine:
             self.kv_manager, self.preemption, self.tier)
         self.swaps = SwapTracker(self.scheduler, self.preemption,
                                  KVSwapper(self.tier, kv_cache) if self.tier else None)
-        self._requests: dict[str, _Request] = {}
+        self._requests: dict[str, RequestState] = {}
+        self._completions: dict[str, CompletionState] = {}  # by sequence id, while unfinished
+        self._logprobs = LogprobsBuilder(self.tokenizer)
+        self._grammars: GrammarCompiler | None = None  # made for the first structured request
+        self._bitmasks: BitmaskFiller | None = None
         self._arrivals = itertools.count()
         self._eos = frozenset(self.tokenizer.eos_token_ids if self.tokenizer
                               else self.arch.eos_token_ids)
@@ -111,32 +113,89 @@ class LLMEngine:
                                self.limits.max_model_len, self.model_name)
 
     def check_sampling_params(self, params: SamplingParams) -> SamplingParams:
-        """ValueError unless ``params`` is a SamplingParams that fits this model's vocabulary."""
-        return check_sampling_params(params, self.arch.vocab_size)
+        """ValueError unless this engine can serve ``params`` (see
+        ``hifc.engine.prompts.check_sampling_params``; and a valid grammar)."""
+        check_sampling_params(params, self.arch.vocab_size, self.config.max_logprobs,
+                              self.tokenizer, self.model_name)
+        if params.structured_outputs is not None:
+            self._grammar_compiler().compile(params.structured_outputs)
+        return params
 
     def add_request(self, request_id: str, prompt: str | list[int],
                     sampling_params: SamplingParams | None = None, *,
-                    prompt_ids: list[int] | None = None) -> None:
-        """Queue a request. ``prompt_ids``: what ``tokenize_prompt(prompt)`` returned, for a
-        caller that tokenized first (it is not tokenized and checked again)."""
-        if request_id in self._requests or self.scheduler.is_tracking(request_id):
+                    prompt_ids: list[int] | None = None,
+                    arrival_time: float | None = None) -> None:
+        """Queue a request (``n`` sequences). ``prompt_ids``: what ``tokenize_prompt(prompt)``
+        returned, for a caller that tokenized first (it is not tokenized and checked again);
+        ``arrival_time``: when it arrived (``time.time()``; default now)."""
+        params = sampling_params or SamplingParams()
+        self.check_sampling_params(params)
+        seq_ids = _sequence_ids(request_id, params.n)
+        if request_id in self._requests or any(
+                i in self._completions or self.scheduler.is_tracking(i) for i in seq_ids):
             raise ValueError(f"request id {request_id!r} is already in use")
-        params = self.check_sampling_params(sampling_params or SamplingParams())
         ids = self.tokenize_prompt(prompt) if prompt_ids is None else prompt_ids
-        seq = Sequence(request_id, ids, params, self._eos, next(self._arrivals))
-        self.scheduler.add(seq)
-        detok = (IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens, params.stop)
-                 if self.tokenizer else None)
-        self._requests[request_id] = _Request(seq, prompt if isinstance(prompt, str) else None,
-                                              detok)
+        completion_params = self._completion_params(params, len(ids))
+        grammar = (self._grammar_compiler().compile(params.structured_outputs)
+                   if params.structured_outputs is not None else None)
+        bad_words = BadWords(params.bad_words, self.tokenizer) if params.bad_words else None
+        request = RequestState(request_id, prompt if isinstance(prompt, str) else None, ids,
+                               params, RequestMetrics(arrival_time or time.time()))
+        for index, (seq_id, p) in enumerate(zip(seq_ids, completion_params)):
+            seq = Sequence(seq_id, ids, p, self._eos, next(self._arrivals))
+            self.scheduler.add(seq)  # ValueError for a prompt the pool can never hold
+            detokenizer = (IncrementalDetokenizer(self.tokenizer, p.skip_special_tokens, p.stop,
+                                                  p.include_stop_str_in_output)
+                           if self.tokenizer and p.detokenize else None)
+            completion = CompletionState(
+                index, seq, request, detokenizer, bad_words=bad_words,
+                grammar=self._grammars.matcher(grammar) if grammar is not None else None)
+            if p.logprobs is not None:
+                completion.start_logprobs(self._logprobs)
+            request.completions.append(completion)
+            self._completions[seq_id] = completion
+        self._requests[request_id] = request
         self.num_prompt_tokens += len(ids)
+
+    def _completion_params(self, params: SamplingParams, prompt_len: int) -> list[SamplingParams]:
+        """Each sequence's parameters: n = 1, max_tokens resolved (None: what the context leaves
+        after the prompt), seeds seed, seed + 1, ... (vLLM's). Only the first sequence computes
+        prompt logprobs (they are the request's): the others find the prompt's blocks in the
+        prefix cache as the first one computes them, so the prompt is prefilled once."""
+        max_tokens = params.max_tokens
+        if max_tokens is None:
+            max_tokens = self.limits.max_model_len - prompt_len
+            if params.min_tokens > max_tokens:
+                raise ValueError(f"min_tokens ({params.min_tokens}) exceeds what the context "
+                                 f"leaves after the prompt ({max_tokens} tokens)")
+        if params.n == 1 and max_tokens == params.max_tokens:
+            return [params]
+        first = dataclasses.replace(params, n=1, max_tokens=max_tokens)
+        others = dataclasses.replace(first, prompt_logprobs=None)
+        return [dataclasses.replace(
+            first if i == 0 else others,
+            seed=None if params.seed is None else (params.seed + i) % 2**63)
+            for i in range(params.n)]
+
+    def _grammar_compiler(self) -> GrammarCompiler:
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(self.tokenizer, self.arch.vocab_size, self._eos)
+            self._bitmasks = self._grammars.bitmask_filler()
+        return self._grammars
+
+    def token_text(self, token_id: int) -> str | None:
+        """A token's text, decoded alone (None without a tokenizer)."""
+        return self._logprobs.token_text(token_id)
 
     def abort_request(self, request_id: str | list[str]) -> None:
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
         for rid in ids:
-            req = self._requests.pop(rid, None)
-            if req is not None:
-                self.scheduler.finish(req.seq, SequenceStatus.FINISHED_ABORTED)
+            request = self._requests.pop(rid, None)
+            if request is None:
+                continue
+            for completion in request.completions:
+                self._completions.pop(completion.seq.request_id, None)
+                self.scheduler.finish(completion.seq, SequenceStatus.FINISHED_ABORTED)
 
     def has_unfinished_requests(self) -> bool:
         """True while a request is unfinished or swap I/O (of aborted requests too) is pending;
@@ -153,30 +212,81 @@ class LLMEngine:
         Schedule (with the swaps that finished or start now, see ``SwapTracker``), execute the
         batch on the device, then update the sequences with what was sampled."""
         out = self.swaps.schedule()
-        sampled = self._execute(out)
-        return self._update(out, sampled)
+        completions = [self._completions[w.request_id] for w in out.scheduled]
+        now = time.time()
+        for completion in completions:
+            metrics = completion.request.metrics
+            if metrics.first_scheduled_time is None:
+                metrics.first_scheduled_time = now
+        sampled = self._execute(out, completions)
+        return self._update(out, completions, sampled)
 
-    def _execute(self, out: SchedulerOutput) -> SamplerOutput:
+    def _execute(self, out: SchedulerOutput, completions: list[CompletionState]) -> SamplerOutput:
         t0 = time.perf_counter()
-        sampled = self.runner.execute(out)
+        sampling = [c for w, c in zip(out.scheduled, completions) if w.samples]
+        sampled = self.runner.execute(out, [c.seq for c in completions],
+                                      self._constraints(sampling))
         if out.num_prefill_tokens:
             self.preemption.prefill_speed.add(out.num_prefill_tokens, time.perf_counter() - t0)
         self.num_steps += 1
         return sampled
 
-    def _update(self, out: SchedulerOutput, sampled: SamplerOutput) -> list[RequestOutput]:
-        seqs = {w.request_id: self._requests[w.request_id].seq for w in out.scheduled}
-        updated = self.scheduler.update(out, sampled, seqs)
+    def _constraints(self, sampling: list[CompletionState]) -> StepConstraints | None:
+        """This step's bad-word bans and grammar bitmasks, by row of the sequences that
+        sample."""
+        constrained = [(row, c) for row, c in enumerate(sampling) if c.grammar or c.bad_words]
+        if not constrained:
+            return None
+        step = StepConstraints()
+        for row, c in constrained:
+            if c.bad_words is not None:
+                banned = c.bad_words.banned_next(c.seq.output_token_ids)
+                step.banned_rows.extend([row] * len(banned))
+                step.banned_tokens.extend(banned)
+        step.grammar_rows = [row for row, c in constrained if c.grammar is not None]
+        if step.grammar_rows:
+            step.grammar_bitmask = self._bitmasks.fill(
+                [sampling[row].grammar for row in step.grammar_rows])
+        return step
+
+    def _update(self, out: SchedulerOutput, completions: list[CompletionState],
+                sampled: SamplerOutput) -> list[RequestOutput]:
+        for row, part in sampled.prompt_logprobs.items():
+            completions[row].request.add_prompt_logprobs(part, self._logprobs)
+        rows = {w.request_id: row for row, w in enumerate(out.sampling)}  # -> sampled rows
+        updated = self.scheduler.update(out, sampled, {c.seq.request_id: c.seq
+                                                       for c in completions})
         self.num_generated_tokens += len(updated)
-        results = []
+        advanced: dict[str, RequestState] = {}
         for seq in updated:
-            req = self._requests[seq.request_id]
-            if req.detokenizer and req.detokenizer.update(seq.output_token_ids):
-                self.scheduler.finish(seq, SequenceStatus.FINISHED_STOPPED)
-            results.append(self._output(req))
-            if seq.status.is_finished:
-                del self._requests[seq.request_id]
+            completion = self._completions[seq.request_id]
+            self._take_token(completion, sampled, rows[seq.request_id])
+            advanced[completion.request.request_id] = completion.request
+        now = time.time()
+        results = []
+        for request in advanced.values():
+            request.mark_token(now)
+            results.append(request.output())
+            if request.finished:
+                del self._requests[request.request_id]
+                for completion in request.completions:
+                    self._completions.pop(completion.seq.request_id, None)
         return results
+
+    def _take_token(self, completion: CompletionState, sampled: SamplerOutput, row: int) -> None:
+        """Record a sequence's new token; end it at a stop string or a finished grammar."""
+        seq = completion.seq
+        stop = completion.record(sampled, row)
+        if stop is not None and seq.status in (SequenceStatus.RUNNING,
+                                               SequenceStatus.FINISHED_LENGTH):
+            seq.stop_reason = stop
+            if seq.status is SequenceStatus.RUNNING:
+                self.scheduler.finish(seq, SequenceStatus.FINISHED_STOPPED)
+            else:  # the stop string came with the last allowed token: it is still a stop
+                seq.status = SequenceStatus.FINISHED_STOPPED
+        elif completion.grammar is not None and completion.grammar.finished \
+                and not seq.status.is_finished:
+            self.scheduler.finish(seq, SequenceStatus.FINISHED_STOPPED)
 
     def close(self) -> None:
         """Abort what is left, wait for I/O in flight and release the swap tier."""
@@ -184,13 +294,6 @@ class LLMEngine:
         self.swaps.drain()
         if self.tier is not None:
             self.tier.close()
-
-    def _output(self, req: _Request) -> RequestOutput:
-        seq = req.seq
-        text = req.detokenizer.text if req.detokenizer else ""
-        completion = CompletionOutput(0, text, list(seq.output_token_ids), seq.finish_reason)
-        return RequestOutput(seq.request_id, req.prompt, seq.prompt_token_ids, [completion],
-                             seq.status.is_finished, seq.num_cached_tokens)
 
     def stats(self) -> dict[str, float | int]:
         sched = self.scheduler
@@ -216,6 +319,13 @@ class LLMEngine:
             "tier_blocks_used": sched.tier_blocks_used,
             "tier_blocks_total": self.tier.num_blocks if self.tier else 0,
         }
+
+
+def _sequence_ids(request_id: str, n: int) -> list[str]:
+    """The ids of a request's sequences: its own for n = 1, else ``{i}_{request_id}``."""
+    if not isinstance(request_id, str) or not request_id:
+        raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
+    return [request_id] if n == 1 else [f"{i}_{request_id}" for i in range(n)]
 
 
 def _build_tier(config: EngineConfig, kv_cache: torch.Tensor, device_share: DeviceShare | None):

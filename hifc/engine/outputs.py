@@ -1,7 +1,75 @@
-"""What the engine returns for a request (vLLM-compatible shape)."""
+"""What the engine returns for a request (vLLM's shapes and names)."""
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+
+@dataclass
+class Logprob:
+    """One token's log-probability at one position; rank 1 is the most likely token."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# per position: token id -> Logprob (the chosen token first, then the top-k tokens)
+PositionLogprobs = dict[int, Logprob]
+
+
+class FlatLogprobs(Sequence):
+    """A completion's logprobs, one ``PositionLogprobs`` per generated token, kept as flat lists
+    and turned into dicts only when read (a step then appends a few numbers per sequence, not
+    k + 1 objects). Append-only: :meth:`view` is a fixed-length snapshot sharing the lists."""
+
+    def __init__(self, token_text: Callable[[int], str | None] | None = None):
+        self._token_text = token_text  # a token's text (None: no decoded tokens)
+        self._token_ids: list[int] = []
+        self._logprobs: list[float] = []
+        self._ranks: list[int] = []
+        self._top_ids: list[list[int]] = []
+        self._top_logprobs: list[list[float]] = []
+        self._length: int | None = None  # a view's length; None: all that was appended
+
+    def append(self, token_id: int, logprob: float, rank: int, top_ids: list[int],
+               top_logprobs: list[float]) -> None:
+        self._token_ids.append(token_id)
+        self._logprobs.append(logprob)
+        self._ranks.append(rank)
+        self._top_ids.append(top_ids)
+        self._top_logprobs.append(top_logprobs)
+
+    def view(self) -> "FlatLogprobs":
+        snapshot = FlatLogprobs.__new__(FlatLogprobs)
+        snapshot.__dict__.update(self.__dict__, _length=len(self))
+        return snapshot
+
+    def __len__(self) -> int:
+        return len(self._token_ids) if self._length is None else self._length
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError("logprobs position out of range")
+        return position_logprobs(self._token_ids[index], self._logprobs[index],
+                                 self._ranks[index], self._top_ids[index],
+                                 self._top_logprobs[index], self._token_text)
+
+
+def position_logprobs(token_id: int, logprob: float, rank: int, top_ids: list[int],
+                      top_logprobs: list[float],
+                      token_text: Callable[[int], str | None] | None) -> PositionLogprobs:
+    """One position's dict: the chosen token first, then the top tokens (ranks 1, 2, ...)."""
+    text = token_text or (lambda _: None)
+    position = {token_id: Logprob(logprob, rank, text(token_id))}
+    for top_rank, (token, top_logprob) in enumerate(zip(top_ids, top_logprobs), start=1):
+        if token not in position:
+            position[token] = Logprob(top_logprob, top_rank, text(token))
+    return position
 
 
 @dataclass
@@ -9,7 +77,30 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]  # generated token ids
-    finish_reason: str | None  # "stop", "length", "abort" or None while running
+    cumulative_logprob: float | None = None  # sum of the chosen tokens' logprobs (if asked)
+    logprobs: Sequence[PositionLogprobs] | None = None  # one per generated token (if asked)
+    finish_reason: str | None = None  # "stop", "length", "abort" or None while running
+    stop_reason: int | str | None = None  # the stop string or stop token id that matched
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestMetrics:
+    """Wall-clock times (``time.time()``) of a request's life."""
+
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    finished_time: float | None = None
+
+    @property
+    def time_in_queue(self) -> float | None:
+        if self.first_scheduled_time is None:
+            return None
+        return self.first_scheduled_time - self.arrival_time
 
 
 @dataclass
@@ -19,6 +110,9 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     finished: bool
+    # position 0 is None (nothing predicts the first token), then one entry per prompt token
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
+    metrics: RequestMetrics | None = None
     num_cached_tokens: int | None = None  # prompt tokens found in the prefix cache (vLLM's)
 
     # Flat access for the common single-completion case.

@@ -35,9 +35,20 @@ def tokenize_prompt(prompt: str | list[int], tokenizer: Tokenizer | None, vocab_
     return ids
 
 
-def check_sampling_params(params, vocab_size: int) -> SamplingParams:
-    """``params`` if it is a SamplingParams that fits the vocabulary; else a clear ValueError."""
+def check_sampling_params(params, vocab_size: int, max_logprobs: int,
+                          tokenizer: Tokenizer | None, model_name: str) -> SamplingParams:
+    """``params`` if this model can serve it (a SamplingParams, token ids and top_k inside the
+    vocabulary, logprobs within ``max_logprobs``, a tokenizer where one is needed); else a clear
+    ValueError. Grammars are compiled (and so checked) by the engine that runs them."""
     if not isinstance(params, SamplingParams):
         raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
     params.check_vocab(vocab_size)
+    for name in ("logprobs", "prompt_logprobs"):
+        k = getattr(params, name)
+        if k is not None and k > max_logprobs:
+            raise ValueError(f"requested {name} of {k}, which is greater than the maximum "
+                             f"allowed: {max_logprobs} (max_logprobs)")
+    needs_tokenizer = [name for name in ("bad_words", "structured_outputs") if getattr(params, name)]
+    if needs_tokenizer and tokenizer is None:
+        raise ValueError(f"{needs_tokenizer[0]} needs a tokenizer; model {model_name!r} has none")
     return params

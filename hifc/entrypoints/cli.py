@@ -13,7 +13,10 @@ from hifc.entrypoints.user_errors import EXIT_USER_ERROR, USER_ERRORS, describe
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from hifc import __version__
+
     parser = argparse.ArgumentParser(prog="hifc", description="LLM inference with flash KV swap")
+    parser.add_argument("--version", action="version", version=f"hifc {__version__}")
     parser.add_argument("--debug", action="store_true",
                         help="show the traceback of an error (also: serve --log-level debug)")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -1,52 +1,149 @@
-"""Token sampling: greedy, temperature, top-k, top-p, with optional per-request generators."""
+"""Token sampling for a whole step at once: masks, penalties, temperature, min-p, top-k/top-p,
+seeded or unseeded draws, and log-probabilities, as batched tensor operations.
+
+Order (vLLM's): raw log-probabilities (if any row asks) -> grammar bitmask, allowed tokens,
+banned tokens, logit bias -> penalties -> greedy argmax | temperature -> min-p -> top-k/top-p ->
+draw. Greedy rows take the argmax of the processed logits, so penalties and masks apply to them
+too.
+"""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
-from hifc.core.outputs import SamplerOutput
-from hifc.sampling_params import SamplingParams
+from hifc.layers import sampling_ops as ops
+
+
+@dataclass
+class Penalties:
+    """Rows with penalties and their state: rows [R] long (None: every row, in order); row r's
+    state is row pool_rows[r] of the penalty pool's counts [N, V] float32 (generated tokens) and
+    seen [N, V] bool (in the prompt or the output); presence, frequency, repetition [R]
+    float32."""
+
+    rows: torch.Tensor | None
+    pool_rows: torch.Tensor
+    counts: torch.Tensor
+    seen: torch.Tensor
+    presence: torch.Tensor
+    frequency: torch.Tensor
+    repetition: torch.Tensor
+
+
+@dataclass
+class TokenEntries:
+    """Sparse (row, token) entries of a step: rows [N] long, tokens [N] long, values [N]
+    float32 (a logit bias) or None (a ban)."""
+
+    rows: torch.Tensor
+    tokens: torch.Tensor
+    values: torch.Tensor | None = None
+
+
+@dataclass
+class SamplingBatch:
+    """Everything the sampler needs for one step, as device tensors over its B rows. Features no
+    row uses are None (and cost nothing)."""
+
+    temperature: torch.Tensor  # [B] float32; 1.0 on greedy rows
+    greedy: torch.Tensor | None  # [B] bool; None: no row is greedy
+    all_greedy: bool
+    top_k: torch.Tensor | None = None  # [B] long; V where off
+    top_p: torch.Tensor | None = None  # [B] float32; 1.0 where off
+    min_p: torch.Tensor | None = None  # [B] float32; 0.0 where off
+    seeded_rows: torch.Tensor | None = None  # [S] long
+    seeds: torch.Tensor | None = None  # [S] int64
+    steps: torch.Tensor | None = None  # [S] int64: tokens generated so far
+    penalties: Penalties | None = None
+    bias: TokenEntries | None = None
+    banned: TokenEntries | None = None
+    allowed_rows: torch.Tensor | None = None  # [A] long
+    allowed: TokenEntries | None = None  # rows index allowed_rows
+    grammar_rows: torch.Tensor | None = None  # [G] long
+    grammar_bitmask: torch.Tensor | None = None  # [G, ceil(V/32)] int32
+    logprobs_k: int | None = None  # largest top-k any row asked for; None: none asked
+
+
+@dataclass
+class SampledTokens:
+    """token_ids [B] long; with logprobs: the sampled tokens' raw logprobs [B] and ranks [B],
+    the top-k ids and logprobs [B, k]."""
+
+    token_ids: torch.Tensor
+    logprobs: torch.Tensor | None = None
+    ranks: torch.Tensor | None = None
+    top_ids: torch.Tensor | None = None
+    top_logprobs: torch.Tensor | None = None
 
 
 class Sampler:
-    def sample(self, logits: torch.Tensor, params: list[SamplingParams],
-               generators: list[torch.Generator | None],
-               default_generator: torch.Generator) -> SamplerOutput:
-        """logits [B, V] float32 -> one token id per row."""
-        greedy_ids = logits.argmax(dim=-1)  # [B]
-        random_rows = [i for i, p in enumerate(params) if not p.greedy]
-        if not random_rows:
-            return SamplerOutput(greedy_ids.tolist())
-        rows = torch.tensor(random_rows, device=logits.device)
-        sub = logits.index_select(0, rows)  # [R, V]
-        sub_params = [params[i] for i in random_rows]
-        temps = torch.tensor([p.temperature for p in sub_params], device=logits.device)
-        sub = sub / temps[:, None]
-        sub = _apply_top_k_top_p(sub, sub_params)
-        probs = torch.softmax(sub, dim=-1)
-        noise = torch.empty_like(probs)
-        for j, i in enumerate(random_rows):
-            noise[j].exponential_(generator=generators[i] or default_generator)
-        sampled = (probs / noise).argmax(dim=-1)  # exponential race == multinomial draw
-        result = greedy_ids.clone()
-        result[rows] = sampled
-        return SamplerOutput(result.tolist())
+    def sample(self, logits: torch.Tensor, batch: SamplingBatch,
+               generator: torch.Generator) -> SampledTokens:
+        """logits [B, V] -> one token per row. ``generator`` draws the uniform numbers of
+        unseeded rows.
+        The logits are edited in place (they are the step's own: nothing reads them after)."""
+        logits = logits.to(torch.float32)
+        raw_logprobs = (torch.log_softmax(logits, dim=-1) if batch.logprobs_k is not None
+                        else None)  # [B, V]
+        logits = self.process(logits, batch)
+        if batch.all_greedy:
+            token_ids = logits.argmax(dim=-1)  # [B]
+        elif batch.greedy is None:
+            token_ids = _draw(logits, batch, generator)
+        else:
+            token_ids = torch.where(batch.greedy, logits.argmax(dim=-1),
+                                    _draw(logits, batch, generator))
+        if raw_logprobs is None:
+            return SampledTokens(token_ids)
+        chosen, ranks, top_ids, top_lp = ops.top_logprobs(raw_logprobs, token_ids,
+                                                          batch.logprobs_k)
+        return SampledTokens(token_ids, chosen, ranks, top_ids, top_lp)
 
-
-def _apply_top_k_top_p(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    """Mask logits [R, V] outside each row's top-k and top-p sets with -inf."""
-    vocab = logits.shape[-1]
-    ks = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
-    ps = [p.top_p for p in params]
-    if all(k == vocab for k in ks) and all(p >= 1.0 for p in ps):
+    @staticmethod
+    def process(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        """The logits ([B, V], float32: edited in place) after the masks, the logit bias and
+        the penalties: greedy rows take their argmax, sampled rows draw from them after
+        temperature, min-p, top-k and top-p."""
+        _constrain(logits, batch)
+        if batch.penalties is not None:
+            p = batch.penalties
+            ops.apply_penalties(logits, p.rows, p.pool_rows, p.counts, p.seen, p.presence,
+                                p.frequency, p.repetition)
         return logits
-    sorted_logits, sorted_idx = logits.sort(dim=-1, descending=True)
-    k = torch.tensor(ks, device=logits.device)
-    ranks = torch.arange(vocab, device=logits.device)[None, :]
-    mask = ranks >= k[:, None]
-    probs = torch.softmax(sorted_logits.masked_fill(mask, float("-inf")), dim=-1)
-    cum_before = probs.cumsum(dim=-1) - probs  # mass of strictly better tokens
-    p = torch.tensor(ps, device=logits.device, dtype=probs.dtype)
-    mask |= cum_before >= p[:, None]
-    mask[:, 0] = False  # always keep the best token
-    sorted_logits = sorted_logits.masked_fill(mask, float("-inf"))
-    return torch.empty_like(logits).scatter_(-1, sorted_idx, sorted_logits)
+
+
+def _constrain(logits: torch.Tensor, batch: SamplingBatch) -> None:
+    """The masks and the logit bias, in place."""
+    if batch.grammar_bitmask is not None:
+        ops.apply_token_bitmask(logits, batch.grammar_rows, batch.grammar_bitmask)
+    if batch.allowed is not None:
+        ops.keep_only(logits, batch.allowed_rows, batch.allowed.rows, batch.allowed.tokens)
+    if batch.banned is not None:
+        logits[batch.banned.rows, batch.banned.tokens] = float("-inf")
+    if batch.bias is not None:
+        logits.index_put_((batch.bias.rows, batch.bias.tokens), batch.bias.values,
+                          accumulate=True)
+
+
+def _draw(logits: torch.Tensor, batch: SamplingBatch,
+          generator: torch.Generator) -> torch.Tensor:
+    """Random draws [B] after temperature, min-p, top-k and top-p (vLLM's order)."""
+    logits = logits / batch.temperature[:, None]
+    if batch.top_k is not None or batch.top_p is not None:
+        if batch.min_p is not None:
+            ops.apply_min_p(logits, batch.min_p)
+        probs = torch.softmax(ops.apply_top_k_top_p(logits, batch.top_k, batch.top_p), dim=-1)
+    else:
+        probs = torch.softmax(logits, dim=-1)  # [B, V]
+        if batch.min_p is not None:  # the same cut, without a second softmax
+            ops.apply_min_p_to_probs(probs, batch.min_p)
+    num_rows = probs.shape[0]
+    if batch.seeded_rows is not None and batch.seeded_rows.shape[0] == num_rows:
+        uniform = ops.seeded_uniform(batch.seeds, batch.steps)  # every row seeded, in order
+    else:
+        uniform = torch.rand(num_rows, device=probs.device, generator=generator)
+        if batch.seeded_rows is not None:
+            uniform.index_copy_(0, batch.seeded_rows,
+                                ops.seeded_uniform(batch.seeds, batch.steps))
+    return ops.sample_inverse_cdf(probs, uniform)

@@ -61,12 +61,24 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.hf_tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """The prompt text for a chat; ValueError if the model has no template or it fails."""
-        if not getattr(self.hf_tokenizer, "chat_template", None):
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            continue_final_message: bool = False,
+                            chat_template: str | None = None,
+                            chat_template_kwargs: dict[str, Any] | None = None) -> str:
+        """The prompt text for a chat; ValueError if there is no template or it fails.
+
+        continue_final_message: end the prompt inside the last (assistant) message, so that
+        generation continues it; chat_template: a Jinja template replacing the model's;
+        chat_template_kwargs: extra variables the template reads."""
+        if add_generation_prompt and continue_final_message:
+            raise ValueError("add_generation_prompt and continue_final_message cannot both be "
+                             "true")
+        if not (chat_template or getattr(self.hf_tokenizer, "chat_template", None)):
             raise ValueError("this model's tokenizer has no chat template")
         try:
             return self.hf_tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=add_generation_prompt)
-        except (TemplateError, TypeError, KeyError) as exc:
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message, chat_template=chat_template,
+                **(chat_template_kwargs or {}))
+        except (TemplateError, TypeError, KeyError, ValueError) as exc:
             raise ValueError(f"chat template failed on these messages: {exc}") from exc

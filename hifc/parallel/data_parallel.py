@@ -35,8 +35,8 @@ from hifc.engine.prompts import check_sampling_params, tokenize_prompt
 from hifc.parallel.balance import LeastOutstandingTokens
 from hifc.parallel.config import replica_config
 from hifc.parallel.devices import replica_devices, shared_flash_devices
-from hifc.parallel.messages import (AbortRequests, AddRequest, Closed, Failed, OutputDelta,
-                                    Outputs, Ready, ReplicaInfo, Stop)
+from hifc.parallel.messages import (AbortRequests, AddRequest, Closed, CompletionDelta, Failed,
+                                    OutputDelta, Outputs, Ready, ReplicaInfo, Stop)
 from hifc.parallel.replica import run_replica
 from hifc.sampling_params import SamplingParams
 from hifc.tiers.flash.arbiter import DeviceArbiter, DeviceShare
@@ -57,12 +57,34 @@ def build_engine(config: EngineConfig) -> "LLMEngine | DataParallelEngine":
 
 @dataclass
 class _Tracked:
-    """A request the front end has sent and not yet seen end."""
+    """A request the front end has sent and not yet seen end: its completions as the deltas
+    built them (``CompletionOutput``'s fields, logprobs as a plain list)."""
 
     prompt: str | None
     prompt_ids: list[int]
-    token_ids: list[int]
-    text: str = ""
+    completions: list[CompletionOutput]
+    prompt_logprobs: list | None = None
+
+    def apply(self, delta: CompletionDelta) -> int:
+        """Fold one completion's delta in; returns the number of new tokens."""
+        c = self.completions[delta.index]
+        c.token_ids += delta.new_token_ids
+        if delta.new_logprobs is not None:
+            c.logprobs = (c.logprobs or []) + delta.new_logprobs
+        c.text = c.text[:delta.text_keep] + delta.text_append
+        c.cumulative_logprob = delta.cumulative_logprob
+        c.finish_reason, c.stop_reason = delta.finish_reason, delta.stop_reason
+        return len(delta.new_token_ids)
+
+    def output(self, request_id: str, delta: OutputDelta) -> RequestOutput:
+        """A snapshot (later deltas do not change it), as ``LLMEngine.step`` returns."""
+        completions = [dataclasses.replace(c, token_ids=list(c.token_ids),
+                                           logprobs=None if c.logprobs is None
+                                           else list(c.logprobs))
+                       for c in self.completions]
+        return RequestOutput(request_id, self.prompt, self.prompt_ids, completions,
+                             delta.finished, self.prompt_logprobs, delta.metrics,
+                             delta.num_cached_tokens)
 
 
 class ReplicaError(RuntimeError):
@@ -119,22 +141,27 @@ class DataParallelEngine:
 
     def check_sampling_params(self, params: SamplingParams) -> SamplingParams:
         """See ``LLMEngine.check_sampling_params``."""
-        return check_sampling_params(params, self.arch.vocab_size)
+        return check_sampling_params(params, self.arch.vocab_size, self.config.max_logprobs,
+                                     self.tokenizer, self.model_name)
 
     def add_request(self, request_id: str, prompt: str | list[int],
                     sampling_params: SamplingParams | None = None, *,
-                    prompt_ids: list[int] | None = None) -> None:
-        """Queue a request on the least loaded replica (see ``LLMEngine.add_request``)."""
+                    prompt_ids: list[int] | None = None,
+                    arrival_time: float | None = None) -> None:
+        """Queue a request on the least loaded replica (see ``LLMEngine.add_request``; the
+        replica takes its arrival time when the request reaches it)."""
         self._check_open()
         if request_id in self._requests or request_id in self._pending:
             raise ValueError(f"request id {request_id!r} is already in use")
         params = self.check_sampling_params(sampling_params or SamplingParams())
         ids = self.tokenize_prompt(prompt) if prompt_ids is None else list(prompt_ids)
         text = prompt if isinstance(prompt, str) else None
-        replica = self._balancer.place(request_id, len(ids), params.max_tokens,
-                                       self.limits.max_model_len)
+        max_new = self.limits.max_model_len if params.max_tokens is None else params.max_tokens
+        replica = self._balancer.place(request_id, len(ids), params.n * max_new,
+                                       self.limits.max_model_len * params.n)
         self._commands[replica].put(AddRequest(request_id, text, ids, params))
-        self._requests[request_id] = _Tracked(text, ids, [])
+        self._requests[request_id] = _Tracked(
+            text, ids, [CompletionOutput(i, "", []) for i in range(params.n)])
 
     def abort_request(self, request_id: str | list[str]) -> None:
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
@@ -196,17 +223,14 @@ class DataParallelEngine:
         tracked = self._requests.get(delta.request_id)
         if tracked is None:  # aborted since
             return
-        tracked.token_ids += delta.new_token_ids
-        tracked.text = tracked.text[:delta.text_keep] + delta.text_append
-        self._balancer.generated(delta.request_id, len(delta.new_token_ids))
+        if delta.prompt_logprobs is not None:
+            tracked.prompt_logprobs = delta.prompt_logprobs
+        new_tokens = sum(tracked.apply(c) for c in delta.completions)
+        self._balancer.generated(delta.request_id, new_tokens)
         if delta.finished:
             del self._requests[delta.request_id]
             self._balancer.finished(delta.request_id)
-        completion = CompletionOutput(0, tracked.text, list(tracked.token_ids),
-                                      delta.finish_reason)
-        self._pending[delta.request_id] = RequestOutput(
-            delta.request_id, tracked.prompt, tracked.prompt_ids, [completion], delta.finished,
-            delta.num_cached_tokens)
+        self._pending[delta.request_id] = tracked.output(delta.request_id, delta)
 
     # ---- replicas -------------------------------------------------------------------------
     def _wait_ready(self) -> list[ReplicaInfo]:

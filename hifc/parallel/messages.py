@@ -4,8 +4,8 @@
 Front end -> replica: ``AddRequest``, ``AbortRequests``, ``Stop``. Replica -> front end:
 ``Ready`` (or ``Failed``) once its engine is built, ``Outputs`` after each step that advanced a
 request or left the replica idle, ``Closed`` when it stopped, ``Failed`` if its loop failed.
-Outputs travel as deltas: the new token ids and the text change since the last message, so a
-step costs the same to send at any sequence length.
+Outputs travel as deltas: per completion, the new token ids, logprobs and the text change since
+the last message, so a step costs the same to send at any sequence length.
 """
 from __future__ import annotations
 
@@ -61,17 +61,29 @@ class Failed:
     traceback: str
 
 
-class OutputDelta(NamedTuple):
-    """One request's progress since the replica's previous message: ``text`` becomes
+class CompletionDelta(NamedTuple):
+    """One completion's progress since the previous message: ``text`` becomes
     ``text[:text_keep] + text_append`` (a stop string can cut text already sent)."""
 
-    request_id: str
+    index: int
     new_token_ids: list[int]
+    new_logprobs: list | None  # one PositionLogprobs per new token (if asked)
     text_keep: int
     text_append: str
+    cumulative_logprob: float | None
     finish_reason: str | None
+    stop_reason: int | str | None
+
+
+class OutputDelta(NamedTuple):
+    """One request's progress since the replica's previous message."""
+
+    request_id: str
+    completions: list[CompletionDelta]  # those that changed
     finished: bool
     num_cached_tokens: int | None  # prompt tokens found in the replica's prefix cache
+    prompt_logprobs: list | None  # sent once, with the request's first message
+    metrics: Any  # the request's RequestMetrics (a few floats)
 
 
 @dataclass(frozen=True)

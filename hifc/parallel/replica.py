@@ -19,8 +19,8 @@ import torch
 from hifc.config import EngineConfig
 from hifc.engine.llm_engine import LLMEngine
 from hifc.engine.outputs import RequestOutput
-from hifc.parallel.messages import (AbortRequests, AddRequest, Closed, Failed, OutputDelta,
-                                    Outputs, Ready, ReplicaInfo, Stop)
+from hifc.parallel.messages import (AbortRequests, AddRequest, Closed, CompletionDelta, Failed,
+                                    OutputDelta, Outputs, Ready, ReplicaInfo, Stop)
 from hifc.tiers.flash.arbiter import DeviceShare
 
 logger = logging.getLogger(__name__)
@@ -32,10 +32,11 @@ class DeltaWriter:
     """What each request's last message said, to send only what changed since."""
 
     def __init__(self) -> None:
-        self._sent: dict[str, tuple[int, str]] = {}  # request id -> (tokens sent, text sent)
+        # request id -> completion index -> (tokens sent, text sent); absent: nothing sent yet
+        self._sent: dict[str, dict[int, tuple[int, str]]] = {}
 
     def add(self, request_id: str) -> None:
-        self._sent[request_id] = (0, "")
+        self._sent[request_id] = {}
 
     def forget(self, request_id: str) -> None:
         self._sent.pop(request_id, None)
@@ -44,16 +45,27 @@ class DeltaWriter:
         sent = self._sent.get(out.request_id)
         if sent is None:  # aborted meanwhile
             return None
-        num_sent, text_sent = sent
-        text = out.text
-        keep = (len(text_sent) if text.startswith(text_sent)
-                else len(os.path.commonprefix((text_sent, text))))
+        first = not sent
+        completions = [d for d in (_completion_delta(c, sent) for c in out.outputs)
+                       if d is not None]
         if out.finished:
             del self._sent[out.request_id]
-        else:
-            self._sent[out.request_id] = (len(out.token_ids), text)
-        return OutputDelta(out.request_id, out.token_ids[num_sent:], keep, text[keep:],
-                           out.finish_reason, out.finished, out.num_cached_tokens)
+        return OutputDelta(out.request_id, completions, out.finished, out.num_cached_tokens,
+                           out.prompt_logprobs if first else None, out.metrics)
+
+
+def _completion_delta(c, sent: dict[int, tuple[int, str]]) -> CompletionDelta | None:
+    num_sent, text_sent = sent.get(c.index, (0, ""))
+    if (c.index in sent and len(c.token_ids) == num_sent and c.text == text_sent
+            and c.finish_reason is None):
+        return None
+    keep = (len(text_sent) if c.text.startswith(text_sent)
+            else len(os.path.commonprefix((text_sent, c.text))))
+    sent[c.index] = (len(c.token_ids), c.text)
+    return CompletionDelta(c.index, c.token_ids[num_sent:],
+                           None if c.logprobs is None else list(c.logprobs[num_sent:]),
+                           keep, c.text[keep:], c.cumulative_logprob, c.finish_reason,
+                           c.stop_reason)
 
 
 def run_replica(index: int, config: EngineConfig, device_share: DeviceShare | None,
@@ -132,7 +144,9 @@ def _apply(command, engine: LLMEngine, writer: DeltaWriter, events, index: int,
                            command.params, prompt_ids=command.prompt_ids)
     except ValueError as exc:  # the front end checked the prompt; this should not happen
         logger.warning("replica %d refused request %s: %s", index, command.request_id, exc)
-        events.put(Outputs(index, [OutputDelta(command.request_id, [], 0, "", "abort", True,
+        aborted = [CompletionDelta(i, [], None, 0, "", None, "abort", None)
+                   for i in range(command.params.n)]
+        events.put(Outputs(index, [OutputDelta(command.request_id, aborted, True, None, None,
                                                None)], _stats(engine, device_share)))
         return
     writer.add(command.request_id)

@@ -5,12 +5,16 @@ import logging
 
 import torch
 
-from hifc.core.outputs import SamplerOutput
+from hifc.core.outputs import PromptLogprobs, SamplerOutput, TopLogprobs
 from hifc.core.scheduler import ScheduledSeq, SchedulerOutput
+from hifc.core.sequence import Sequence
+from hifc.layers import sampling_ops
 from hifc.layers.attention import AttentionBackend, AttentionContext
-from hifc.layers.sampler import Sampler
+from hifc.layers.sampler import SampledTokens, Sampler
 from hifc.runtime import inputs
 from hifc.runtime.cuda_graphs import DecodeGraphs, capture_sizes, graphs_unsupported_reason
+from hifc.runtime.sampling_inputs import (PenaltyRows, StepConstraints, StepPacker,
+                                          build_sampling_batch)
 
 logger = logging.getLogger(__name__)
 
@@ -25,21 +29,12 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         self.sampler = Sampler()
-        self.default_generator = torch.Generator(device=device)
-        self.default_generator.manual_seed(seed)
-        self._generators: dict[str, torch.Generator] = {}  # per seeded request
+        self.generator = torch.Generator(device=device)  # draws of unseeded requests
+        self.generator.manual_seed(seed)
+        self.penalty_rows: PenaltyRows | None = None  # made at the first step that needs them
+        self.step_packer = StepPacker(device)
         self.decode_graphs: DecodeGraphs | None = None
         self.num_padded_decode_steps = 0  # steps run through decode_graphs (replayed or not)
-
-    def _generator_for(self, request_id: str, seed: int | None) -> torch.Generator | None:
-        if seed is None:
-            return None
-        gen = self._generators.get(request_id)
-        if gen is None:
-            gen = torch.Generator(device=self.device)
-            gen.manual_seed(seed)
-            self._generators[request_id] = gen
-        return gen
 
     def setup_padded_decode(self, max_model_len: int, max_num_seqs: int, capture: bool) -> None:
         """Run decode-only steps padded to the batch sizes of ``capture_sizes`` from persistent
@@ -75,12 +70,20 @@ class ModelRunner:
     def eager_logits(self, work: list[ScheduledSeq]) -> torch.Tensor:
         """Compute the step's K/V from unpadded inputs; returns the logits ([S, V]) of the last
         new token of each sequence that samples (S may be 0: prompt chunks only)."""
+        hidden, query_start_loc = self.eager_forward(work)
+        return self._sampler_logits(work, hidden, query_start_loc)
+
+    def eager_forward(self, work: list[ScheduledSeq]) -> tuple[torch.Tensor, list[int]]:
+        """Hidden states ([T, H]) of every new token, and where each sequence's start ([B+1])."""
         meta = inputs.build_attention_metadata(work, self.block_size, self.device)
         ctx = AttentionContext(meta, self.kv_caches, self.backend, self.model.attention_layers)
         input_ids = inputs.build_input_ids(work, self.device)
         positions = inputs.build_positions(work, self.device)
-        hidden = self.model(input_ids, positions, ctx)  # [T, hidden]
-        last = inputs.build_logits_indices(work, meta.query_start_loc_cpu, self.device)
+        return self.model(input_ids, positions, ctx), meta.query_start_loc_cpu
+
+    def _sampler_logits(self, work: list[ScheduledSeq], hidden: torch.Tensor,
+                        query_start_loc: list[int]) -> torch.Tensor:
+        last = inputs.build_logits_indices(work, query_start_loc, self.device)
         return self.model.compute_logits(hidden.index_select(0, last))  # [S, V]
 
     def _padded_logits(self, work: list[ScheduledSeq]) -> torch.Tensor | None:
@@ -96,20 +99,73 @@ class ModelRunner:
         return logits[torch.tensor(rows, dtype=torch.long, device=logits.device)]
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> SamplerOutput:
+    def execute(self, out: SchedulerOutput, seqs: list[Sequence],
+                constraints: StepConstraints | None = None) -> SamplerOutput:
         """Compute the scheduled tokens' K/V and sample one token per sequence that finishes
-        its known tokens in this step (``ScheduledSeq.samples``)."""
-        for request_id in out.finished_request_ids:
-            self._generators.pop(request_id, None)
+        its known tokens in this step (``ScheduledSeq.samples``). ``seqs``: the scheduled
+        sequences, in ``out.scheduled`` order (their parameters, prompts and accepted tokens);
+        ``constraints``: the engine's bans and grammar masks, by row of ``out.sampling``."""
+        if self.penalty_rows is not None:
+            self.penalty_rows.release(out.finished_request_ids)
         work = out.scheduled
         if not work:
             return SamplerOutput([])
+        hidden = query_start_loc = None
         logits = self._padded_logits(work)
         if logits is None:
-            logits = self.eager_logits(work)  # [S, V]
-        sampling = out.sampling
-        if not sampling:
-            return SamplerOutput([])
-        params = [w.sampling_params for w in sampling]
-        gens = [self._generator_for(w.request_id, w.sampling_params.seed) for w in sampling]
-        return self.sampler.sample(logits, params, gens, self.default_generator)
+            hidden, query_start_loc = self.eager_forward(work)
+            logits = self._sampler_logits(work, hidden, query_start_loc)  # [S, V]
+        sampling = [seq for w, seq in zip(work, seqs) if w.samples]
+        result = (self._sample(logits, sampling, constraints) if sampling
+                  else SamplerOutput([]))
+        if hidden is not None:
+            result.prompt_logprobs = self._prompt_logprobs(work, seqs, hidden, query_start_loc)
+        return result
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence],
+                constraints: StepConstraints | None) -> SamplerOutput:
+        vocab = logits.shape[-1]
+        if self.penalty_rows is None and any(s.sampling_params.has_penalties for s in seqs):
+            self.penalty_rows = PenaltyRows(vocab, self.device)
+        batch = build_sampling_batch(seqs, constraints, self.penalty_rows, self.step_packer,
+                                     vocab)
+        return _to_output(self.sampler.sample(logits, batch, self.generator))
+
+    def _prompt_logprobs(self, work: list[ScheduledSeq], seqs: list[Sequence],
+                         hidden: torch.Tensor, query_start_loc: list[int],
+                         chunk: int = 256) -> dict[int, PromptLogprobs]:
+        """Prompt log-probabilities of the prompt tokens this step's hidden states predict,
+        for the rows that ask for them (``chunk`` positions at a time: [chunk, V] logits)."""
+        results = {}
+        for row, (w, seq) in enumerate(zip(work, seqs)):
+            k = seq.sampling_params.prompt_logprobs
+            last = min(w.seq_len, seq.num_prompt_tokens - 1)  # positions < last predict prompt
+            if k is None or w.start_pos >= last:
+                continue
+            parts = []
+            offset = query_start_loc[row] - w.start_pos
+            for pos in range(w.start_pos, last, chunk):
+                end = min(pos + chunk, last)
+                states = hidden[offset + pos:offset + end]  # [C, H]
+                logprobs = torch.log_softmax(self.model.compute_logits(states), dim=-1)
+                targets = torch.tensor(seq.prompt_token_ids[pos + 1:end + 1], device=self.device)
+                parts.append(sampling_ops.top_logprobs(logprobs, targets, k))
+            chosen, ranks, top_ids, top_lp = (torch.cat(t) for t in zip(*parts))
+            values = TopLogprobs(seq.prompt_token_ids[w.start_pos + 1:last + 1], chosen.tolist(),
+                                 ranks.tolist(), top_ids.tolist(), top_lp.tolist())
+            results[row] = PromptLogprobs(w.start_pos + 1, values)
+        return results
+
+
+def _to_output(sampled: SampledTokens) -> SamplerOutput:
+    """The step's results on the host (one transfer for the ids and ranks, one for the
+    logprobs)."""
+    if sampled.logprobs is None:
+        return SamplerOutput(sampled.token_ids.tolist())
+    ints = torch.cat([sampled.token_ids[:, None], sampled.ranks[:, None], sampled.top_ids],
+                     dim=1).tolist()  # [S, 2 + k]
+    floats = torch.cat([sampled.logprobs[:, None], sampled.top_logprobs], dim=1).tolist()
+    token_ids = [row[0] for row in ints]
+    return SamplerOutput(token_ids, TopLogprobs(
+        token_ids, [row[0] for row in floats], [row[1] for row in ints],
+        [row[2:] for row in ints], [row[1:] for row in floats]))

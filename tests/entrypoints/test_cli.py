@@ -156,3 +156,28 @@ def test_error_names_the_option_whose_path_it_is(model_dir, capsys):
 def test_os_errors_are_described_by_option_and_path(error, expected):
     args = argparse.Namespace(command="generate", flash_path="/data/kv", model="smollm2-135m")
     assert describe(error, args) == expected
+
+
+def test_version_flag(capsys):
+    from hifc import __version__
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0 and capsys.readouterr().out.strip() == f"hifc {__version__}"
+
+
+@pytest.mark.parametrize("alias, name", [("half", "float16"), ("float", "float32"),
+                                         ("bfloat16", "bfloat16")])
+def test_dtype_aliases(alias, name):
+    from hifc.config import EngineConfig
+    assert EngineConfig.from_options("random:tiny-llama", dtype=alias).dtype == name
+
+
+def test_serve_chat_template_from_file_or_text(tmp_path):
+    from hifc.entrypoints.server.cli import read_chat_template
+    template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    path = tmp_path / "t.jinja"
+    path.write_text(template)
+    assert read_chat_template(str(path)) == template == read_chat_template(template)
+    assert read_chat_template(None) is None
+    with pytest.raises(ValueError, match="neither a file nor a Jinja template"):
+        read_chat_template(str(tmp_path / "missing.jinja"))

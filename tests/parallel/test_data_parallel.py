@@ -56,6 +56,14 @@ def dp2(tmp_path_factory):
     assert all(not p.is_alive() and p.exitcode == 0 for p in processes)
 
 
+def completions(llm, prompt_list, params) -> list:
+    """Every completion's tokens, stop reason and logprobs (as plain pairs)."""
+    return [[(c.token_ids, c.finish_reason, c.stop_reason, round(c.cumulative_logprob or 0, 3),
+              [{t: round(lp.logprob, 5) for t, lp in pos.items()} for pos in c.logprobs or []])
+             for c in out.outputs]
+            for out in llm.generate(prompt_list, params, use_tqdm=False)]
+
+
 def wait_settled(llm, timeout_s: float = 60.0) -> dict:
     """The stats once every replica has freed its blocks (replicas finish aborted requests'
     I/O after the front end has forgotten them)."""
@@ -67,6 +75,18 @@ def wait_settled(llm, timeout_s: float = 60.0) -> dict:
             return stats
         assert time.monotonic() < deadline, f"replicas did not settle: {stats}"
         time.sleep(0.05)
+
+
+def test_n_completions_logprobs_and_stop_reasons_equal_one_engine(dp2):
+    params = [SamplingParams(n=3, max_tokens=8, temperature=0.9, seed=7, logprobs=2,
+                             ignore_eos=True),
+              SamplingParams(max_tokens=8, temperature=0.0, stop_token_ids=[40, 41, 42],
+                             logprobs=1, ignore_eos=True)]
+    with LLM(MODEL, device="cpu", block_size=BLOCK, num_gpu_blocks=64) as one:
+        expected = completions(one, prompts(2), params)
+    got = completions(dp2, prompts(2), params)
+    assert got == expected
+    assert len(got[0]) == 3 and all(len(c[4]) == len(c[0]) for c in got[0])
 
 
 def test_outputs_equal_one_engine_with_flash_swapping(dp2, reference):

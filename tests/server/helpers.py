@@ -98,8 +98,9 @@ def wait_until_idle(server: Server, timeout_s: float = 30.0) -> dict[str, float]
     deadline = time.monotonic() + timeout_s
     while True:
         values = metric_values(httpx.get(f"{server.base_url}/metrics", timeout=10).text)
-        idle = (values["hifc_num_requests_running"] == 0
-                and values["hifc_num_requests_waiting"] == 0
+        labels = f"{{model_name={server.model}}}"
+        idle = (values[f"vllm:num_requests_running{labels}"] == 0
+                and values[f"vllm:num_requests_waiting{labels}"] == 0
                 and values["hifc_num_requests_swapped"] == 0
                 and values["hifc_gpu_kv_blocks_free"] == values["hifc_gpu_kv_blocks_total"]
                 and values["hifc_tier_blocks_used"] == 0)
@@ -108,10 +109,11 @@ def wait_until_idle(server: Server, timeout_s: float = 30.0) -> dict[str, float]
         time.sleep(0.1)
 
 
-def app_client(engine: LLMEngine, name: str = "m") -> TestClient:
+def app_client(engine: LLMEngine, name: str = "m", **settings) -> TestClient:
     """A fastapi TestClient of the app serving ``engine`` (an LLMEngine) as model ``name``, with
-    its metrics wired up as ``hifc serve`` does; the AsyncEngine is
-    ``client.app.state.async_engine``. Enter it (``with``) to start the engine thread."""
+    its metrics wired up as ``hifc serve`` does (``settings``: more ServerSettings fields); the
+    AsyncEngine is ``client.app.state.async_engine``. Enter it (``with``) to start the engine
+    thread."""
     from fastapi.testclient import TestClient
 
     from hifc.entrypoints.server.app import ServerSettings, build_app
@@ -121,4 +123,4 @@ def app_client(engine: LLMEngine, name: str = "m") -> TestClient:
     metrics = ServerMetrics(name)
     async_engine = AsyncEngine(engine, observer=metrics)
     metrics.export_engine_stats(async_engine.stats)
-    return TestClient(build_app(async_engine, metrics, ServerSettings((name,))))
+    return TestClient(build_app(async_engine, metrics, ServerSettings((name,), **settings)))

@@ -45,7 +45,8 @@ def test_served_by_path_answers_with_the_directory_name_only(path_server, tiny_m
         assert any(f'model_name="{name}"' in line for line in answers[-1].text.splitlines())
         ok = http.post("/v1/completions", json={"model": name, "prompt": "hi", "max_tokens": 2})
         assert ok.status_code == 200 and ok.json()["model"] == name
-    assert metric_values(answers[-1].text)["hifc_num_requests_running"] == 0
+    running = f"vllm:num_requests_running{{model_name={name}}}"
+    assert metric_values(answers[-1].text)[running] == 0
 
 
 def test_key_from_a_file_is_required_and_not_on_the_command_line(path_server):

@@ -14,10 +14,10 @@ from hifc.entrypoints.server.access import check_exposure, resolve_api_key
 from tests.server.helpers import app_client, metric_values
 
 
-def _client(model: str, name: str = "m") -> TestClient:
+def _client(model: str, name: str = "m", **settings) -> TestClient:
     engine = LLMEngine.from_options(model, device="cpu", block_size=16, max_model_len=128,
                                     num_gpu_blocks=16)
-    return app_client(engine, name)
+    return app_client(engine, name, **settings)
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +40,21 @@ def test_chat_without_template_is_400_and_completions_still_work(no_template_dir
         assert "chat template" in resp.json()["error"]["message"]
         ok = client.post("/v1/completions", json={"model": "m", "prompt": "hi", "max_tokens": 2})
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] >= 1
+
+
+def test_server_chat_template_replaces_the_models(no_template_dir):
+    template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+    with _client(str(no_template_dir), chat_template=template) as client:
+        messages = [{"role": "user", "content": "hi"}]
+        resp = client.post("/v1/chat/completions", json={"model": "m", "messages": messages,
+                                                         "max_tokens": 2})
+        assert resp.status_code == 200, resp.text
+        ids = client.post("/tokenize", json={"messages": messages}).json()["tokens"]
+        assert client.post("/detokenize", json={"tokens": ids}).json()["prompt"] == "<user>hi"
+        own = client.post("/tokenize", json={"messages": messages,
+                                             "chat_template": "{{ messages[0]['content'] }}!"})
+        assert client.post("/detokenize", json={"tokens": own.json()["tokens"]}).json() == \
+            {"prompt": "hi!"}
 
 
 def test_model_without_tokenizer_takes_token_ids_only():
@@ -73,8 +88,8 @@ def test_repeated_prompt_reports_cached_tokens_in_usage_and_metrics():
             time.sleep(0.05)
     assert first["prompt_tokens_details"] == {"cached_tokens": 0}
     assert second["prompt_tokens_details"] == {"cached_tokens": 32}
-    assert metrics["hifc_prefix_cache_queries_total"] == 80
-    assert metrics["hifc_prefix_cache_hits_total"] == 32
+    assert metrics["vllm:prefix_cache_queries_total{model_name=m}"] == 80
+    assert metrics["vllm:prefix_cache_hits_total{model_name=m}"] == 32
     assert idle and metrics["hifc_gpu_kv_blocks_cached"] == 2  # free, still cached
 
 

@@ -82,16 +82,17 @@ def test_fifty_streams_with_disconnects_leave_nothing_allocated(server):
     assert all(not r["done"] for r in left)
 
     after = wait_until_idle(server)
-    assert after["hifc_num_requests_running"] == 0
-    assert after["hifc_num_requests_waiting"] == 0
+    labels = f"{{model_name={MODEL_NAME}}}"
+    assert after[f"vllm:num_requests_running{labels}"] == 0
+    assert after[f"vllm:num_requests_waiting{labels}"] == 0
     assert after["hifc_num_requests_swapped"] == 0
     assert after["hifc_gpu_kv_blocks_free"] == after["hifc_gpu_kv_blocks_total"]
     assert after["hifc_tier_blocks_used"] == 0
     # the load overflowed the KV pool: sequences were preempted and swapped to the DRAM tier
-    assert after["hifc_preemptions_total"] > before["hifc_preemptions_total"]
+    preemptions = f"vllm:num_preemptions_total{labels}"
+    assert after[preemptions] > before[preemptions]
     assert after["hifc_swap_out_blocks_total"] > before["hifc_swap_out_blocks_total"]
-    done_before = before.get("hifc_request_success_total{finished_reason=length,"
-                             f"model_name={MODEL_NAME}}}", 0)
-    done_after = after[f"hifc_request_success_total{{finished_reason=length,model_name={MODEL_NAME}}}"]
+    done = f"vllm:request_success_total{{finished_reason=length,model_name={MODEL_NAME}}}"
+    done_before, done_after = before.get(done, 0), after[done]
     assert done_after - done_before == len(finished)
     assert httpx.get(f"{server.base_url}/health").status_code == 200

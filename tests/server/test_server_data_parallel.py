@@ -52,6 +52,6 @@ def test_two_replicas_serve_what_one_engine_gives(tiny_model_dir, tmp_path):
     assert all(not p.is_alive() and p.exitcode == 0 for p in engine._processes)
     per_replica = [values[f'hifc_replica_generation_tokens_total{{replica={i}}}'] for i in (0, 1)]
     assert all(n > 0 for n in per_replica)
-    assert values["hifc_generation_tokens_total"] == sum(per_replica)
+    assert values['vllm:generation_tokens_total{model_name=m}'] == sum(per_replica)
     written = [v for k, v in values.items() if k.startswith("hifc_flash_device_swap_out_bytes")]
     assert len(written) == 1 and written[0] > 0

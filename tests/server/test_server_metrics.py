@@ -6,16 +6,22 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.server.helpers import MODEL_NAME, NUM_GPU_BLOCKS, metric_values, wait_until_idle
 
-ENGINE_GAUGES = ("hifc_num_requests_running", "hifc_num_requests_waiting",
-                 "hifc_num_requests_swapped", "hifc_gpu_kv_blocks_free",
-                 "hifc_gpu_kv_blocks_total", "hifc_gpu_kv_cache_usage_ratio",
-                 "hifc_tier_blocks_used", "hifc_tier_blocks_total", "hifc_tier_usage_ratio")
-ENGINE_COUNTERS = ("hifc_prompt_tokens", "hifc_generation_tokens", "hifc_preemptions",
-                   "hifc_swap_out_blocks", "hifc_swap_in_blocks", "hifc_tier_bytes_written",
-                   "hifc_tier_bytes_read", "hifc_recomputed_sequences", "hifc_swap_stall_seconds",
-                   "hifc_swap_out_stall_seconds")
-HISTOGRAMS = ("hifc_time_to_first_token_seconds", "hifc_time_per_output_token_seconds",
-              "hifc_e2e_request_latency_seconds")
+# what means the same as in vLLM has vLLM's name and model_name label; the rest is hifc's
+VLLM_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting",
+               "vllm:kv_cache_usage_perc")
+HIFC_GAUGES = ("hifc_num_requests_swapped", "hifc_gpu_kv_blocks_free",
+               "hifc_gpu_kv_blocks_total", "hifc_tier_blocks_used", "hifc_tier_blocks_total",
+               "hifc_tier_usage_ratio")
+VLLM_COUNTERS = ("vllm:prompt_tokens", "vllm:generation_tokens", "vllm:num_preemptions",
+                 "vllm:request_success")
+HIFC_COUNTERS = ("hifc_swap_out_blocks", "hifc_swap_in_blocks", "hifc_tier_bytes_written",
+                 "hifc_tier_bytes_read", "hifc_recomputed_sequences", "hifc_swap_stall_seconds",
+                 "hifc_swap_out_stall_seconds")
+HISTOGRAMS = ("vllm:time_to_first_token_seconds", "vllm:time_per_output_token_seconds",
+              "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
+              "vllm:request_prompt_tokens", "vllm:request_generation_tokens",
+              "vllm:request_params_n")
+LABELS = f"{{model_name={MODEL_NAME}}}"
 
 
 def _scrape(server) -> str:
@@ -27,13 +33,13 @@ def _scrape(server) -> str:
 
 def test_metrics_parse_and_name_the_engine_state(server):
     families = {f.name: f for f in text_string_to_metric_families(_scrape(server))}
-    for name in ENGINE_GAUGES:
-        assert families[name].type == "gauge", name
-    for name in ENGINE_COUNTERS:
-        assert families[name].type == "counter", name
-    for name in HISTOGRAMS:
-        assert families[name].type == "histogram", name
+    for names, kind in ((VLLM_GAUGES + HIFC_GAUGES, "gauge"),
+                        (VLLM_COUNTERS + HIFC_COUNTERS, "counter"), (HISTOGRAMS, "histogram")):
+        for name in names:
+            assert families[name].type == kind, name
     values = metric_values(_scrape(server))
+    for name in VLLM_GAUGES:
+        assert f"{name}{LABELS}" in values, name
     assert values["hifc_gpu_kv_blocks_total"] == NUM_GPU_BLOCKS
     assert values["hifc_tier_blocks_total"] > 0  # the DRAM tier of the test server
 
@@ -46,13 +52,12 @@ def test_counters_move_as_requests_complete(server):
             "model": MODEL_NAME, "prompt": f"Count me {i}", "max_tokens": max_tokens,
             "ignore_eos": True}).json()["usage"] for i in range(n)]
     after = wait_until_idle(server)
-    assert (after["hifc_prompt_tokens_total"] - before["hifc_prompt_tokens_total"]
-            == sum(u["prompt_tokens"] for u in usage))
-    assert (after["hifc_generation_tokens_total"] - before["hifc_generation_tokens_total"]
-            == n * max_tokens)
-    key = f"hifc_request_success_total{{finished_reason=length,model_name={MODEL_NAME}}}"
+    prompt, generated = f"vllm:prompt_tokens_total{LABELS}", f"vllm:generation_tokens_total{LABELS}"
+    assert after[prompt] - before[prompt] == sum(u["prompt_tokens"] for u in usage)
+    assert after[generated] - before[generated] == n * max_tokens
+    key = f"vllm:request_success_total{{finished_reason=length,model_name={MODEL_NAME}}}"
     assert after[key] - before.get(key, 0) == n
     for name in HISTOGRAMS:
-        count = f"{name}_count{{model_name={MODEL_NAME}}}"
+        count = f"{name}_count{LABELS}"
         assert after[count] - before.get(count, 0) == n, name
-    assert after["hifc_gpu_kv_cache_usage_ratio"] == 0
+    assert after[f"vllm:kv_cache_usage_perc{LABELS}"] == 0

@@ -135,8 +135,8 @@ def test_client_errors_are_typed(client):
         client.completions.create(model="no-such-model", prompt="x", max_tokens=2)
     with pytest.raises(openai.BadRequestError, match="maximum context length is 256"):
         client.completions.create(model=MODEL_NAME, prompt="Hello", max_tokens=1000)
-    with pytest.raises(openai.BadRequestError, match="n must be 1"):
-        client.chat.completions.create(model=MODEL_NAME, n=2, max_tokens=2,
+    with pytest.raises(openai.BadRequestError, match="n: Input should be greater than"):
+        client.chat.completions.create(model=MODEL_NAME, n=0, max_tokens=2,
                                        messages=[{"role": "user", "content": "x"}])
     bad = openai.OpenAI(base_url=client.base_url, api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import hmac
 import json
+import logging
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -16,8 +17,11 @@ from hifc.entrypoints.server.cli import DEFAULT_MAX_REQUEST_BYTES
 from hifc.entrypoints.server.errors import (APIError, error_body, install_error_handlers,
                                            validation_error)
 from hifc.entrypoints.server.metrics import ServerMetrics
-from hifc.entrypoints.server.protocol import ChatCompletionRequest, CompletionRequest
+from hifc.entrypoints.server.protocol import (ChatCompletionRequest, CompletionRequest,
+                                              DetokenizeRequest, TokenizeRequest, known_fields)
 from hifc.entrypoints.server.serving import create_chat_completion, create_completion
+
+logger = logging.getLogger(__name__)
 
 _Body = TypeVar("_Body", bound=BaseModel)
 
@@ -27,6 +31,7 @@ class ServerSettings:
     served_model_names: tuple[str, ...]
     api_key: str | None = None
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    chat_template: str | None = None  # replaces the model's chat template
 
 
 def build_app(engine: AsyncEngine, metrics: ServerMetrics, settings: ServerSettings) -> FastAPI:
@@ -56,12 +61,19 @@ def build_app(engine: AsyncEngine, metrics: ServerMetrics, settings: ServerSetti
         from prometheus_client import CONTENT_TYPE_LATEST
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    app.include_router(_v1_router(engine, settings))
+    @app.get("/version")
+    async def version() -> dict:
+        from hifc import __version__
+        return {"version": __version__}
+
+    check_api_key = _api_key_check(settings.api_key)
+    app.include_router(_v1_router(engine, settings, check_api_key))
+    app.include_router(_tokenizer_router(engine, settings, check_api_key))
     return app
 
 
-def _v1_router(engine: AsyncEngine, settings: ServerSettings) -> APIRouter:
-    expected_key = settings.api_key.encode() if settings.api_key else None
+def _api_key_check(api_key: str | None):
+    expected_key = api_key.encode() if api_key else None
 
     async def check_api_key(request: Request) -> None:
         if expected_key is None:
@@ -73,6 +85,10 @@ def _v1_router(engine: AsyncEngine, settings: ServerSettings) -> APIRouter:
             raise APIError(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
                            code="invalid_api_key")
 
+    return check_api_key
+
+
+def _v1_router(engine: AsyncEngine, settings: ServerSettings, check_api_key) -> APIRouter:
     router = APIRouter(prefix="/v1", dependencies=[Depends(check_api_key)])
 
     def model_card(name: str) -> dict:
@@ -105,7 +121,58 @@ def _v1_router(engine: AsyncEngine, settings: ServerSettings) -> APIRouter:
     async def chat_completions(request: Request):
         body = await _parse_body(request, ChatCompletionRequest, settings.max_request_bytes)
         check_model(body.model)
-        return await create_chat_completion(engine, body, request)
+        return await create_chat_completion(engine, body, request, settings.chat_template)
+
+    return router
+
+
+def _tokenizer_router(engine: AsyncEngine, settings: ServerSettings,
+                      check_api_key) -> APIRouter:
+    """vLLM's /tokenize and /detokenize."""
+    router = APIRouter(dependencies=[Depends(check_api_key)])
+
+    def tokenizer_or_400():
+        if engine.tokenizer is None:
+            raise APIError(400, f"model {engine.model_name!r} has no tokenizer")
+        return engine.tokenizer
+
+    def check_model(name: str | None) -> None:
+        if name is not None and name not in settings.served_model_names:
+            raise APIError(404, f"the model {name!r} does not exist", param="model",
+                           code="model_not_found")
+
+    @router.post("/tokenize")
+    async def tokenize(request: Request) -> dict:
+        body = await _parse_body(request, TokenizeRequest, settings.max_request_bytes)
+        check_model(body.model)
+        body.check()
+        tokenizer = tokenizer_or_400()
+        text, special = body.prompt, body.add_special_tokens
+        if body.messages is not None:
+            try:
+                text = tokenizer.apply_chat_template(
+                    [{"role": m.role, "content": m.content or ""} for m in body.messages],
+                    add_generation_prompt=body.add_generation_prompt,
+                    continue_final_message=body.continue_final_message,
+                    chat_template=body.chat_template or settings.chat_template)
+            except ValueError as exc:
+                raise APIError(400, str(exc), param="messages") from None
+        special = (body.messages is None) if special is None else special
+        ids = await engine.call(lambda: tokenizer.encode(text, add_special_tokens=special))
+        return {"count": len(ids), "max_model_len": engine.max_model_len, "tokens": ids,
+                "token_strs": [engine.token_text(t) for t in ids]
+                if body.return_token_strs else None}
+
+    @router.post("/detokenize")
+    async def detokenize(request: Request) -> dict:
+        body = await _parse_body(request, DetokenizeRequest, settings.max_request_bytes)
+        check_model(body.model)
+        tokenizer = tokenizer_or_400()
+        bad = [t for t in body.tokens if not 0 <= t < engine.vocab_size]
+        if bad:
+            raise APIError(400, f"token id {bad[0]} is outside the vocabulary "
+                                f"(0..{engine.vocab_size - 1})", param="tokens")
+        return {"prompt": tokenizer.decode(body.tokens, skip_special_tokens=False)}
 
     return router
 
@@ -131,6 +198,11 @@ async def _parse_body(request: Request, model: type[_Body], limit: int) -> _Body
     if not isinstance(data, dict):
         raise APIError(400, f"request body must be a JSON object, got {type(data).__name__}")
     try:
-        return model.model_validate_json(raw)
+        body = model.model_validate_json(raw)
     except ValidationError as exc:
         raise validation_error(exc.errors()) from None
+    ignored = sorted(set(data) - known_fields(model))
+    if ignored:  # as vLLM: unknown fields are ignored, and said so in the log
+        logger.warning("the following fields were present in the request but ignored: %s",
+                       ignored)
+    return body

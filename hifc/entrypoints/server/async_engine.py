@@ -10,13 +10,12 @@ unfinished it sleeps on the command queue. Everything that touches the engine or
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Callable, Protocol
 
 from hifc.engine.llm_engine import LLMEngine
 from hifc.parallel.data_parallel import DataParallelEngine
@@ -31,20 +30,18 @@ class EngineDeadError(RuntimeError):
 
 
 class RequestObserver(Protocol):
-    """Told about request timings by the engine thread (the server's metrics)."""
+    """Told about requests by the engine thread (the server's metrics)."""
 
-    def on_first_token(self, ttft_s: float) -> None: ...
+    def on_first_token(self, output: RequestOutput) -> None: ...
 
-    def on_finished(self, finish_reason: str | None, e2e_s: float,
-                    time_per_output_token_s: float | None) -> None: ...
+    def on_finished(self, output: RequestOutput) -> None: ...
 
 
 @dataclass(frozen=True)
 class GenerateRequest:
     request_id: str
     prompt: str | list[int]
-    params: SamplingParams
-    fill_context: bool = False  # max_tokens = what max_model_len leaves after the prompt
+    params: SamplingParams  # max_tokens None: what max_model_len leaves after the prompt
 
 
 @dataclass
@@ -52,14 +49,15 @@ class _Stream:
     request_id: str
     queue: asyncio.Queue
     loop: asyncio.AbstractEventLoop
-    arrival: float
-    first_token_at: float | None = None
+    arrival_time: float  # time.time()
+    first_token_seen: bool = False
 
 
 @dataclass(frozen=True)
 class _Add:
-    request: GenerateRequest
-    stream: _Stream
+    """Requests submitted together: all are queued, or none (the first error answers all)."""
+    requests: list[GenerateRequest]
+    streams: list[_Stream]
 
 
 @dataclass(frozen=True)
@@ -67,8 +65,20 @@ class _Abort:
     request_id: str
 
 
+@dataclass(frozen=True)
+class _Call:
+    """Run ``fn`` in the engine thread (tokenizer work) and answer on ``stream``."""
+    fn: Callable[[], Any]
+    stream: _Stream
+
+
 _STOP = object()
 _ACCEPTED = object()
+
+
+@dataclass(frozen=True)
+class _Failure:
+    error: Exception
 
 
 class RequestStream:
@@ -133,26 +143,47 @@ class AsyncEngine:
     def is_healthy(self) -> bool:
         return self._thread.is_alive() and self._error is None
 
+    def token_text(self, token_id: int) -> str:
+        """A token's text for log-probabilities (``token_id:N`` for a model without a
+        tokenizer); cached decodes, safe from the event loop."""
+        text = self.engine.token_text(token_id)
+        return f"token_id:{token_id}" if text is None else text
+
     def stats(self) -> dict:
         """The engine's stats as of its last step (or last idle moment)."""
         return self._stats
 
-    async def submit(self, request: GenerateRequest) -> RequestStream:
-        """Queue a request; ValueError (bad prompt or parameters) before any output."""
+    async def submit(self, requests: list[GenerateRequest]) -> list[RequestStream]:
+        """Queue requests, all or none; ValueError (bad prompt or parameters) before any
+        output."""
         if not self.is_healthy:
             raise EngineDeadError("the engine is not running")
         loop = asyncio.get_running_loop()
-        stream = _Stream(request.request_id, asyncio.Queue(), loop, time.monotonic())
-        self._commands.put(_Add(request, stream))
+        now = time.time()
+        streams = [_Stream(r.request_id, asyncio.Queue(), loop, now) for r in requests]
+        self._commands.put(_Add(list(requests), streams))
         try:
-            first = await self._accepted(stream)
-        except asyncio.CancelledError:  # the caller went away while the request was queued
-            self.abort(request.request_id)
+            first = await self._accepted(streams[0])
+        except asyncio.CancelledError:  # the caller went away while the requests were queued
+            for r in requests:
+                self.abort(r.request_id)
             raise
         if isinstance(first, BaseException):
             raise first
         assert first is _ACCEPTED
-        return RequestStream(self, request.request_id, stream.queue)
+        return [RequestStream(self, r.request_id, s.queue) for r, s in zip(requests, streams)]
+
+    async def call(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` run in the engine thread (which owns the tokenizer's encoder); its
+        exception is raised here."""
+        if not self.is_healthy:
+            raise EngineDeadError("the engine is not running")
+        stream = _Stream("", asyncio.Queue(), asyncio.get_running_loop(), time.time())
+        self._commands.put(_Call(fn, stream))
+        result = await self._accepted(stream)
+        if isinstance(result, _Failure):
+            raise result.error
+        return result
 
     async def _accepted(self, stream: _Stream) -> object:
         while True:  # the engine answers within a step; poll in case its thread just stopped
@@ -200,6 +231,8 @@ class AsyncEngine:
                 return False
             if isinstance(command, _Add):
                 self._add(command)
+            elif isinstance(command, _Call):
+                self._call(command)
             else:
                 self.engine.abort_request(command.request_id)
                 self._streams.pop(command.request_id, None)
@@ -209,52 +242,63 @@ class AsyncEngine:
                 return True
 
     def _add(self, command: _Add) -> None:
-        request, stream = command.request, command.stream
+        engine = self.engine
         try:
-            prompt_ids = self.engine.tokenize_prompt(request.prompt)
-            params = request.params
-            if request.fill_context:
-                params = dataclasses.replace(params,
-                                             max_tokens=self.max_model_len - len(prompt_ids))
-            elif len(prompt_ids) + params.max_tokens > self.max_model_len:
-                raise ValueError(
-                    f"this model's maximum context length is {self.max_model_len} tokens, but "
-                    f"{len(prompt_ids) + params.max_tokens} were requested "
-                    f"({len(prompt_ids)} in the prompt, {params.max_tokens} to generate); "
-                    "reduce the prompt or max_tokens")
-            self.engine.add_request(request.request_id, request.prompt, params,
-                                    prompt_ids=prompt_ids)
+            checked = []
+            for request in command.requests:  # validate all before queueing any
+                engine.check_sampling_params(request.params)
+                prompt_ids = engine.tokenize_prompt(request.prompt)
+                self._check_context(prompt_ids, request.params)
+                checked.append(prompt_ids)
+            for request, stream, prompt_ids in zip(command.requests, command.streams, checked):
+                engine.add_request(request.request_id, request.prompt, request.params,
+                                   prompt_ids=prompt_ids, arrival_time=stream.arrival_time)
+                self._streams[request.request_id] = stream
         except Exception as exc:  # ValueError: bad input (400); anything else: 500
-            self._deliver([(stream, exc)])
+            for request in command.requests:
+                self._streams.pop(request.request_id, None)
+            engine.abort_request([r.request_id for r in command.requests])
+            self._deliver([(command.streams[0], exc)])
             return
-        self._streams[request.request_id] = stream
-        self._deliver([(stream, _ACCEPTED)])
+        self._deliver([(command.streams[0], _ACCEPTED)])
+
+    def _call(self, command: _Call) -> None:
+        try:
+            result = command.fn()
+        except Exception as exc:
+            result = _Failure(exc)
+        self._deliver([(command.stream, result)])
+
+    def _check_context(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        if params.max_tokens is not None and \
+                len(prompt_ids) + params.max_tokens > self.max_model_len:
+            raise ValueError(
+                f"this model's maximum context length is {self.max_model_len} tokens, but "
+                f"{len(prompt_ids) + params.max_tokens} were requested "
+                f"({len(prompt_ids)} in the prompt, {params.max_tokens} to generate); "
+                "reduce the prompt or max_tokens")
 
     def _step(self) -> None:
         outputs = self.engine.step()
-        now = time.monotonic()
         deliveries = []
         for out in outputs:
             stream = self._streams.get(out.request_id)
             if stream is None:
                 continue
-            self._observe(stream, out, now)
+            self._observe(stream, out)
             if out.finished:
                 del self._streams[out.request_id]
             deliveries.append((stream, out))
         self._deliver(deliveries)
 
-    def _observe(self, stream: _Stream, out: RequestOutput, now: float) -> None:
+    def _observe(self, stream: _Stream, out: RequestOutput) -> None:
         if self._observer is None:
             return
-        if stream.first_token_at is None and out.token_ids:
-            stream.first_token_at = now
-            self._observer.on_first_token(now - stream.arrival)
+        if not stream.first_token_seen and out.metrics.first_token_time is not None:
+            stream.first_token_seen = True
+            self._observer.on_first_token(out)
         if out.finished:
-            n = len(out.token_ids)
-            tpot = ((now - stream.first_token_at) / (n - 1)
-                    if n > 1 and stream.first_token_at is not None else None)
-            self._observer.on_finished(out.finish_reason, now - stream.arrival, tpot)
+            self._observer.on_finished(out)
 
     @staticmethod
     def _deliver(items: list[tuple[_Stream, object]]) -> None:
@@ -284,8 +328,11 @@ class AsyncEngine:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 return
+            dead = EngineDeadError("the engine is not running")
             if isinstance(command, _Add):
-                self._deliver([(command.stream, EngineDeadError("the engine is not running"))])
+                self._deliver([(command.streams[0], dead)])
+            elif isinstance(command, _Call):
+                self._deliver([(command.stream, _Failure(dead))])
 
 
 def _put_all(batch: list[tuple[asyncio.Queue, object]]) -> None:

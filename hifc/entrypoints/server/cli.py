@@ -35,11 +35,26 @@ def register(subparsers) -> None:
                         "directory name)")
     s.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
                    help="larger request bodies get 413")
+    s.add_argument("--chat-template",
+                   help="a Jinja chat template (a file, or the template itself) replacing the "
+                   "model's")
     s.add_argument("--log-level", default="info",
                    choices=("critical", "error", "warning", "info", "debug"))
     s.add_argument("--access-log", action="store_true", help="log every HTTP request")
     add_engine_args(p)
     p.set_defaults(func=run)
+
+
+def read_chat_template(value: str | None) -> str | None:
+    """--chat-template: the file's text, or the value itself if it is a template."""
+    if value is None:
+        return None
+    if os.path.isfile(value):
+        with open(value, encoding="utf-8") as f:
+            return f.read()
+    if "{{" in value or "{%" in value:
+        return value
+    raise ValueError(f"--chat-template: {value!r} is neither a file nor a Jinja template")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -61,11 +76,12 @@ def run(args: argparse.Namespace) -> int:
     warning = check_exposure(args.host, api_key, args.allow_unauthenticated)
     if warning:
         logger.warning(warning)
+    chat_template = read_chat_template(args.chat_template)
     config = engine_config_from_args(args)
     engine = build_engine(config)
     # By default clients see the alias or the file / directory name, never the full path.
     names = tuple(args.served_model_name or (engine.model_name,))
-    settings = ServerSettings(names, api_key, args.max_request_bytes)
+    settings = ServerSettings(names, api_key, args.max_request_bytes, chat_template)
     metrics = ServerMetrics(names[0])
     async_engine = AsyncEngine(engine, observer=metrics)
     metrics.export_engine_stats(async_engine.stats)

@@ -1,4 +1,8 @@
-"""Completions and chat completions: request -> engine stream -> OpenAI response or SSE."""
+"""Completions and chat completions: request -> engine streams -> OpenAI response or SSE.
+
+A completions request may hold several prompts; each is one engine request of ``n``
+completions, and choice ``i * n + j`` is prompt i's completion j (OpenAI's order).
+"""
 from __future__ import annotations
 
 import asyncio
@@ -11,41 +15,137 @@ from typing import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
-from hifc.engine.outputs import RequestOutput
+from hifc.engine.outputs import CompletionOutput, RequestOutput
+from hifc.entrypoints.server import responses
 from hifc.entrypoints.server.async_engine import (AsyncEngine, EngineDeadError, GenerateRequest,
                                                   RequestStream)
 from hifc.entrypoints.server.errors import APIError, error_body
-from hifc.entrypoints.server.protocol import (ChatCompletionRequest, CompletionRequest,
-                                              DEFAULT_COMPLETION_MAX_TOKENS)
+from hifc.entrypoints.server.protocol import ChatCompletionRequest, CompletionRequest
 from hifc.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)
 class _Call:
-    """What shapes one response: the endpoint's object names and ids."""
+    """What shapes one response: the endpoint, its ids, and what the choices carry."""
     chat: bool
     response_id: str
     model: str
     created: int
     include_usage: bool
     holdback: int  # characters kept back while streaming: a stop string may still cut them
+    n: int
+    logprobs: int | None  # top log-probabilities per token in the response (None: none)
+    echo: bool = False  # completions: the prompt precedes each choice's text
 
 
-def _usage(out: RequestOutput) -> dict:
-    prompt, completion = len(out.prompt_token_ids), len(out.token_ids)
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": out.num_cached_tokens or 0}}
+async def create_completion(engine: AsyncEngine, body: CompletionRequest, request: Request):
+    body.check_supported()
+    echo_logprobs = body.logprobs if body.echo else None
+    params = _sampling_params(body, body.max_tokens, body.logprobs, echo_logprobs)
+    call = _new_call(body, params, chat=False, logprobs=body.logprobs, echo=bool(body.echo))
+    streams = await _submit(engine, [GenerateRequest(f"{call.response_id}-{i}", prompt, params)
+                                     for i, prompt in enumerate(body.prompts)])
+    return await _respond(engine, streams, call, bool(body.stream), request)
 
 
-def _choice(call: _Call, text: str | None, finish_reason: str | None, delta: bool) -> dict:
-    if not call.chat:
-        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
-    key = "delta" if delta else "message"
-    message = {} if text is None else {"content": text}
-    if not delta:
-        message["role"] = "assistant"
-    return {"index": 0, key: message, "logprobs": None, "finish_reason": finish_reason}
+async def create_chat_completion(engine: AsyncEngine, body: ChatCompletionRequest,
+                                 request: Request, chat_template: str | None = None):
+    """``chat_template``: the server's template (``--chat-template``), replacing the
+    model's unless the request brings its own."""
+    body.check_supported()
+    tokenizer = engine.tokenizer
+    if tokenizer is None:
+        raise APIError(400, f"model {body.model!r} has no tokenizer or chat template: use "
+                            "/v1/completions with token ids", param="messages")
+    try:
+        prompt = tokenizer.apply_chat_template(
+            body.conversation(), add_generation_prompt=body.add_generation_prompt,
+            continue_final_message=body.continue_final_message,
+            chat_template=body.chat_template or chat_template,
+            chat_template_kwargs=body.chat_template_kwargs)
+    except ValueError as exc:
+        raise APIError(400, str(exc), param="messages") from None
+    params = _sampling_params(body, body.requested_max_tokens, body.num_logprobs)
+    call = _new_call(body, params, chat=True, logprobs=body.num_logprobs)
+    streams = await _submit(engine, [GenerateRequest(call.response_id, prompt, params)])
+    return await _respond(engine, streams, call, bool(body.stream), request)
+
+
+def _sampling_params(body, max_tokens: int | None, logprobs: int | None,
+                     prompt_logprobs: int | None = None) -> SamplingParams:
+    try:
+        return body.sampling_params(max_tokens, logprobs, prompt_logprobs)
+    except ValueError as exc:
+        raise APIError(400, str(exc)) from None
+
+
+def _new_call(body, params: SamplingParams, chat: bool, logprobs: int | None,
+              echo: bool = False) -> _Call:
+    prefix = "chatcmpl" if chat else "cmpl"
+    holdback = 0 if params.include_stop_str_in_output else max(map(len, params.stop),
+                                                                default=1) - 1
+    return _Call(chat, f"{prefix}-{uuid.uuid4().hex}", body.model, int(time.time()),
+                 body.include_usage, holdback, params.n, logprobs, echo)
+
+
+async def _submit(engine: AsyncEngine, requests: list[GenerateRequest]) -> list[RequestStream]:
+    try:
+        return await engine.submit(requests)
+    except ValueError as exc:  # bad prompt or parameters: empty, too long, bad schema, ...
+        raise APIError(400, str(exc), param="prompt" if "prompt" in str(exc) else None) from None
+    except EngineDeadError as exc:
+        raise APIError(503, str(exc)) from None
+
+
+# ---- whole responses ----------------------------------------------------------------------
+async def _respond(engine: AsyncEngine, streams: list[RequestStream], call: _Call,
+                   streaming: bool, request: Request):
+    if streaming:
+        return _AbortingStreamingResponse(streams, _sse(engine, streams, call))
+    finals = await _collect_unless_disconnected(streams, request)
+    if finals is None:  # the client left; its requests were aborted
+        return JSONResponse(error_body(499, "client disconnected"), status_code=499)
+    choices = [_final_choice(engine, call, out, completion, i * call.n + completion.index)
+               for i, out in enumerate(finals) for completion in out.outputs]
+    body = {**_envelope(call, choices, chunk=False), "usage": _usage(finals)}
+    if call.chat and finals[0].prompt_logprobs is not None:  # vLLM's extra, when asked for
+        body["prompt_logprobs"] = responses.prompt_logprobs(finals[0].prompt_logprobs)
+    return JSONResponse(body)
+
+
+def _final_choice(engine: AsyncEngine, call: _Call, out: RequestOutput,
+                  completion: CompletionOutput, index: int) -> dict:
+    if call.chat:
+        logprobs = (None if call.logprobs is None else responses.chat_logprobs(
+            completion.token_ids, completion.logprobs, engine.token_text, call.logprobs))
+        return responses.chat_choice(index, completion.text, logprobs, completion.finish_reason,
+                                     completion.stop_reason, delta=False)
+    token_ids, positions, text = completion.token_ids, completion.logprobs, completion.text
+    if call.echo:
+        text = _prompt_text(engine, out) + text
+        token_ids = out.prompt_token_ids + token_ids
+        positions = (None if positions is None else
+                     (out.prompt_logprobs or [None] * len(out.prompt_token_ids))
+                     + list(positions))
+    logprobs = (None if call.logprobs is None else
+                responses.completion_logprobs(token_ids, positions, engine.token_text))
+    return responses.completion_choice(index, text, logprobs, completion.finish_reason,
+                                       completion.stop_reason,
+                                       responses.prompt_logprobs(out.prompt_logprobs))
+
+
+def _prompt_text(engine: AsyncEngine, out: RequestOutput) -> str:
+    if out.prompt is not None:
+        return out.prompt
+    if engine.tokenizer is not None:
+        return engine.tokenizer.decode(out.prompt_token_ids, skip_special_tokens=False)
+    return "".join(map(engine.token_text, out.prompt_token_ids))
+
+
+def _usage(finals: list[RequestOutput]) -> dict:
+    return responses.usage(sum(len(o.prompt_token_ids) for o in finals),
+                           sum(len(c.token_ids) for o in finals for c in o.outputs),
+                           sum(o.num_cached_tokens or 0 for o in finals))
 
 
 def _envelope(call: _Call, choices: list[dict], chunk: bool) -> dict:
@@ -55,97 +155,23 @@ def _envelope(call: _Call, choices: list[dict], chunk: bool) -> dict:
             "choices": choices}
 
 
-async def create_completion(engine: AsyncEngine, body: CompletionRequest, request: Request):
-    body.check_supported()
-    max_tokens = (DEFAULT_COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens)
-    params = _sampling_params(body, max_tokens)
-    call = _new_call(body, params, chat=False)
-    stream = await _submit(engine, GenerateRequest(call.response_id, body.prompt, params))
-    return await _respond(stream, call, bool(body.stream), request)
-
-
-async def create_chat_completion(engine: AsyncEngine, body: ChatCompletionRequest,
-                                 request: Request):
-    body.check_supported()
-    tokenizer = engine.tokenizer
-    if tokenizer is None:
-        raise APIError(400, f"model {body.model!r} has no tokenizer or chat template: use "
-                            "/v1/completions with token ids", param="messages")
-    try:
-        prompt = tokenizer.apply_chat_template(body.conversation(),
-                                               add_generation_prompt=body.add_generation_prompt)
-    except ValueError as exc:
-        raise APIError(400, str(exc), param="messages") from None
-    max_tokens = body.requested_max_tokens
-    params = _sampling_params(body, 1 if max_tokens is None else max_tokens)
-    call = _new_call(body, params, chat=True)
-    stream = await _submit(engine, GenerateRequest(call.response_id, prompt, params,
-                                                   fill_context=max_tokens is None))
-    return await _respond(stream, call, bool(body.stream), request)
-
-
-def _sampling_params(body, max_tokens: int):
-    try:
-        return body.sampling_params(max_tokens)
-    except ValueError as exc:
-        raise APIError(400, str(exc)) from None
-
-
-def _new_call(body, params: SamplingParams, chat: bool) -> _Call:
-    prefix = "chatcmpl" if chat else "cmpl"
-    return _Call(chat, f"{prefix}-{uuid.uuid4().hex}", body.model, int(time.time()),
-                 body.include_usage, max(map(len, params.stop), default=1) - 1)
-
-
-async def _submit(engine: AsyncEngine, request: GenerateRequest) -> RequestStream:
-    try:
-        return await engine.submit(request)
-    except ValueError as exc:  # bad prompt: empty, too long, token ids out of vocab, ...
-        raise APIError(400, str(exc), param="prompt" if "prompt" in str(exc) else None) from None
-    except EngineDeadError as exc:
-        raise APIError(503, str(exc)) from None
-
-
-async def _respond(stream: RequestStream, call: _Call, streaming: bool, request: Request):
-    if streaming:
-        return _AbortingStreamingResponse(stream, _sse(stream, call))
-    final = await _collect_unless_disconnected(stream, request)
-    if final is None:  # the client left; its request was aborted
-        return JSONResponse(error_body(499, "client disconnected"), status_code=499)
-    choice = _choice(call, final.text, final.finish_reason, delta=False)
-    return JSONResponse({**_envelope(call, [choice], chunk=False), "usage": _usage(final)})
-
-
-class _AbortingStreamingResponse(StreamingResponse):
-    """Server-sent events that abort the request however the response ends (finished, client
-    gone before or during the stream, server shutting down)."""
-
-    def __init__(self, stream: RequestStream, events: AsyncIterator[str]):
-        super().__init__(events, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache"})
-        self._stream = stream
-
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._stream.abort()
-
-
-async def _collect_unless_disconnected(stream: RequestStream,
-                                       request: Request) -> RequestOutput | None:
-    """The final output, or None (request aborted) if the client disconnects first."""
-    async def last_output() -> RequestOutput:
-        final = None
-        async for out in stream:
-            final = out
-        return final
+async def _collect_unless_disconnected(streams: list[RequestStream],
+                                       request: Request) -> list[RequestOutput] | None:
+    """The final outputs, or None (requests aborted) if the client disconnects first."""
+    async def last_outputs() -> list[RequestOutput]:
+        finals = []
+        for stream in streams:
+            final = None
+            async for out in stream:
+                final = out
+            finals.append(final)
+        return finals
 
     async def disconnected() -> None:
         while (await request.receive())["type"] != "http.disconnect":
             pass
 
-    consume = asyncio.ensure_future(last_output())
+    consume = asyncio.ensure_future(last_outputs())
     watch = asyncio.ensure_future(disconnected())
     try:
         await asyncio.wait({consume, watch}, return_when=asyncio.FIRST_COMPLETED)
@@ -158,39 +184,158 @@ async def _collect_unless_disconnected(stream: RequestStream,
     finally:
         for task in (consume, watch):
             task.cancel()
-        stream.abort()
+        for stream in streams:
+            stream.abort()
 
 
-async def _sse(stream: RequestStream, call: _Call) -> AsyncIterator[str]:
-    """Server-sent events (wrapped in :class:`_AbortingStreamingResponse`, which aborts the
-    request however the stream ends)."""
-    def event(payload: dict) -> str:
-        return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+# ---- server-sent events -------------------------------------------------------------------
+class _AbortingStreamingResponse(StreamingResponse):
+    """Server-sent events that abort the requests however the response ends (finished, client
+    gone before or during the stream, server shutting down)."""
 
-    def chunk(text: str | None, finish_reason: str | None) -> dict:
-        payload = _envelope(call, [_choice(call, text, finish_reason, delta=True)], chunk=True)
-        if call.include_usage:
-            payload["usage"] = None
-        return payload
+    def __init__(self, streams: list[RequestStream], events: AsyncIterator[str]):
+        super().__init__(events, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache"})
+        self._streams = streams
 
-    if call.chat:
-        first = chunk("", None)
-        first["choices"][0]["delta"]["role"] = "assistant"
-        yield event(first)
-    sent, final = 0, None
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            for stream in self._streams:
+                stream.abort()
+
+
+@dataclass
+class _Sent:
+    """How much of one choice has been streamed."""
+    chars: int = 0
+    tokens: int = 0
+    started: bool = False
+    finished: bool = False
+
+
+async def _merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """(stream index, output) from several streams as the outputs arrive."""
+    if len(streams) == 1:
+        async for out in streams[0]:
+            yield 0, out
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(index: int, stream: RequestStream) -> None:
+        try:
+            async for out in stream:
+                queue.put_nowait((index, out))
+        except Exception as exc:  # EngineDeadError: re-raised by the consumer
+            queue.put_nowait((index, exc))
+        queue.put_nowait((index, None))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
     try:
-        async for out in stream:
-            final = out
-            text = out.text
-            upto = len(text) if out.finished else max(sent, len(text) - call.holdback)
-            if upto > sent:
-                yield event(chunk(text[sent:upto], None))
-                sent = upto
+        remaining = len(streams)
+        while remaining:
+            index, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def _sse(engine: AsyncEngine, streams: list[RequestStream],
+               call: _Call) -> AsyncIterator[str]:
+    """Server-sent events (wrapped in :class:`_AbortingStreamingResponse`, which aborts the
+    requests however the stream ends)."""
+    sent: dict[int, _Sent] = {}
+    finals: dict[int, RequestOutput] = {}
+    try:
+        async for stream_index, out in _merged(streams):
+            finals[stream_index] = out
+            for completion in out.outputs:
+                index = stream_index * call.n + completion.index
+                for payload in _deltas(engine, call, out, completion, index,
+                                       sent.setdefault(index, _Sent())):
+                    yield _event(payload)
     except EngineDeadError as exc:
-        yield event(error_body(503, str(exc)))
+        yield _event(error_body(503, str(exc)))
         yield "data: [DONE]\n\n"
         return
-    yield event(chunk(None if call.chat else "", final.finish_reason))
     if call.include_usage:
-        yield event({**_envelope(call, [], chunk=True), "usage": _usage(final)})
+        ordered = [finals[i] for i in sorted(finals)]
+        yield _event({**_envelope(call, [], chunk=True), "usage": _usage(ordered)})
     yield "data: [DONE]\n\n"
+
+
+def _event(payload: dict) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+def _deltas(engine: AsyncEngine, call: _Call, out: RequestOutput, completion: CompletionOutput,
+            index: int, sent: _Sent) -> list[dict]:
+    """The chunks that bring one choice's stream up to date with ``completion``."""
+    if sent.finished:
+        return []
+    chunks = []
+    if not sent.started:
+        sent.started = True
+        first = _first_chunk(engine, call, out, index)
+        if first is not None:
+            chunks.append(first)
+    text, finished = completion.text, completion.finish_reason is not None
+    upto = len(text) if finished else max(sent.chars, len(text) - call.holdback)
+    new_positions = (completion.logprobs or [])[sent.tokens:] if call.logprobs is not None \
+        else []
+    if upto > sent.chars or new_positions:
+        new_ids = completion.token_ids[sent.tokens:]
+        chunks.append(_chunk(call, index, text[sent.chars:upto],
+                             _logprobs(engine, call, new_ids, new_positions, sent.chars)))
+        sent.chars = upto
+        sent.tokens = len(completion.token_ids)
+    if finished:
+        sent.finished = True
+        chunks.append(_chunk(call, index, None if call.chat else "", None,
+                             completion.finish_reason, completion.stop_reason))
+    return chunks
+
+
+def _first_chunk(engine: AsyncEngine, call: _Call, out: RequestOutput, index: int) -> dict | None:
+    """Chat: the role; completions with echo: the prompt (and its logprobs)."""
+    if call.chat:
+        return _chunk(call, index, "", None, role=True)
+    if not call.echo:
+        return None
+    logprobs = None
+    if call.logprobs is not None:
+        positions = out.prompt_logprobs or [None] * len(out.prompt_token_ids)
+        logprobs = responses.completion_logprobs(out.prompt_token_ids, positions,
+                                                 engine.token_text)
+    return _chunk(call, index, _prompt_text(engine, out), logprobs)
+
+
+def _logprobs(engine: AsyncEngine, call: _Call, token_ids: list[int], positions: list,
+              text_offset: int) -> dict | None:
+    if call.logprobs is None or not positions:
+        return None
+    if call.chat:
+        return responses.chat_logprobs(token_ids, positions, engine.token_text, call.logprobs)
+    return responses.completion_logprobs(token_ids, positions, engine.token_text, text_offset)
+
+
+def _chunk(call: _Call, index: int, text: str | None, logprobs: dict | None,
+           finish_reason: str | None = None, stop_reason: int | str | None = None,
+           role: bool = False) -> dict:
+    if call.chat:
+        choice = responses.chat_choice(index, text, logprobs, finish_reason, stop_reason,
+                                       delta=True, role=role)
+    else:
+        choice = responses.completion_choice(index, text or "", logprobs, finish_reason,
+                                             stop_reason)
+    payload = _envelope(call, [choice], chunk=True)
+    if call.include_usage:
+        payload["usage"] = None
+    return payload

@@ -1,0 +1,109 @@
+"""The engine's record of a request: its n completions (one sequence each) and what their
+outputs accumulate (text, log-probabilities, stop reasons, times)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hifc.core.outputs import PromptLogprobs, SamplerOutput
+from hifc.core.sequence import Sequence
+from hifc.engine.bad_words import BadWords
+from hifc.engine.detokenizer import IncrementalDetokenizer
+from hifc.engine.logprobs import LogprobsBuilder
+from hifc.engine.outputs import (CompletionOutput, FlatLogprobs, PositionLogprobs,
+                                 RequestMetrics, RequestOutput)
+from hifc.sampling_params import SamplingParams
+from hifc.structured.grammar import GrammarState
+
+
+@dataclass
+class CompletionState:
+    """One of a request's completions: its sequence and what its output accumulates."""
+
+    index: int
+    seq: Sequence
+    request: "RequestState"
+    detokenizer: IncrementalDetokenizer | None
+    grammar: GrammarState | None = None
+    bad_words: BadWords | None = None
+    logprobs: FlatLogprobs | None = None
+    cumulative_logprob: float | None = None
+
+    def start_logprobs(self, builder: LogprobsBuilder) -> None:
+        """Collect logprobs (the request asked for them)."""
+        params = self.seq.sampling_params
+        self.logprobs = FlatLogprobs(builder.token_text if params.detokenize else None)
+        self.cumulative_logprob = 0.0
+
+    def record(self, sampled: SamplerOutput, row: int) -> str | None:
+        """Take in the token this sequence just accepted (row ``row`` of the step): its
+        log-probabilities, grammar state and text. Returns the stop string the text hit, if
+        any."""
+        seq, params = self.seq, self.seq.sampling_params
+        values = sampled.logprobs
+        if self.logprobs is not None and values is not None:
+            k = params.logprobs
+            self.logprobs.append(values.token_ids[row], values.logprobs[row], values.ranks[row],
+                                 values.top_ids[row][:k], values.top_logprobs[row][:k])
+            self.cumulative_logprob += values.logprobs[row]
+        if self.grammar is not None:
+            self.grammar.advance(seq.output_token_ids)
+        if self.detokenizer is None:
+            return None
+        check_stop = len(seq.output_token_ids) >= params.min_tokens
+        return self.detokenizer.update(seq.output_token_ids, check_stop)
+
+    def output(self) -> CompletionOutput:
+        seq = self.seq
+        return CompletionOutput(
+            self.index, self.detokenizer.text if self.detokenizer else "",
+            list(seq.output_token_ids), self.cumulative_logprob,
+            None if self.logprobs is None else self.logprobs.view(), seq.finish_reason,
+            seq.stop_reason)
+
+
+@dataclass
+class RequestState:
+    """A request as the caller sees it: one prompt, ``n`` completions."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    metrics: RequestMetrics
+    completions: list[CompletionState] = field(default_factory=list)
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.params.prompt_logprobs is not None:
+            self.prompt_logprobs = [None]  # nothing predicts the first prompt token
+
+    @property
+    def finished(self) -> bool:
+        return all(c.seq.status.is_finished for c in self.completions)
+
+    def add_prompt_logprobs(self, part: PromptLogprobs, builder: LogprobsBuilder) -> None:
+        """Append the positions of ``part`` not yet recorded (a recomputed prefill repeats
+        them)."""
+        have = len(self.prompt_logprobs)
+        if part.start > have:
+            return  # positions before it were never computed: keep the list contiguous
+        rows = range(have - part.start, len(part.values.token_ids))
+        k = self.params.prompt_logprobs
+        self.prompt_logprobs.extend(builder.position(part.values, row, k, self.params.detokenize)
+                                    for row in rows)
+
+    def mark_token(self, now: float) -> None:
+        if self.metrics.first_token_time is None:
+            self.metrics.first_token_time = now
+        self.metrics.last_token_time = now
+        if self.finished:
+            self.metrics.finished_time = now
+
+    def output(self) -> RequestOutput:
+        complete = (self.prompt_logprobs is not None
+                    and len(self.prompt_logprobs) == len(self.prompt_token_ids))
+        return RequestOutput(
+            self.request_id, self.prompt, self.prompt_token_ids,
+            [c.output() for c in self.completions], self.finished,
+            list(self.prompt_logprobs) if complete else None, self.metrics,
+            self.completions[0].seq.num_cached_tokens)

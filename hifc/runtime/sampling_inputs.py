@@ -1,0 +1,263 @@
+"""Builds the sampler's per-step input (``SamplingBatch``) from the scheduled sequences.
+
+The step's small vectors (temperatures, top-k, seeds, penalty values, token entries, ...) are
+gathered on the host in one pass over the rows and reach the device in one transfer per dtype
+(``StepPacker``: a pinned buffer, so the copy does not wait for the work queued before it).
+Per-request state that lives across steps (counts of generated tokens, tokens seen in prompt or
+output) stays on the device in ``PenaltyRows``, updated from the sequences' accepted tokens.
+Features no row uses are left out of the batch.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from hifc.core.sequence import Sequence
+from hifc.layers.sampler import Penalties, SamplingBatch, TokenEntries
+
+
+@dataclass
+class StepConstraints:
+    """Token constraints the engine computes for a step (row = index in the scheduled list):
+    tokens banned by bad words, and grammar bitmasks ([G, ceil(V/32)] int32, host memory)."""
+
+    banned_rows: list[int] = field(default_factory=list)
+    banned_tokens: list[int] = field(default_factory=list)
+    grammar_rows: list[int] = field(default_factory=list)
+    grammar_bitmask: torch.Tensor | None = None
+
+
+class StepPacker:
+    """Moves a step's named host vectors to the device, one transfer per dtype."""
+
+    _DTYPES = {torch.int64: np.int64, torch.float32: np.float32}
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._pinned = device.type == "cuda"
+        self._host: dict[torch.dtype, torch.Tensor] = {}
+        self._copied = torch.cuda.Event() if self._pinned else None  # host buffers free again
+
+    def pack(self, ints: dict[str, list[int]],
+             floats: dict[str, list[float]]) -> dict[str, torch.Tensor]:
+        """Device tensors (int64 / float32) named as the lists given."""
+        if self._copied is not None:
+            self._copied.synchronize()  # the previous step's copies have read the buffers
+        tensors = {}
+        for dtype, parts in ((torch.int64, ints), (torch.float32, floats)):
+            total = sum(map(len, parts.values()))
+            if not total:
+                continue
+            flat = self._transfer(dtype, itertools.chain.from_iterable(parts.values()), total)
+            offset = 0
+            for name, values in parts.items():
+                tensors[name] = flat[offset:offset + len(values)]
+                offset += len(values)
+        if self._copied is not None:
+            self._copied.record()
+        return tensors
+
+    def _transfer(self, dtype: torch.dtype, values, total: int) -> torch.Tensor:
+        if not self._pinned:
+            return torch.tensor(list(values), dtype=dtype, device=self.device)
+        host = self._host.get(dtype)
+        if host is None or host.numel() < total:
+            size = max(total, 1024, 2 * (0 if host is None else host.numel()))
+            host = self._host[dtype] = torch.empty(size, dtype=dtype, pin_memory=True)
+        host.numpy()[:total] = np.fromiter(values, self._DTYPES[dtype], count=total)
+        return host[:total].to(self.device, non_blocking=True)
+
+
+@dataclass
+class _PenaltySlot:
+    seq: Sequence  # the request this slot counts for (a reused request id gets a new slot)
+    row: int
+    num_counted: int = 0  # generated tokens already added to the counts
+
+
+class PenaltyRows:
+    """Device rows of penalty state, one per request with penalties: counts [N, V] float32 of
+    its generated tokens and seen [N, V] bool of the tokens in its prompt or output. A row is
+    taken when a request is first scheduled, updated each step from the tokens it accepted
+    since, and released when it finishes; the pool doubles when full."""
+
+    def __init__(self, vocab_size: int, device: torch.device, initial_rows: int = 8):
+        self.vocab_size = vocab_size
+        self.device = device
+        self.counts = torch.zeros(initial_rows, vocab_size, dtype=torch.float32, device=device)
+        self.seen = torch.zeros(initial_rows, vocab_size, dtype=torch.bool, device=device)
+        self._slots: dict[str, _PenaltySlot] = {}
+        self._free_rows = list(range(initial_rows - 1, -1, -1))
+
+    @property
+    def num_rows(self) -> int:
+        return self.counts.shape[0]
+
+    def release(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            slot = self._slots.get(request_id)
+            if slot is not None and slot.seq.status.is_finished:
+                del self._slots[request_id]
+                self._free_rows.append(slot.row)
+
+    def plan(self, seqs: list[Sequence]) -> tuple[list[int], list[int], list[int]]:
+        """The pool rows of these sequences, and the (row, token) pairs of the tokens they
+        accepted since the last step (for :meth:`update`)."""
+        rows, new_rows, new_tokens = [], [], []
+        for seq in seqs:
+            slot = self._slots.get(seq.request_id)
+            if slot is None or slot.seq is not seq:
+                slot = self._take(seq)
+            out = seq.output_token_ids
+            if len(out) > slot.num_counted:
+                fresh = out[slot.num_counted:]
+                new_rows.extend([slot.row] * len(fresh))
+                new_tokens.extend(fresh)
+                slot.num_counted = len(out)
+            rows.append(slot.row)
+        return rows, new_rows, new_tokens
+
+    def update(self, new_rows: torch.Tensor, new_tokens: torch.Tensor) -> None:
+        """Count the planned new tokens ([N] long each)."""
+        self.counts.index_put_((new_rows, new_tokens),
+                               torch.ones(new_rows.shape[0], device=self.device),
+                               accumulate=True)
+        self.seen[new_rows, new_tokens] = True
+
+    def _take(self, seq: Sequence) -> _PenaltySlot:
+        old = self._slots.pop(seq.request_id, None)
+        if old is not None:  # the id now names another request
+            self._free_rows.append(old.row)
+        if not self._free_rows:
+            self._grow()
+        row = self._free_rows.pop()
+        self.counts[row].zero_()
+        self.seen[row].zero_()
+        prompt = torch.tensor(seq.prompt_token_ids, dtype=torch.long, device=self.device)
+        self.seen[row].index_fill_(0, prompt, True)
+        slot = self._slots[seq.request_id] = _PenaltySlot(seq, row)
+        return slot
+
+    def _grow(self) -> None:
+        n = self.num_rows
+        self.counts = torch.cat([self.counts, torch.zeros_like(self.counts)])
+        self.seen = torch.cat([self.seen, torch.zeros_like(self.seen)])
+        self._free_rows.extend(range(2 * n - 1, n - 1, -1))
+
+
+def build_sampling_batch(seqs: list[Sequence], constraints: StepConstraints | None,
+                         penalty_rows: PenaltyRows | None, packer: StepPacker,
+                         vocab_size: int) -> SamplingBatch:
+    """The sampler's input for one step over ``seqs`` (the scheduled order)."""
+    params = [s.sampling_params for s in seqs]
+    greedy = [p.greedy for p in params]
+    ints: dict[str, list[int]] = {}
+    floats: dict[str, list[float]] = {
+        "temperature": [1.0 if g else p.temperature for p, g in zip(params, greedy)]}
+    all_greedy = all(greedy)
+    if any(greedy) and not all_greedy:
+        ints["greedy"] = greedy
+    if not all_greedy:
+        _truncation(params, greedy, vocab_size, ints, floats)
+        _seeds(seqs, params, greedy, ints)
+    penalized = [i for i, p in enumerate(params) if p.has_penalties]
+    if penalized:
+        _penalties(seqs, params, penalized, penalty_rows, ints, floats)
+    _token_entries(seqs, params, constraints, ints, floats)
+    t = packer.pack(ints, floats)
+    batch = SamplingBatch(
+        temperature=t["temperature"], greedy=t["greedy"].bool() if "greedy" in t else None,
+        all_greedy=all_greedy, top_k=t.get("top_k"), top_p=t.get("top_p"),
+        min_p=t.get("min_p"), seeded_rows=t.get("seeded_rows"), seeds=t.get("seeds"),
+        steps=t.get("steps"))
+    if penalized:
+        if "new_rows" in t:
+            penalty_rows.update(t["new_rows"], t["new_tokens"])
+        batch.penalties = Penalties(
+            rows=None if len(penalized) == len(seqs) else t["penalty_rows"],
+            pool_rows=t["pool_rows"], counts=penalty_rows.counts, seen=penalty_rows.seen,
+            presence=t["presence"], frequency=t["frequency"], repetition=t["repetition"])
+    if "bias_rows" in t:
+        batch.bias = TokenEntries(t["bias_rows"], t["bias_tokens"], t["bias_values"])
+    if "allowed_rows" in t:
+        batch.allowed_rows = t["allowed_rows"]
+        batch.allowed = TokenEntries(t["allowed_entry_rows"], t["allowed_tokens"])
+    if "banned_rows" in t:
+        batch.banned = TokenEntries(t["banned_rows"], t["banned_tokens"])
+    if "grammar_rows" in t:
+        batch.grammar_rows = t["grammar_rows"]
+        batch.grammar_bitmask = constraints.grammar_bitmask.to(packer.device)
+    k = [p.logprobs for p in params if p.logprobs is not None]
+    batch.logprobs_k = max(k) if k else None
+    return batch
+
+
+def _truncation(params, greedy, vocab_size: int, ints: dict, floats: dict) -> None:
+    """top-k, top-p and min-p of the sampled rows (neutral values elsewhere)."""
+    top_k = [p.top_k if 0 < p.top_k < vocab_size and not g else vocab_size
+             for p, g in zip(params, greedy)]
+    top_p = [1.0 if g else p.top_p for p, g in zip(params, greedy)]
+    min_p = [0.0 if g else p.min_p for p, g in zip(params, greedy)]
+    if any(k < vocab_size for k in top_k):
+        ints["top_k"] = top_k
+    if any(p < 1.0 for p in top_p):
+        floats["top_p"] = top_p
+    if any(m > 0.0 for m in min_p):
+        floats["min_p"] = min_p
+
+
+def _seeds(seqs, params, greedy, ints: dict) -> None:
+    rows = [i for i, (p, g) in enumerate(zip(params, greedy)) if p.seed is not None and not g]
+    if rows:
+        ints["seeded_rows"] = rows
+        ints["seeds"] = [params[i].seed for i in rows]
+        ints["steps"] = [len(seqs[i].output_token_ids) for i in rows]
+
+
+def _penalties(seqs, params, rows: list[int], penalty_rows: PenaltyRows, ints: dict,
+               floats: dict) -> None:
+    pool_rows, new_rows, new_tokens = penalty_rows.plan([seqs[i] for i in rows])
+    ints["pool_rows"] = pool_rows
+    if len(rows) < len(seqs):
+        ints["penalty_rows"] = rows
+    if new_rows:
+        ints["new_rows"], ints["new_tokens"] = new_rows, new_tokens
+    floats["presence"] = [params[i].presence_penalty for i in rows]
+    floats["frequency"] = [params[i].frequency_penalty for i in rows]
+    floats["repetition"] = [params[i].repetition_penalty for i in rows]
+
+
+def _token_entries(seqs, params, constraints: StepConstraints | None, ints: dict,
+                   floats: dict) -> None:
+    """Logit bias, allowed tokens, bans (bad words; stop tokens before min_tokens) and the rows
+    of grammar bitmasks."""
+    bias_rows, bias_tokens, bias_values = [], [], []
+    allowed_rows, entry_rows, entry_tokens = [], [], []
+    banned_rows = list(constraints.banned_rows) if constraints else []
+    banned_tokens = list(constraints.banned_tokens) if constraints else []
+    for i, (seq, p) in enumerate(zip(seqs, params)):
+        if p.logit_bias:
+            bias_rows.extend([i] * len(p.logit_bias))
+            bias_tokens.extend(p.logit_bias)
+            bias_values.extend(p.logit_bias.values())
+        if p.allowed_token_ids:
+            entry_rows.extend([len(allowed_rows)] * len(p.allowed_token_ids))
+            entry_tokens.extend(p.allowed_token_ids)
+            allowed_rows.append(i)
+        if p.min_tokens and len(seq.output_token_ids) < p.min_tokens:
+            stops = seq.stop_token_ids_before_min_tokens()
+            banned_rows.extend([i] * len(stops))
+            banned_tokens.extend(stops)
+    if bias_rows:
+        ints["bias_rows"], ints["bias_tokens"] = bias_rows, bias_tokens
+        floats["bias_values"] = bias_values
+    if allowed_rows:
+        ints["allowed_rows"] = allowed_rows
+        ints["allowed_entry_rows"], ints["allowed_tokens"] = entry_rows, entry_tokens
+    if banned_rows:
+        ints["banned_rows"], ints["banned_tokens"] = banned_rows, banned_tokens
+    if constraints is not None and constraints.grammar_rows:
+        ints["grammar_rows"] = constraints.grammar_rows

@@ -1,0 +1,108 @@
+"""Structured outputs through xgrammar: grammars compiled from the model's tokenizer, one
+matcher per sequence, and the step's token bitmasks filled for all guided sequences at once.
+
+xgrammar is an optional dependency (``pip install 'hifc[structured]'``); it is imported when the
+first structured request arrives.
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Iterable
+
+import torch
+
+from hifc.loader.tokenizer import Tokenizer
+from hifc.structured.params import StructuredOutputsParams
+
+_XGRAMMAR_LOG_PREFIX = re.compile(r"^\[[\d:]+\] \S+: ")
+
+
+def _xgrammar():
+    try:
+        import xgrammar
+    except ImportError:
+        raise ValueError("structured outputs need the xgrammar package: "
+                         "pip install 'hifc[structured]' (or pip install xgrammar)") from None
+    return xgrammar
+
+
+class GrammarCompiler:
+    """Compiles structured-output parameters into grammars over one tokenizer's vocabulary
+    (padded to the model's ``vocab_size``); compiled grammars are cached by xgrammar."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, stop_token_ids: Iterable[int]):
+        xgr = _xgrammar()
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer.hf_tokenizer, vocab_size=vocab_size,
+                                                  stop_token_ids=sorted(stop_token_ids))
+        self._xgr = xgr
+        self._compiler = xgr.GrammarCompiler(info)
+        self.vocab_size = vocab_size
+
+    def compile(self, params: StructuredOutputsParams):
+        """The compiled grammar; ValueError naming what is wrong with a bad schema, regex or
+        grammar."""
+        kind = params.kind
+        try:
+            if kind == "json":
+                return self._compiler.compile_json_schema(
+                    params.json, any_whitespace=not params.disable_any_whitespace)
+            if kind == "json_object":
+                return self._compiler.compile_builtin_json_grammar()
+            if kind == "regex":
+                return self._compiler.compile_regex(params.regex)
+            if kind == "choice":
+                return self._compiler.compile_grammar(_choice_ebnf(params.choice))
+            return self._compiler.compile_grammar(params.grammar)
+        except RuntimeError as exc:
+            message = _XGRAMMAR_LOG_PREFIX.sub("", str(exc).strip())
+            raise ValueError(f"invalid {kind} for structured outputs: {message}") from None
+
+    def matcher(self, compiled) -> "GrammarState":
+        return GrammarState(self._xgr.GrammarMatcher(compiled))
+
+    def bitmask_filler(self) -> "BitmaskFiller":
+        return BitmaskFiller(self._xgr, self.vocab_size)
+
+
+def _choice_ebnf(choices: tuple[str, ...]) -> str:
+    """An EBNF grammar of exactly these strings (JSON string escapes are EBNF's)."""
+    return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
+
+
+class GrammarState:
+    """One sequence's matcher, advanced over the tokens it has accepted."""
+
+    def __init__(self, matcher):
+        self.matcher = matcher
+        self.num_accepted = 0
+        self.rejected = False  # a token outside the grammar arrived: the sequence must end
+
+    def advance(self, output_token_ids: list[int]) -> None:
+        """Feed the tokens generated since the last call."""
+        for token in output_token_ids[self.num_accepted:]:
+            if self.rejected or self.matcher.is_terminated():
+                break
+            if not self.matcher.accept_token(token):
+                self.rejected = True
+        self.num_accepted = len(output_token_ids)
+
+    @property
+    def finished(self) -> bool:
+        """The grammar accepted a stop token, or cannot go on."""
+        return self.rejected or self.matcher.is_terminated()
+
+
+class BitmaskFiller:
+    """Fills the next-token bitmasks of several matchers in one call (xgrammar's threads)."""
+
+    def __init__(self, xgr, vocab_size: int):
+        self._xgr = xgr
+        self._batch = xgr.BatchGrammarMatcher()
+        self.vocab_size = vocab_size
+
+    def fill(self, states: list[GrammarState]) -> torch.Tensor:
+        """Bitmasks [len(states), ceil(V/32)] int32 (host memory): bit 1 = token allowed."""
+        bitmask = self._xgr.allocate_token_bitmask(len(states), self.vocab_size)
+        self._batch.batch_fill_next_token_bitmask([s.matcher for s in states], bitmask)
+        return bitmask
