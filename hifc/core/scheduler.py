@@ -34,15 +34,26 @@ been evicted in the meantime, the sequence is recomputed instead (its tier copy 
 swapped sequence holds no GPU block, and no shared block is ever written or freed as if it
 were owned.
 
+The flash prefix store as a second level (``store``, :mod:`hifc.core.store_level`). At
+admission, the blocks after the GPU hit are looked up in the store and the cost rule says how
+many to read; a sequence with blocks to read takes GPU blocks for them and waits, LOADING (like
+a swap-in, while the others run), then prefills the rest; a read that fails part-way leaves the
+sequence to recompute from its first bad block. A waiting sequence whose next block another
+sequence is reading waits for that read (then finds the block in the GPU cache). Each step the
+store level names blocks to write (``SchedulerOutput.prefix_writes``), holding a reference on
+each until its write ends. A swap-out writes only the owned blocks that the store lacks: the
+stored ones are held in the store (never overwritten meanwhile) and, like shared blocks, are
+found again by hash at swap-in: in the GPU cache, else read from the store; if one is in
+neither, the sequence is recomputed.
+
 The scheduler speaks to the runtime only through ``SchedulerOutput`` and learns of finished
-swaps through ``swap_out_done`` / ``swap_in_done``, called by the engine. A second prefix
-level (the flash store) plugs in at admission, after ``kv.cached_prefix`` (the block hashes of a
-sequence are ``kv.block_hashes(seq)``), and at eviction (``KVCacheManager(on_evict=...)``).
+I/O through ``swap_out_done`` / ``swap_in_done`` / ``prefix_read_done`` /
+``prefix_write_done``, called by the engine.
 """
 from __future__ import annotations
 
 import bisect
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -50,6 +61,7 @@ from hifc.core.kv_manager import AllocStatus, KVCacheManager
 from hifc.core.outputs import SamplerOutput
 from hifc.core.preemption import PreemptionMode, PreemptionPolicy
 from hifc.core.sequence import Sequence, SequenceStatus
+from hifc.core.store_level import StoreLevel
 from hifc.sampling_params import SamplingParams
 
 
@@ -89,6 +101,14 @@ class SwapOrder:
     pairs: list[tuple[int, int]]
 
 
+@dataclass(frozen=True)
+class PrefixRead:
+    """Read one sequence's blocks from the flash prefix store: pairs are (hash, GPU block)."""
+
+    request_id: str
+    pairs: list[tuple[bytes, int]]
+
+
 @dataclass
 class SchedulerOutput:
     scheduled: list[ScheduledSeq]
@@ -96,6 +116,8 @@ class SchedulerOutput:
     finished_request_ids: list[str] = field(default_factory=list)  # ended since the last step
     swap_out: list[SwapOrder] = field(default_factory=list)
     swap_in: list[SwapOrder] = field(default_factory=list)
+    prefix_reads: list[PrefixRead] = field(default_factory=list)
+    prefix_writes: list[tuple[int, bytes]] = field(default_factory=list)  # (GPU block, hash)
 
     @property
     def sampling(self) -> list[ScheduledSeq]:
@@ -122,21 +144,41 @@ class SchedulerLimits:
 @dataclass
 class _Stored:
     """The tier copy of a swapped(-ing) sequence: ``positions`` of its table were written to
-    ``tier_blocks``; ``shared`` positions held blocks that others share (found again by hash)."""
+    ``tier_blocks``; ``by_hash`` positions held blocks that others share or that the prefix
+    store holds (``held``: those records' tier blocks), found again by hash."""
 
     tier_blocks: list[int]
     owner: tuple[int, int]
     positions: list[int]
-    shared: list[int]
+    by_hash: list[int]
+    held: list[int] = field(default_factory=list)
+    parts: int = 0  # swap-in jobs (swap records, prefix reads) not finished yet
+    parts_ok: bool = True
+    num_read: int = 0  # blocks of the swap-in read from the prefix store
+
+
+@dataclass(frozen=True)
+class _Load:
+    """A sequence LOADING: ``hashes`` are read into the blocks after its ``num_gpu`` hit."""
+
+    num_gpu: int
+    hashes: list[bytes]
 
 
 class Scheduler:
     def __init__(self, limits: SchedulerLimits, kv_manager: KVCacheManager,
-                 policy: PreemptionPolicy, tier: TierBlocks | None = None):
+                 policy: PreemptionPolicy, tier: TierBlocks | None = None,
+                 store: StoreLevel | None = None):
+        if store is not None and not kv_manager.prefix_caching:
+            raise ValueError("the flash prefix store needs prefix caching (a model salt)")
         self.limits = limits
         self.kv = kv_manager
         self.policy = policy
         self.tier = tier
+        self.store = store
+        self.loading: dict[str, Sequence] = {}
+        self._loads: dict[str, _Load] = {}
+        self._loading_hashes: Counter[bytes] = Counter()
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.swapping_out: dict[str, Sequence] = {}
@@ -162,7 +204,8 @@ class Scheduler:
     def is_tracking(self, request_id: str) -> bool:
         """True while any state (queue entry, blocks, I/O in flight) refers to the request."""
         return (request_id in self._stored or request_id in self.swapping_out
-                or request_id in self.swapping_in or bool(self.kv.block_table(request_id))
+                or request_id in self.swapping_in or request_id in self.loading
+                or bool(self.kv.block_table(request_id))
                 or any(s.request_id == request_id for s in self.waiting))
 
     def finish(self, seq: Sequence, status: SequenceStatus) -> None:
@@ -173,8 +216,9 @@ class Scheduler:
         state = seq.status
         seq.status = status
         self._finished_since_step.append(seq.request_id)
-        if state in (SequenceStatus.SWAPPING_OUT, SequenceStatus.SWAPPING_IN):
-            return  # swap_*_done frees everything
+        if state in (SequenceStatus.SWAPPING_OUT, SequenceStatus.SWAPPING_IN,
+                     SequenceStatus.LOADING):
+            return  # swap_*_done / prefix_read_done frees everything
         if state is SequenceStatus.RUNNING:
             self.running.remove(seq)
         elif state is SequenceStatus.WAITING:
@@ -197,6 +241,8 @@ class Scheduler:
             self._start_swap_ins(out)
             if not self.swapped:
                 self._admit_waiting(out, budget)
+        if self.store is not None:
+            out.prefix_writes = self.store.select_writes()
         return out
 
     def _chunk(self, num_to_compute: int, budget: int) -> int:
@@ -249,47 +295,105 @@ class Scheduler:
             seq = self.swapped[0]
             rid = seq.request_id
             stored = self._stored[rid]
-            reused = self.kv.cached_blocks([seq.block_hashes[p] for p in stored.shared])
-            if reused is None:  # a block it shared was evicted meanwhile: recompute instead
-                self.swapped.pop(0)
+            hashes = seq.block_hashes
+            reused = {p: block for p in stored.by_hash
+                      if (block := self.kv.cached_block(hashes[p])) is not None}
+            missing = [p for p in stored.by_hash if p not in reused]
+            if missing and not self._all_stored([hashes[p] for p in missing]):
+                self.swapped.pop(0)  # a block it shared is gone: recompute instead
                 self._free_tier_copy(rid)
                 self.kv.free(rid)
                 self._requeue_for_recompute(seq)
                 continue
-            busy = bool(self.running or self.swapping_in)
-            if self.kv.can_fill_holes(rid, reused, use_watermark=busy) is not AllocStatus.OK:
+            busy = bool(self.running or self.swapping_in or self.loading)
+            if self.kv.can_fill_holes(rid, list(reused.values()),
+                                      use_watermark=busy) is not AllocStatus.OK:
                 break
             self.swapped.pop(0)
-            gpu_blocks = self.kv.fill_holes(rid, dict(zip(stored.shared, reused)))
+            new_blocks = self.kv.fill_holes(rid, reused)
+            gpu_at = dict(zip(sorted(stored.positions + missing), new_blocks))
             seq.status = SequenceStatus.SWAPPING_IN
             self.swapping_in[rid] = seq
-            out.swap_in.append(SwapOrder(rid, stored.owner,
-                                         list(zip(stored.tier_blocks, gpu_blocks))))
+            if stored.tier_blocks:
+                stored.parts += 1
+                out.swap_in.append(SwapOrder(rid, stored.owner, [
+                    (t, gpu_at[p]) for t, p in zip(stored.tier_blocks, stored.positions)]))
+            if missing:
+                stored.parts += 1
+                stored.num_read = len(missing)
+                out.prefix_reads.append(PrefixRead(rid, [(hashes[p], gpu_at[p])
+                                                         for p in missing]))
+            if not stored.parts:  # every block was still in the GPU cache
+                self._end_swap_in(rid)
+
+    def _all_stored(self, hashes: list[bytes]) -> bool:
+        """Whether the flash prefix store holds every one of ``hashes`` now."""
+        return self.store is not None and all(self.store.store.num_stored([h]) for h in hashes)
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
         block_size = self.kv.block_size
-        while self.waiting and budget > 0 and len(self.running) < self.limits.max_num_seqs:
+        while (self.waiting and budget > 0
+               and len(self.running) + len(self.loading) < self.limits.max_num_seqs):
             seq = self.waiting[0]
             prefix = self.kv.cached_prefix(seq)
-            num_cached = len(prefix) * block_size
-            num_new = self._chunk(seq.num_tokens - num_cached, budget)
-            if num_new == 0:
-                break
-            if self.kv.can_allocate(seq.request_id, num_cached + num_new, use_watermark=True,
-                                    prefix=prefix) is not AllocStatus.OK:
-                break
-            self.waiting.popleft()
-            self._allocate(seq, num_cached + num_new, prefix)
-            seq.num_computed_tokens = num_cached
-            if seq.num_cached_tokens is None:
-                seq.num_cached_tokens = num_cached
+            plan = self._plan_store_read(seq, len(prefix))
+            if plan is None:
+                break  # its next block is being read for another sequence: wait for it
+            hashes, num_found, num_read = plan
+            if num_read:
+                if not self._start_load(seq, prefix, hashes[:num_read], out):
+                    break
+            else:
+                num_cached = len(prefix) * block_size
+                num_new = self._chunk(seq.num_tokens - num_cached, budget)
+                if num_new == 0:
+                    break
+                if self.kv.can_allocate(seq.request_id, num_cached + num_new, use_watermark=True,
+                                        prefix=prefix) is not AllocStatus.OK:
+                    break
+                self.waiting.popleft()
+                self._allocate(seq, num_cached + num_new, prefix)
+                seq.num_computed_tokens = num_cached
+                if seq.num_cached_tokens is None:
+                    seq.num_cached_tokens = num_cached
+                seq.status = SequenceStatus.RUNNING
+                self.running.append(seq)
+                out.scheduled.append(self._work(seq, num_new))
+                budget -= num_new
             if self.kv.prefix_caching:
                 self.prefix_cache_queries += seq.num_tokens
-                self.prefix_cache_hits += num_cached
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
-            out.scheduled.append(self._work(seq, num_new))
-            budget -= num_new
+                self.prefix_cache_hits += len(prefix) * block_size
+            if self.store is not None:
+                self.store.count_admission(len(hashes), num_found, num_read)
+
+    def _plan_store_read(self, seq: Sequence,
+                         num_gpu: int) -> tuple[list[bytes], int, int] | None:
+        """(hashes after the GPU hit, how many the store holds, how many to read); None when
+        the first of them is being read for another sequence."""
+        if self.store is None:
+            return [], 0, 0
+        max_blocks = (seq.num_tokens - 1) // self.kv.block_size
+        hashes = self.kv.block_hashes(seq)[num_gpu:max_blocks]
+        if hashes and self._loading_hashes[hashes[0]]:
+            return None
+        return (hashes, *self.store.plan_read(hashes))
+
+    def _start_load(self, seq: Sequence, prefix: list[int], hashes: list[bytes],
+                    out: SchedulerOutput) -> bool:
+        """Give the sequence its GPU hit and blocks for ``hashes``, and order their read."""
+        rid = seq.request_id
+        num_tokens = (len(prefix) + len(hashes)) * self.kv.block_size
+        if self.kv.can_allocate(rid, num_tokens, use_watermark=True,
+                                prefix=prefix) is not AllocStatus.OK:
+            return False
+        self.waiting.popleft()
+        new_blocks = self.kv.allocate(rid, num_tokens, prefix)  # cached once read
+        seq.status = SequenceStatus.LOADING
+        self.loading[rid] = seq
+        self._loads[rid] = _Load(len(prefix), hashes)
+        self._loading_hashes.update(hashes)
+        out.prefix_reads.append(PrefixRead(rid, list(zip(hashes, new_blocks))))
+        return True
 
     def _allocate(self, seq: Sequence, num_tokens: int, prefix: list[int] = ()) -> None:
         """Give the sequence blocks for ``num_tokens`` tokens, which this step computes, and
@@ -315,23 +419,51 @@ class Scheduler:
         rid = seq.request_id
         owned = self.kv.exclusive_positions(rid)
         mode = self.policy.choose(len(owned), seq.num_computed_tokens)
-        if mode is PreemptionMode.SWAP and owned and self.tier is not None \
-                and self.tier.can_reserve(len(owned)):
-            table = self.kv.block_table(rid)
-            gpu_blocks = [table[p] for p in owned]
-            owned_set = set(owned)
-            shared = [p for p in range(len(table)) if p not in owned_set]
-            self.kv.release(rid, shared)  # the other sequences keep them; found again by hash
-            tier_blocks = self.tier.reserve(len(owned))
-            owner = (seq.arrival, seq.generation)
-            self._stored[rid] = _Stored(tier_blocks, owner, owned, shared)
-            seq.status = SequenceStatus.SWAPPING_OUT
-            self.swapping_out[rid] = seq
-            out.swap_out.append(SwapOrder(rid, owner, list(zip(gpu_blocks, tier_blocks))))
-            return len(owned)
+        if mode is PreemptionMode.SWAP and owned and self.tier is not None:
+            stored = self._swap_out(seq, owned, out)
+            if stored is not None:
+                return len(stored.positions)
         self.kv.free(rid)
         self._requeue_for_recompute(seq)
         return 0
+
+    def _swap_out(self, seq: Sequence, owned: list[int],
+                  out: SchedulerOutput) -> _Stored | None:
+        """Order the swap-out of the owned blocks the prefix store lacks (holding the records
+        of those it has); None if the tier has no room."""
+        rid = seq.request_id
+        held_at = self._stored_positions(seq, owned)
+        held = self.store.store.hold([seq.block_hashes[p] for p in held_at]) if held_at else []
+        held_at = held_at[:len(held)]
+        to_write = [p for p in owned if p not in set(held_at)]
+        if not self.tier.can_reserve(len(to_write)):
+            if held:
+                self.store.store.release(held)
+            return None
+        table = self.kv.block_table(rid)
+        gpu_blocks = [table[p] for p in to_write]
+        written = set(to_write)
+        by_hash = [p for p in range(len(table)) if p not in written]
+        self.kv.release(rid, by_hash)  # others keep theirs; all are found again by hash
+        stored = _Stored(self.tier.reserve(len(to_write)), (seq.arrival, seq.generation),
+                         to_write, by_hash, held)
+        self._stored[rid] = stored
+        seq.status = SequenceStatus.SWAPPING_OUT
+        self.swapping_out[rid] = seq
+        if to_write:
+            out.swap_out.append(SwapOrder(rid, stored.owner,
+                                          list(zip(gpu_blocks, stored.tier_blocks))))
+        else:  # the store holds every block it owned
+            self.swap_out_done(rid, True)
+        return stored
+
+    def _stored_positions(self, seq: Sequence, owned: list[int]) -> list[int]:
+        """The owned positions of computed full blocks that the prefix store holds."""
+        if self.store is None:
+            return []
+        num_full = min(len(seq.block_hashes), seq.num_computed_tokens // self.kv.block_size)
+        num_stored = self.store.store.num_stored
+        return [p for p in owned if p < num_full and num_stored([seq.block_hashes[p]])]
 
     def _requeue_for_recompute(self, seq: Sequence) -> None:
         seq.num_computed_tokens = 0
@@ -343,8 +475,10 @@ class Scheduler:
         stored = self._stored.pop(request_id, None)
         if stored is not None and self.tier is not None:
             self.tier.free(stored.tier_blocks)
+            if stored.held:
+                self.store.store.release(stored.held)
 
-    # ---- swap completions (told by the engine) -------------------------------------------
+    # ---- I/O completions (told by the engine) ---------------------------------------------
     def swap_out_done(self, request_id: str, ok: bool) -> None:
         seq = self.swapping_out.pop(request_id)
         if seq.status.is_finished or not ok:
@@ -361,10 +495,21 @@ class Scheduler:
         bisect.insort(self.swapped, seq, key=lambda s: s.arrival)
 
     def swap_in_done(self, request_id: str, ok: bool) -> None:
-        seq = self.swapping_in.pop(request_id)
+        self._swap_in_part_done(request_id, ok)
+
+    def _swap_in_part_done(self, request_id: str, ok: bool) -> None:
+        """One job of a swap-in ended; once all have, the sequence runs (or recomputes)."""
         stored = self._stored[request_id]
+        stored.parts -= 1
+        stored.parts_ok = stored.parts_ok and ok
+        if not stored.parts:
+            self._end_swap_in(request_id)
+
+    def _end_swap_in(self, request_id: str) -> None:
+        stored = self._stored[request_id]
+        seq = self.swapping_in.pop(request_id)
         self._free_tier_copy(request_id)
-        if seq.status.is_finished or not ok:
+        if seq.status.is_finished or not stored.parts_ok:
             self.kv.free(request_id)
             if not seq.status.is_finished:
                 self.num_swap_failures += 1
@@ -374,6 +519,34 @@ class Scheduler:
         self.kv.cache_blocks(seq, seq.num_computed_tokens)  # shareable again
         seq.status = SequenceStatus.RUNNING
         bisect.insort(self.running, seq, key=lambda s: s.arrival)
+
+    def prefix_read_done(self, request_id: str, blocks_ok: int) -> None:
+        """A prefix read ended: its first ``blocks_ok`` blocks hold verified K/V."""
+        if request_id in self.swapping_in:
+            stored = self._stored[request_id]
+            if self.store is not None:
+                self.store.count_read(stored.num_read, blocks_ok)
+            self._swap_in_part_done(request_id, blocks_ok == stored.num_read)
+            return
+        seq = self.loading.pop(request_id)
+        load = self._loads.pop(request_id)
+        self._loading_hashes.subtract(load.hashes)
+        self._loading_hashes = +self._loading_hashes  # drop zero counts
+        self.store.count_read(len(load.hashes), blocks_ok)
+        if seq.status.is_finished:
+            self.kv.free(request_id)
+            return
+        num_cached = (load.num_gpu + blocks_ok) * self.kv.block_size
+        seq.num_computed_tokens = num_cached
+        if seq.num_cached_tokens is None:
+            seq.num_cached_tokens = num_cached
+        self.kv.cache_blocks(seq, num_cached)  # the blocks read are shareable now
+        seq.status = SequenceStatus.RUNNING
+        bisect.insort(self.running, seq, key=lambda s: s.arrival)
+
+    def prefix_write_done(self, pairs: list[tuple[int, bytes]], written: bool) -> None:
+        """A prefix write of (GPU block, hash) ``pairs`` ended (or the store declined them)."""
+        self.store.write_done(pairs, written)
 
     # ---- results --------------------------------------------------------------------------
     def update(self, out: SchedulerOutput, sampled: SamplerOutput,
@@ -393,6 +566,8 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # aborted while the step ran
             seq.num_computed_tokens = work.seq_len
+            if self.store is not None:
+                self._note_computed(seq, work)
             if token_id is None:
                 continue  # a prompt chunk before the last
             seq.append_token(token_id)
@@ -401,3 +576,13 @@ class Scheduler:
                 self.finish(seq, stop)
             updated.append(seq)
         return updated
+
+    def _note_computed(self, seq: Sequence, work: ScheduledSeq) -> None:
+        """Tell the store level which full blocks this step completed (cached ones only)."""
+        size = self.kv.block_size
+        first, end = work.start_pos // size, min(work.seq_len // size, len(seq.block_hashes))
+        if first >= end:
+            return
+        table, pool = self.kv.block_table(seq.request_id), self.kv.pool
+        self.store.note_computed([(table[p], seq.block_hashes[p]) for p in range(first, end)
+                                  if pool.block_hash(table[p]) == seq.block_hashes[p]])
