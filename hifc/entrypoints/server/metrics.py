@@ -32,6 +32,8 @@ _GAUGES = (
     ("tier_blocks_used", "tier_blocks_used", "Swap tier blocks in use"),
     ("tier_blocks_total", "tier_blocks_total", "Swap tier blocks (0 without a tier)"),
     ("swap_jobs_pending", "swap_jobs_pending", "Swap I/O jobs in flight"),
+    ("prefix_store_blocks", "prefix_store_blocks",
+     "KV blocks indexed in the flash prefix store now"),
 )
 _COUNTERS = (
     ("prompt_tokens", "prompt_tokens", "Prompt tokens of the requests admitted"),
@@ -51,6 +53,17 @@ _COUNTERS = (
     ("swap_stall_seconds", "swap_stall_seconds", "Seconds steps waited for swap I/O"),
     ("swap_out_stall_seconds", "swap_out_stall_seconds",
      "Of the swap stall, seconds waited for GPU blocks held by swap-out writes"),
+    ("prefix_store_queries", "prefix_store_queries",
+     "Tokens of the admitted sequences after their GPU prefix hit, looked up in the flash "
+     "prefix store"),
+    ("prefix_store_hits", "prefix_store_hits",
+     "Of the prefix store queries, tokens found in the flash prefix store"),
+    ("prefix_store_recomputed", "prefix_store_recomputed",
+     "Of the prefix store hits, tokens the cost rule chose to recompute rather than read"),
+    ("prefix_store_bytes_read", "prefix_store_bytes_read",
+     "Bytes of KV read from the flash prefix store"),
+    ("prefix_store_bytes_written", "prefix_store_bytes_written",
+     "Bytes of KV written to the flash prefix store"),
 )
 
 
