@@ -185,17 +185,18 @@ def test_aborts_at_any_step_release_everything(tmp_path, abort_at):
 @pytest.mark.parametrize("disk", ["fast", "slow"])
 def test_the_cost_rule_reads_from_a_fast_disk_and_recomputes_past_a_slow_one(tmp_path, disk):
     path = tmp_path / "kv.hifc"
+    prompts = [list(range(5, 75)), list(range(100, 170))]  # both decided in one step
     warm = tiny(path)
-    expected = [o.token_ids for o in warm.generate(TOKENS, IDS, use_tqdm=False)]
+    expected = [o.token_ids for o in warm.generate(prompts, IDS, use_tqdm=False)]
     warm.close()
     llm = LLM("random:tiny-llama", dtype="float32", **TINY, **flash(path))  # auto
     engine = llm.engine
     block_bytes = engine.tier.geometry.block_bytes
     engine.preemption.prefill_speed.add(16_000, 1.0)  # tokens/s: a block costs 1 ms
     engine.swaps.read_bandwidth.add(block_bytes * (10_000 if disk == "fast" else 100), 1.0)
-    assert [o.token_ids for o in llm.generate(TOKENS, IDS, use_tqdm=False)] == expected
+    assert [o.token_ids for o in llm.generate(prompts, IDS, use_tqdm=False)] == expected
     stats = llm.stats()
-    assert stats["prefix_store_hits"] > 0
+    assert stats["prefix_store_hits"] == 2 * 4 * 16
     if disk == "fast":
         assert stats["prefix_store_read_tokens"] == stats["prefix_store_hits"]
         assert stats["prefix_store_recomputed"] == 0
