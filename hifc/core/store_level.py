@@ -7,7 +7,8 @@ engine) and what it decides about it:
   through the cost rule (:class:`~hifc.core.prefix_policy.PrefixReadPolicy`) how many to read;
 * writes (``write_mode``): ``evicted`` writes a cached block before the GPU evicts it: each
   step, the free cached blocks next in line for eviction (as many as the coming steps may
-  take, ``lookahead_blocks`` less the uncached free blocks) that the store lacks; ``all``
+  take, ``lookahead_blocks`` less the uncached free blocks and the writes in flight) that the
+  store lacks; ``all``
   writes every full block once computed (in the step after the one that computed it). A block
   being written holds a reference (it is not reused before its write completes); the store
   never holds a hash twice. With ``evicted``, a written block goes back to the oldest end of
@@ -85,7 +86,8 @@ class StoreLevel:
         if self.write_mode == "all":
             candidates, self._computed = self._computed, []
         else:
-            window = self.lookahead_blocks - self.pool.num_uncached_free_blocks
+            window = (self.lookahead_blocks - self.pool.num_uncached_free_blocks
+                      - len(self._writing))
             candidates = [(b, self.pool.block_hash(b)) for b in self.pool.oldest_cached_free(window)]
         return self._take(self._unstored(candidates))
 
