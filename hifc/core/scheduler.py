@@ -236,13 +236,13 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput(scheduled=[], finished_request_ids=self._finished_since_step)
         self._finished_since_step = []
+        if self.store is not None:  # before this step's allocations may evict them
+            out.prefix_writes = self.store.select_writes()
         budget, starved = self._schedule_running(out)
         if not (out.preempted_request_ids or starved):
             self._start_swap_ins(out)
             if not self.swapped:
                 self._admit_waiting(out, budget)
-        if self.store is not None:
-            out.prefix_writes = self.store.select_writes()
         return out
 
     def _chunk(self, num_to_compute: int, budget: int) -> int:
@@ -259,6 +259,7 @@ class Scheduler:
                  + [s for s in self.running if s.num_tokens_to_compute > 1])
         kept: set[str] = set()
         releasing = sum(len(self._stored[r].positions) for r in self.swapping_out)
+        releasing += self.store.num_releasing if self.store is not None else 0
         promised = 0
         starved = False
         while queue:

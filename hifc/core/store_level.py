@@ -5,8 +5,8 @@ engine) and what it decides about it:
 
 * admission: after the GPU hit, how many of the following block hashes the store holds, and
   through the cost rule (:class:`~hifc.core.prefix_policy.PrefixReadPolicy`) how many to read;
-* writes (``write_mode``): ``evicted`` writes a cached block before the GPU evicts it: each
-  step, the free cached blocks next in line for eviction (as many as the coming steps may
+* writes (``write_mode``): ``evicted`` writes a cached block before the GPU evicts it: at the
+  start of each step's scheduling, the free cached blocks next in line for eviction (as many as the coming steps may
   take, ``lookahead_blocks`` less the uncached free blocks and the writes in flight) that the
   store lacks; ``all``
   writes every full block once computed (in the step after the one that computed it). A block
@@ -129,8 +129,10 @@ class StoreLevel:
                           evict_first=written and self.write_mode == "evicted")
 
     @property
-    def num_writing(self) -> int:
-        return len(self._writing)
+    def num_releasing(self) -> int:
+        """GPU blocks that become free when the writes in flight end (``evicted`` writes free
+        blocks)."""
+        return len(self._writing) if self.write_mode == "evicted" else 0
 
     def _on_evict(self, block_hash: bytes, block: int) -> None:
         if self._stored.pop(block, None) != block_hash:
