@@ -22,8 +22,9 @@ def test_compare_all_variants_then_analysis_tools(hifc, tiers, tmp_path):
     """The GPU script's analysis stage in-process: every variant, FC trace, then wafsim, stall
     and endurance read what the benchmark wrote."""
     out, traces = tmp_path / "bench.json", tmp_path / "traces"
-    code, stdout, _ = hifc("bench", "throughput", *TINY, *PRESSURE, *tiers,
-                           "--compare", "none,dram,flash,recompute,auto", "--json", out,
+    # the prefix store off: every flash write is a swap-out (the trace WAF replays)
+    code, stdout, _ = hifc("bench", "throughput", *TINY, *PRESSURE, *tiers, "--prefix-store",
+                           "off", "--compare", "none,dram,flash,recompute,auto", "--json", out,
                            "--trace-dir", traces, "--no-progress")
     assert code == 0
     summary = json.loads(out.read_text())

@@ -86,7 +86,6 @@ def test_store_parity_evictions_restart_and_damaged_records(reference, tmp_path)
     assert stats["prefix_store_bytes_read"] > 0 and stats["prefix_store_read_failures"] == 0
     assert_nothing_held(llm)
     llm.close()
-    assert llm.stats()["prefix_store_flush_blocks"] > 0  # what was still only on the GPU
 
     again = LLM("smollm2-135m", **SMALL_POOL, **BASE, **always)
     outputs = again.generate(prompts[:3], PARAMS, use_tqdm=False)
