@@ -1,8 +1,9 @@
 """``hifc bench prefix``: prefix caching with and without the flash prefix store, side by side.
 
-Each workload (:mod:`hifc.bench.conversations`: ShareGPT multi-turn conversations, and
-requests sharing one system prompt) runs on a fresh engine per variant, with the same KV
-budget (small enough that the GPU cache evicts):
+The workloads (:mod:`hifc.bench.conversations`: ShareGPT multi-turn conversations, and
+requests sharing one system prompt) run one after the other on a fresh engine per variant
+(the GPU cache is cold for the first; the second finds only the first's unrelated blocks),
+with the same KV budget (small enough that the GPU cache evicts):
 
   none           prefix caching off
   gpu            the GPU prefix cache alone
@@ -17,11 +18,13 @@ request's first token. Each engine first serves, untimed, two reversed prompts o
 (kernel compilation; nothing the timed run could find cached). Reported per variant: TTFT
 p50/p99 and its ratio to ``none``, throughput, GPU and flash hit rates, the cost rule's
 choices (tokens read, tokens recomputed), bytes read and written, the KV bytes per token, the
-measured tier read bandwidth and prefill speed; JSON and a PNG.
+measured tier read bandwidth and prefill speed, and whether the greedy outputs of every turn
+equal those of ``none``; JSON and a PNG.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import time
@@ -110,6 +113,7 @@ def variant_options(name: str, base: dict) -> dict:
 # ---- one run ---------------------------------------------------------------------------------
 @dataclass
 class _Active:
+    index: int  # of the dialogue in the workload
     dialogue: Dialogue
     turn: int
     history: list[int]
@@ -122,23 +126,24 @@ def drive(engine, dialogues: list[Dialogue], concurrency: int, tag: str) -> dict
     """Serve the dialogues turn by turn; per-request TTFTs and the run's token counts."""
     from hifc.sampling_params import SamplingParams
 
-    waiting, active = deque(dialogues), {}
+    waiting, active = deque(enumerate(dialogues)), {}
     ttfts, prompt_tokens, output_tokens, ids = [], 0, 0, iter(range(1 << 62))
+    generated: dict[str, list[int]] = {}  # "dialogue/turn" -> the greedy output
 
-    def submit(dialogue: Dialogue, turn: int, history: list[int]) -> None:
+    def submit(index: int, dialogue: Dialogue, turn: int, history: list[int]) -> None:
         nonlocal prompt_tokens
         step = dialogue.turns[turn]
         prompt = history + step.user_ids
         rid = f"{tag}-{next(ids)}"
         engine.add_request(rid, prompt, SamplingParams(max_tokens=step.output_tokens,
                                                        temperature=0.0, ignore_eos=True))
-        active[rid] = _Active(dialogue, turn, history, prompt, time.perf_counter())
+        active[rid] = _Active(index, dialogue, turn, history, prompt, time.perf_counter())
         prompt_tokens += len(prompt)
 
     start = time.perf_counter()
     while waiting or active:
         while waiting and len(active) < concurrency:
-            submit(waiting.popleft(), 0, [])
+            submit(*waiting.popleft(), 0, [])
         outputs = engine.step()
         now = time.perf_counter()
         for out in outputs:
@@ -149,12 +154,16 @@ def drive(engine, dialogues: list[Dialogue], concurrency: int, tag: str) -> dict
             if out.finished:
                 del active[out.request_id]
                 output_tokens += len(out.token_ids)
+                generated[f"{state.index}/{state.turn}"] = out.token_ids
                 if state.turn + 1 < len(state.dialogue.turns):
-                    submit(state.dialogue, state.turn + 1, state.prompt + out.token_ids)
+                    submit(state.index, state.dialogue, state.turn + 1,
+                           state.prompt + out.token_ids)
+    elapsed = time.perf_counter() - start
     while engine.has_unfinished_requests():  # prefix writes still in flight
         engine.step()
-    return {"elapsed_s": time.perf_counter() - start, "ttft_s": ttfts,
-            "prompt_tokens": prompt_tokens, "output_tokens": output_tokens}
+    digest = hashlib.sha256(json.dumps(generated, sort_keys=True).encode()).hexdigest()
+    return {"elapsed_s": elapsed, "ttft_s": ttfts, "prompt_tokens": prompt_tokens,
+            "output_tokens": output_tokens, "outputs_sha256": digest}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -225,32 +234,33 @@ WorkloadBuilder = Callable[[object], dict[str, list[Dialogue]]]
 
 def compare(base: dict, make_workloads: WorkloadBuilder, variants: list[str],
             concurrency: int, on_result: Callable[[dict], None] | None = None) -> dict:
-    """Run every workload on a fresh engine per variant; the workloads are built from the
-    first engine. Returns {workload: {"workload": description, "variants": rows}, ...} and
-    "kv": the KV bytes per token and per block."""
-    first = _new_engine(variants[0], base)
+    """Run the workloads, one after the other, on a fresh engine per variant (the workloads
+    are built from the first engine). Returns {workload: {"workload": description,
+    "variants": rows}, ...} and "kv": the KV bytes per token and per block."""
+    engine = _new_engine(variants[0], base)
     try:
-        workloads = make_workloads(first)
+        workloads = make_workloads(engine)
     except BaseException:
-        first.close()
+        engine.close()
         raise
-    block_bytes = first.limits.block_bytes
+    block_bytes = engine.limits.block_bytes
     results: dict = {"kv": {"kv_bytes_per_block": block_bytes,
-                            "kv_bytes_per_token": block_bytes // first.config.block_size}}
+                            "kv_bytes_per_token": block_bytes // engine.config.block_size}}
     for workload, dialogues in workloads.items():
-        entry = results[workload] = {"workload": describe(dialogues), "variants": []}
-        for name in variants:
-            engine, first = first or _new_engine(name, base), None
-            try:
-                entry["variants"].append(run_variant(engine, name, dialogues, concurrency,
-                                                     f"{workload}-"))
-            finally:
-                engine.close()
-                del engine
-                free_device_memory()
-            _add_ratios(entry["variants"])
-            if on_result is not None:
-                on_result(results)
+        results[workload] = {"workload": describe(dialogues), "variants": []}
+    for name in variants:
+        engine = engine or _new_engine(name, base)
+        try:
+            for workload, dialogues in workloads.items():
+                rows = results[workload]["variants"]
+                rows.append(run_variant(engine, name, dialogues, concurrency, f"{workload}-"))
+                _add_ratios(rows)
+                if on_result is not None:
+                    on_result(results)
+        finally:
+            engine.close()
+            engine = None
+            free_device_memory()
     return results
 
 
@@ -269,6 +279,8 @@ def _add_ratios(rows: list[dict]) -> None:
         r["ttft_p99_x_none"] = r["ttft_p99_s"] / none["ttft_p99_s"] if none else None
         r["throughput_x_none"] = (r["output_tokens_per_s"] / none["output_tokens_per_s"]
                                   if none else None)
+        # greedy outputs equal those without caching (every turn of every conversation)
+        r["outputs_match_none"] = r["outputs_sha256"] == none["outputs_sha256"] if none else None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -311,6 +323,7 @@ _COLUMNS = (
     ("GiB wr", 6, lambda r: f"{r['prefix_store_bytes_written'] / 2**30:.2f}"),
     ("rd GiB/s", 8, lambda r: _gibps(r["tier_read_bytes_per_s"])),
     ("prefill tok/s", 13, lambda r: f"{r['prefill_tokens_per_s'] or 0:.0f}"),
+    ("same out", 8, lambda r: {True: "yes", False: "NO", None: "-"}[r["outputs_match_none"]]),
 )
 
 

@@ -31,6 +31,7 @@ def test_every_variant_of_both_workloads(hifc, tiers, tmp_path):
             assert r["output_tokens_per_s"] > 0
         assert rows["none"]["prefix_cache_hits"] == 0 and rows["gpu"]["prefix_cache_hits"] > 0
         assert rows["none"]["ttft_p50_x_none"] == 1.0
+        assert all(r["outputs_match_none"] for r in rows.values())  # greedy parity
         restart = rows["flash-restart"]
         # the warm file: the first turns (the system prompt) come from flash, read (always)
         assert restart["prefix_store_hits"] > 0 and restart["prefix_store_recomputed"] == 0
