@@ -90,6 +90,7 @@ class LLMEngine:
         self._arrivals = itertools.count()
         self._eos = frozenset(self.tokenizer.eos_token_ids if self.tokenizer
                               else self.arch.eos_token_ids)
+        self._closed = False
         self.num_steps = 0
         self.num_prompt_tokens = 0
         self.num_generated_tokens = 0
@@ -212,10 +213,11 @@ class LLMEngine:
         engine on the file starts warm, and release the swap tier."""
         self.abort_request(list(self._requests))
         self.swaps.drain()
-        if self.tier is not None:
+        if self.tier is not None and not self._closed:
             self.swaps.flush(self.config.tier.prefix_store_flush_seconds)
             self.tier.close()
             self.swaps.after_close()
+        self._closed = True
 
     def _output(self, req: _Request) -> RequestOutput:
         seq = req.seq
