@@ -24,15 +24,7 @@ a sequence samples its next token only in the step that computes its last known 
    step shares the blocks another one computes in it (each layer writes the step's K/V before
    any query attends).
 
-Preemption with shared blocks. A victim either drops all its blocks for recompute (each loses
-one reference: blocks others share stay with them, its cached blocks stay cached), or swaps:
-only the blocks it alone references are written to the tier (and freed when the write ends);
-its references to blocks other sequences share are dropped at once, leaving holes in its table.
-A shared block is always cached by hash, so at swap-in the holes are filled by looking those
-hashes up again, and only the swapped blocks are read back; if one of those shared blocks has
-been evicted in the meantime, the sequence is recomputed instead (its tier copy is freed). So a
-swapped sequence holds no GPU block, and no shared block is ever written or freed as if it
-were owned.
+Preemption and swapping: :mod:`hifc.core.swapping`.
 
 The flash prefix store as a second level (``store``, :mod:`hifc.core.store_level`). At
 admission, the blocks after the GPU hit are looked up in the store and the cost rule says how
@@ -41,10 +33,7 @@ a swap-in, while the others run), then prefills the rest; a read that fails part
 sequence to recompute from its first bad block. A waiting sequence whose next block another
 sequence is reading waits for that read (then finds the block in the GPU cache). Each step the
 store level names blocks to write (``SchedulerOutput.prefix_writes``), holding a reference on
-each until its write ends. A swap-out writes only the owned blocks that the store lacks: the
-stored ones are held in the store (never overwritten meanwhile) and, like shared blocks, are
-found again by hash at swap-in: in the GPU cache, else read from the store; if one is in
-neither, the sequence is recomputed.
+each until its write ends.
 
 The scheduler speaks to the runtime only through ``SchedulerOutput`` and learns of finished
 I/O through ``swap_out_done`` / ``swap_in_done`` / ``prefix_read_done`` /
@@ -54,107 +43,17 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter, deque
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass
 
 from hifc.core.kv_manager import AllocStatus, KVCacheManager
 from hifc.core.outputs import SamplerOutput
-from hifc.core.preemption import PreemptionMode, PreemptionPolicy
+from hifc.core.preemption import PreemptionPolicy
+from hifc.core.scheduler_output import (  # noqa: F401  (the scheduler's public types)
+    PrefixRead, ScheduledSeq, SchedulerLimits, SchedulerOutput, SwapOrder, TierBlocks,
+)
 from hifc.core.sequence import Sequence, SequenceStatus
 from hifc.core.store_level import StoreLevel
-from hifc.sampling_params import SamplingParams
-
-
-class TierBlocks(Protocol):
-    """What the scheduler needs of a swap tier's block space."""
-
-    def can_reserve(self, n: int) -> bool: ...
-    def reserve(self, n: int) -> list[int]: ...
-    def free(self, ids: list[int]) -> None: ...
-
-
-@dataclass(frozen=True)
-class ScheduledSeq:
-    """One sequence's work in a step: compute K/V for ``token_ids`` at positions
-    ``start_pos..start_pos+len-1``; if ``samples`` (the chunk ends at the sequence's last known
-    token), sample the next token from the last one."""
-
-    request_id: str
-    token_ids: list[int]
-    start_pos: int
-    block_table: list[int]
-    sampling_params: SamplingParams
-    samples: bool = True
-
-    @property
-    def seq_len(self) -> int:
-        return self.start_pos + len(self.token_ids)
-
-
-@dataclass(frozen=True)
-class SwapOrder:
-    """Move one sequence's KV blocks. Swap-out pairs are (gpu, tier); swap-in pairs are
-    (tier, gpu). ``owner`` = (sequence number, generation) tags the stored records."""
-
-    request_id: str
-    owner: tuple[int, int]
-    pairs: list[tuple[int, int]]
-
-
-@dataclass(frozen=True)
-class PrefixRead:
-    """Read one sequence's blocks from the flash prefix store: pairs are (hash, GPU block)."""
-
-    request_id: str
-    pairs: list[tuple[bytes, int]]
-
-
-@dataclass
-class SchedulerOutput:
-    scheduled: list[ScheduledSeq]
-    preempted_request_ids: list[str] = field(default_factory=list)
-    finished_request_ids: list[str] = field(default_factory=list)  # ended since the last step
-    swap_out: list[SwapOrder] = field(default_factory=list)
-    swap_in: list[SwapOrder] = field(default_factory=list)
-    prefix_reads: list[PrefixRead] = field(default_factory=list)
-    prefix_writes: list[tuple[int, bytes]] = field(default_factory=list)  # (GPU block, hash)
-
-    @property
-    def sampling(self) -> list[ScheduledSeq]:
-        """The scheduled sequences that sample a token in this step, in scheduled order."""
-        return [s for s in self.scheduled if s.samples]
-
-    @property
-    def num_prefill_tokens(self) -> int:
-        return sum(len(s.token_ids) for s in self.scheduled if len(s.token_ids) > 1)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.scheduled
-
-
-@dataclass(frozen=True)
-class SchedulerLimits:
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    max_model_len: int
-    chunked_prefill: bool = True
-
-
-@dataclass
-class _Stored:
-    """The tier copy of a swapped(-ing) sequence: ``positions`` of its table were written to
-    ``tier_blocks``; ``by_hash`` positions held blocks that others share or that the prefix
-    store holds (``held``: those records' tier blocks), found again by hash."""
-
-    tier_blocks: list[int]
-    owner: tuple[int, int]
-    positions: list[int]
-    by_hash: list[int]
-    held: list[int] = field(default_factory=list)
-    parts: int = 0  # swap-in jobs (swap records, prefix reads) not finished yet
-    parts_ok: bool = True
-    num_read: int = 0  # blocks of the swap-in read from the prefix store
+from hifc.core.swapping import SwapMixin, _Stored
 
 
 @dataclass(frozen=True)
@@ -165,7 +64,7 @@ class _Load:
     hashes: list[bytes]
 
 
-class Scheduler:
+class Scheduler(SwapMixin):
     def __init__(self, limits: SchedulerLimits, kv_manager: KVCacheManager,
                  policy: PreemptionPolicy, tier: TierBlocks | None = None,
                  store: StoreLevel | None = None):
@@ -291,46 +190,6 @@ class Scheduler:
         self.running = [s for s in self.running if s.request_id in kept]
         return budget, starved
 
-    def _start_swap_ins(self, out: SchedulerOutput) -> None:
-        while self.swapped:
-            seq = self.swapped[0]
-            rid = seq.request_id
-            stored = self._stored[rid]
-            hashes = seq.block_hashes
-            reused = {p: block for p in stored.by_hash
-                      if (block := self.kv.cached_block(hashes[p])) is not None}
-            missing = [p for p in stored.by_hash if p not in reused]
-            if missing and not self._all_stored([hashes[p] for p in missing]):
-                self.swapped.pop(0)  # a block it shared is gone: recompute instead
-                self._free_tier_copy(rid)
-                self.kv.free(rid)
-                self._requeue_for_recompute(seq)
-                continue
-            busy = bool(self.running or self.swapping_in or self.loading)
-            if self.kv.can_fill_holes(rid, list(reused.values()),
-                                      use_watermark=busy) is not AllocStatus.OK:
-                break
-            self.swapped.pop(0)
-            new_blocks = self.kv.fill_holes(rid, reused)
-            gpu_at = dict(zip(sorted(stored.positions + missing), new_blocks))
-            seq.status = SequenceStatus.SWAPPING_IN
-            self.swapping_in[rid] = seq
-            if stored.tier_blocks:
-                stored.parts += 1
-                out.swap_in.append(SwapOrder(rid, stored.owner, [
-                    (t, gpu_at[p]) for t, p in zip(stored.tier_blocks, stored.positions)]))
-            if missing:
-                stored.parts += 1
-                stored.num_read = len(missing)
-                out.prefix_reads.append(PrefixRead(rid, [(hashes[p], gpu_at[p])
-                                                         for p in missing]))
-            if not stored.parts:  # every block was still in the GPU cache
-                self._end_swap_in(rid)
-
-    def _all_stored(self, hashes: list[bytes]) -> bool:
-        """Whether the flash prefix store holds every one of ``hashes`` now."""
-        return self.store is not None and all(self.store.store.num_stored([h]) for h in hashes)
-
     def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
         block_size = self.kv.block_size
         while (self.waiting and budget > 0
@@ -409,117 +268,6 @@ class Scheduler:
         return ScheduledSeq(seq.request_id, seq.token_ids(start, end), start,
                             list(self.kv.block_table(seq.request_id)), seq.sampling_params,
                             samples=end == seq.num_tokens)
-
-    # ---- preemption -----------------------------------------------------------------------
-    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> int:
-        """Preempt a running sequence; returns the GPU blocks that a swap-out will release."""
-        self.num_preemptions += 1
-        seq.num_preemptions += 1
-        seq.generation += 1
-        out.preempted_request_ids.append(seq.request_id)
-        rid = seq.request_id
-        owned = self.kv.exclusive_positions(rid)
-        mode = self.policy.choose(len(owned), seq.num_computed_tokens)
-        if mode is PreemptionMode.SWAP and owned and self.tier is not None:
-            stored = self._swap_out(seq, owned, out)
-            if stored is not None:
-                return len(stored.positions)
-        self.kv.free(rid)
-        self._requeue_for_recompute(seq)
-        return 0
-
-    def _swap_out(self, seq: Sequence, owned: list[int],
-                  out: SchedulerOutput) -> _Stored | None:
-        """Order the swap-out of the owned blocks the prefix store lacks (holding the records
-        of those it has); None if the tier has no room."""
-        rid = seq.request_id
-        held_at = self._stored_positions(seq, owned)
-        held = self.store.store.hold([seq.block_hashes[p] for p in held_at]) if held_at else []
-        held_at = held_at[:len(held)]
-        to_write = [p for p in owned if p not in set(held_at)]
-        if not self.tier.can_reserve(len(to_write)):
-            if held:
-                self.store.store.release(held)
-            return None
-        table = self.kv.block_table(rid)
-        gpu_blocks = [table[p] for p in to_write]
-        written = set(to_write)
-        by_hash = [p for p in range(len(table)) if p not in written]
-        self.kv.release(rid, by_hash)  # others keep theirs; all are found again by hash
-        stored = _Stored(self.tier.reserve(len(to_write)), (seq.arrival, seq.generation),
-                         to_write, by_hash, held)
-        self._stored[rid] = stored
-        seq.status = SequenceStatus.SWAPPING_OUT
-        self.swapping_out[rid] = seq
-        if to_write:
-            out.swap_out.append(SwapOrder(rid, stored.owner,
-                                          list(zip(gpu_blocks, stored.tier_blocks))))
-        else:  # the store holds every block it owned
-            self.swap_out_done(rid, True)
-        return stored
-
-    def _stored_positions(self, seq: Sequence, owned: list[int]) -> list[int]:
-        """The owned positions of computed full blocks that the prefix store holds."""
-        if self.store is None:
-            return []
-        num_full = min(len(seq.block_hashes), seq.num_computed_tokens // self.kv.block_size)
-        num_stored = self.store.store.num_stored
-        return [p for p in owned if p < num_full and num_stored([seq.block_hashes[p]])]
-
-    def _requeue_for_recompute(self, seq: Sequence) -> None:
-        seq.num_computed_tokens = 0
-        seq.status = SequenceStatus.WAITING
-        self.waiting.appendleft(seq)
-        self.num_recomputed_sequences += 1
-
-    def _free_tier_copy(self, request_id: str) -> None:
-        stored = self._stored.pop(request_id, None)
-        if stored is not None and self.tier is not None:
-            self.tier.free(stored.tier_blocks)
-            if stored.held:
-                self.store.store.release(stored.held)
-
-    # ---- I/O completions (told by the engine) ---------------------------------------------
-    def swap_out_done(self, request_id: str, ok: bool) -> None:
-        seq = self.swapping_out.pop(request_id)
-        if seq.status.is_finished or not ok:
-            self.kv.free(request_id)
-            self._free_tier_copy(request_id)
-            if not seq.status.is_finished:
-                self.num_swap_failures += 1
-                self._requeue_for_recompute(seq)
-            return
-        stored = self._stored[request_id]
-        self.kv.release(request_id, stored.positions)  # the write is over: GPU copy not needed
-        self.swap_out_blocks += len(stored.tier_blocks)
-        seq.status = SequenceStatus.SWAPPED
-        bisect.insort(self.swapped, seq, key=lambda s: s.arrival)
-
-    def swap_in_done(self, request_id: str, ok: bool) -> None:
-        self._swap_in_part_done(request_id, ok)
-
-    def _swap_in_part_done(self, request_id: str, ok: bool) -> None:
-        """One job of a swap-in ended; once all have, the sequence runs (or recomputes)."""
-        stored = self._stored[request_id]
-        stored.parts -= 1
-        stored.parts_ok = stored.parts_ok and ok
-        if not stored.parts:
-            self._end_swap_in(request_id)
-
-    def _end_swap_in(self, request_id: str) -> None:
-        stored = self._stored[request_id]
-        seq = self.swapping_in.pop(request_id)
-        self._free_tier_copy(request_id)
-        if seq.status.is_finished or not stored.parts_ok:
-            self.kv.free(request_id)
-            if not seq.status.is_finished:
-                self.num_swap_failures += 1
-                self._requeue_for_recompute(seq)
-            return
-        self.swap_in_blocks += len(stored.tier_blocks)
-        self.kv.cache_blocks(seq, seq.num_computed_tokens)  # shareable again
-        seq.status = SequenceStatus.RUNNING
-        bisect.insort(self.running, seq, key=lambda s: s.arrival)
 
     def prefix_read_done(self, request_id: str, blocks_ok: int) -> None:
         """A prefix read ended: its first ``blocks_ok`` blocks hold verified K/V."""
