@@ -53,7 +53,7 @@ from hifc.core.scheduler_output import (  # noqa: F401  (the scheduler's public 
 )
 from hifc.core.sequence import Sequence, SequenceStatus
 from hifc.core.store_level import StoreLevel
-from hifc.core.swapping import SwapMixin, _Stored
+from hifc.core.swapping import SwapMixin, TierCopy
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ class Scheduler(SwapMixin):
         self.swapping_out: dict[str, Sequence] = {}
         self.swapped: list[Sequence] = []  # ordered by arrival
         self.swapping_in: dict[str, Sequence] = {}
-        self._stored: dict[str, _Stored] = {}  # tier copy of swapped(-ing) sequences
+        self._stored: dict[str, TierCopy] = {}  # tier copy of swapped(-ing) sequences
         self._finished_since_step: list[str] = []
         self.num_preemptions = 0
         self.num_recomputed_sequences = 0

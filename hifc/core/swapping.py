@@ -26,7 +26,7 @@ from hifc.core.store_level import StoreLevel
 
 
 @dataclass
-class _Stored:
+class TierCopy:
     """The tier copy of a swapped(-ing) sequence: ``positions`` of its table were written to
     ``tier_blocks``; ``by_hash`` positions held blocks that others share or that the prefix
     store holds (``held``: those records' tier blocks), found again by hash."""
@@ -52,7 +52,7 @@ class SwapMixin:
     swapping_out: dict[str, Sequence]
     swapped: list[Sequence]
     swapping_in: dict[str, Sequence]
-    _stored: dict[str, _Stored]
+    _stored: dict[str, TierCopy]
 
     def _start_swap_ins(self, out: SchedulerOutput) -> None:
         while self.swapped:
@@ -113,7 +113,7 @@ class SwapMixin:
         return 0
 
     def _swap_out(self, seq: Sequence, owned: list[int],
-                  out: SchedulerOutput) -> _Stored | None:
+                  out: SchedulerOutput) -> TierCopy | None:
         """Order the swap-out of the owned blocks the prefix store lacks (holding the records
         of those it has); None if the tier has no room."""
         rid = seq.request_id
@@ -130,7 +130,7 @@ class SwapMixin:
         written = set(to_write)
         by_hash = [p for p in range(len(table)) if p not in written]
         self.kv.release(rid, by_hash)  # others keep theirs; all are found again by hash
-        stored = _Stored(self.tier.reserve(len(to_write)), (seq.arrival, seq.generation),
+        stored = TierCopy(self.tier.reserve(len(to_write)), (seq.arrival, seq.generation),
                          to_write, by_hash, held)
         self._stored[rid] = stored
         seq.status = SequenceStatus.SWAPPING_OUT
