@@ -203,3 +203,24 @@ def test_the_cost_rule_reads_from_a_fast_disk_and_recomputes_past_a_slow_one(tmp
         assert stats["prefix_store_recomputed"] == stats["prefix_store_hits"]
         assert stats["prefix_store_read_tokens"] == stats["prefix_store_bytes_read"] == 0
     llm.close()
+
+
+def test_swapped_out_blocks_the_store_holds_are_held_not_written(tmp_path):
+    """With every block stored as computed (``all``), a preempted sequence's swap-out writes
+    only its newest, partial block; the others are read back by prefix reads at swap-in."""
+    prompts = [list(range(5 + 7 * i, 45 + 7 * i)) for i in range(4)]
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    ref = LLM("random:tiny-llama", dtype="float32", device="cpu", block_size=16,
+              num_gpu_blocks=64, enable_prefix_caching=False)
+    expected = [o.token_ids for o in ref.generate(prompts, params, use_tqdm=False)]
+    llm = LLM("random:tiny-llama", dtype="float32", device="cpu", block_size=16,
+              num_gpu_blocks=12, max_model_len=96,
+              **flash(tmp_path / "kv.hifc", prefix_store="all", prefix_store_read="always"))
+    assert [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == expected
+    stats = llm.stats()
+    assert stats["preemptions"] > 0 and stats["recomputed_sequences"] == 0
+    assert stats["swap_out_blocks"] < stats["preemptions"] * 3  # a victim holds >= 3 blocks
+    assert stats["swap_in_blocks"] == stats["swap_out_blocks"]
+    assert stats["prefix_store_read_tokens"] > 0  # the held blocks, back by prefix reads
+    assert_nothing_held(llm)
+    llm.close()
