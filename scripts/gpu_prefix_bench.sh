@@ -7,7 +7,7 @@
 # For each model: ShareGPT multi-turn conversations (turn by turn, 8 at a time) and requests
 # sharing a 2048-token system prompt, each under no caching, the GPU prefix cache, GPU + flash
 # store, and GPU + flash store after a restart (a new engine on the file: cold GPU, warm file).
-# bf16, CUDA graphs, a KV budget of 384 blocks of 64 tokens (the GPU cache evicts), the cache
+# bf16, CUDA graphs, a KV budget of 320 blocks of 64 tokens (the GPU cache evicts), the cache
 # file in the current directory (the local disk), the cost rule deciding read or recompute.
 # Prints each model's table (TTFT p50/p99 and their ratio to no caching, throughput, GPU and
 # flash hit rates, tokens read and recomputed, GiB read/written, the measured read bandwidth
@@ -32,9 +32,9 @@ if [[ $device == cpu ]]; then
 else
   models=(random:ds-r1-llama-8b random:ds-r1-qwen-32b)
   engine=(--dtype bfloat16 --block-size 64 --max-model-len 4096 --max-num-seqs 16
-          --num-gpu-blocks 384 --flash-size-gib 24)
-  work=(--num-conversations 16 --max-turns 4 --max-turn-tokens 768 --max-output-tokens 64
-        --num-requests 32 --system-prompt-len 2048 --max-concurrency 8)
+          --num-gpu-blocks 320 --flash-size-gib 24)
+  work=(--num-conversations 12 --max-turns 4 --max-turn-tokens 512 --max-output-tokens 48
+        --num-requests 24 --system-prompt-len 2048 --max-concurrency 8)
 fi
 
 status=0
