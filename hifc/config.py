@@ -9,12 +9,11 @@ separate object (see ``hifc.engine.limits``), never stored here.
 from __future__ import annotations
 
 import argparse
-import math
 from dataclasses import dataclass, field
 
 from hifc import dtypes
 from hifc.core.preemption import PREEMPTION_MODES
-from hifc.options import (add_config_args, build, check_choice, flatten, option,
+from hifc.options import (add_config_args, build, check_choice, check_size_gib, flatten, option,
                           options_from_args)
 from hifc.tiers.config import TierConfig
 
@@ -58,6 +57,9 @@ class EngineConfig:
     preemption: str | None = option(
         None, "recompute, swap or auto (default: swap when a tier is set)",
         choices=PREEMPTION_MODES)
+    cpu_threads: int | None = option(
+        None, "torch CPU threads (default on CPU: usable cores - 1, unless OMP_NUM_THREADS is "
+        "set)")
     tier: TierConfig = field(default_factory=TierConfig)
 
     def __post_init__(self) -> None:
@@ -73,11 +75,11 @@ class EngineConfig:
         for name in ("max_model_len", "max_num_batched_tokens", "num_gpu_blocks"):
             if getattr(self, name) is not None:
                 _positive_int(name, getattr(self, name))
-        if self.kv_cache_gib is not None and not _positive_finite(self.kv_cache_gib):
-            raise ValueError(f"kv_cache_gib must be a positive finite number, "
-                             f"got {self.kv_cache_gib!r}")
-        if not (_positive_finite(self.gpu_memory_utilization)
-                and self.gpu_memory_utilization <= 1.0):
+        if self.kv_cache_gib is not None:
+            check_size_gib("kv_cache_gib", self.kv_cache_gib)
+        if isinstance(self.gpu_memory_utilization, bool) \
+                or not isinstance(self.gpu_memory_utilization, (int, float)) \
+                or not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
         if self.num_gpu_blocks is not None and self.kv_cache_gib is not None:
@@ -85,8 +87,11 @@ class EngineConfig:
         for name in ("enforce_eager", "enable_prefix_caching", "enable_chunked_prefill"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) \
+                or not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
+        if self.cpu_threads is not None:
+            _positive_int("cpu_threads", self.cpu_threads)
         if not isinstance(self.tier, TierConfig):
             raise ValueError("tier must be a TierConfig")
         if self.preemption is not None:
@@ -134,11 +139,6 @@ def add_engine_args(parser: argparse.ArgumentParser, **defaults) -> None:
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig.from_options(**options_from_args(args, EngineConfig))
-
-
-def _positive_finite(value) -> bool:
-    return (not isinstance(value, bool) and isinstance(value, (int, float))
-            and math.isfinite(value) and value > 0)
 
 
 def _positive_int(name: str, value) -> None:

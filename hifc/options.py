@@ -25,6 +25,15 @@ def option(default: Any, help: str, *, choices: tuple | None = None, cli: bool =
     return dataclasses.field(default=default, metadata=metadata)
 
 
+MAX_GIB = 1 << 20  # sizes in GiB above 1 PiB are typos, and past float range is inf
+
+
+def check_size_gib(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not 0 < value <= MAX_GIB:  # also false for nan
+        raise ValueError(f"{name} must be a number of GiB in (0, {MAX_GIB}], got {value!r}")
+
+
 def check_choice(name: str, value: Any, choices: tuple) -> None:
     if value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(map(str, choices))}, got {value!r}")

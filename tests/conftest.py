@@ -2,6 +2,9 @@
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# torch's one thread per core fights other work on a small shared machine (see
+# hifc.engine.threads): one fewer than the usable cores, here and in the processes tests start.
+os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) - 1)))
 
 import pytest  # noqa: E402
 

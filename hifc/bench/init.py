@@ -23,6 +23,7 @@ import tempfile
 import time
 from dataclasses import replace
 
+from hifc.analysis.common import positive_float
 from hifc.bench.io import add_geometry_args, device_from_args, geometry_from_args
 
 
@@ -35,7 +36,7 @@ def register(subparsers) -> argparse.ArgumentParser:
 
     p = subparsers.add_parser("init", help="KV tier init time: flash file vs pinned DRAM "
                               "(Table 6)", description=__doc__.split("\n\n")[0])
-    p.add_argument("--size-gib", type=float, required=True, help="tier size")
+    p.add_argument("--size-gib", type=positive_float, required=True, help="tier size")
     p.add_argument("--path", help="cache file to create (must not exist; default: a temporary "
                    "file in the current directory, removed afterwards)")
     p.add_argument("--json", dest="json_out", help="write results as JSON here")

@@ -33,6 +33,7 @@ import random
 import statistics
 import time
 
+from hifc.analysis.common import positive_float
 from hifc.bench.rawio import (MIB, RawIO, describe_sizes, filesystem_of, io_summary,
                               kvikio_task_bytes, precondition_tasks, split_pieces, tier_io_tasks)
 
@@ -75,7 +76,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("io", help="flash tier I/O bandwidth vs raw O_DIRECT (Table 5)",
                               description=__doc__.split("\n\n")[0])
     p.add_argument("--path", required=True, help="cache file to create (or reuse)")
-    p.add_argument("--size-gib", type=float, required=True, help="cache file size")
+    p.add_argument("--size-gib", type=positive_float, required=True, help="cache file size")
     p.add_argument("--json", dest="json_out", help="write results as JSON here")
     p.add_argument("--layout", default=DEFAULT_LAYOUT, choices=LAYOUTS)
     p.add_argument("--backend", default="auto", choices=FLASH_BACKENDS)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence as Seq
 
 from tqdm.auto import tqdm
 
@@ -15,13 +14,34 @@ Message = dict[str, str]
 
 
 def _as_prompt_list(prompts) -> list[Prompt]:
-    if isinstance(prompts, str):
-        return [prompts]
-    if isinstance(prompts, Seq) and prompts and all(isinstance(t, int) for t in prompts):
-        return [list(prompts)]  # one prompt given as token ids
-    if isinstance(prompts, Seq):
-        return [p if isinstance(p, str) else list(p) for p in prompts]
-    raise ValueError("prompts must be a string, a list of token ids, or a list of those")
+    """One prompt (a string or a list of token ids) or a list of prompts, as a list."""
+    if isinstance(prompts, str) or _is_token_ids(prompts):
+        return [prompts if isinstance(prompts, str) else list(prompts)]
+    if not isinstance(prompts, (list, tuple)):
+        raise ValueError(f"prompts must be a string, a list of token ids, or a list of those, "
+                         f"got {type(prompts).__name__}")
+    for i, prompt in enumerate(prompts):
+        if not isinstance(prompt, (str, list, tuple)):  # the engine checks what they hold
+            raise ValueError(f"prompts[{i}] must be a string or a list of token ids, got "
+                             f"{type(prompt).__name__}")
+    return [p if isinstance(p, str) else list(p) for p in prompts]
+
+
+def _is_token_ids(value) -> bool:
+    return isinstance(value, (list, tuple)) and bool(value) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def _params_list(sampling_params, num_prompts: int) -> list[SamplingParams]:
+    """One SamplingParams per prompt (the same one for all, or a list of them)."""
+    if sampling_params is None or isinstance(sampling_params, SamplingParams):
+        return [sampling_params or SamplingParams()] * num_prompts
+    if not isinstance(sampling_params, (list, tuple)):
+        raise ValueError(f"sampling_params must be a SamplingParams or a list of them, got "
+                         f"{type(sampling_params).__name__}")
+    if len(sampling_params) != num_prompts:
+        raise ValueError(f"got {len(sampling_params)} sampling params for {num_prompts} prompts")
+    return list(sampling_params)
 
 
 class LLM:
@@ -44,13 +64,10 @@ class LLM:
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
         prompt_list = _as_prompt_list(prompts)
-        if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            params = [sampling_params or SamplingParams()] * len(prompt_list)
-        else:
-            params = list(sampling_params)
-            if len(params) != len(prompt_list):
-                raise ValueError(f"got {len(params)} sampling params for {len(prompt_list)} prompts")
+        params = _params_list(sampling_params, len(prompt_list))
         # Validate everything before queueing anything, so bad input loses nothing.
+        for p in params:
+            self.engine.check_sampling_params(p)
         token_prompts = [self.engine.tokenize_prompt(p) for p in prompt_list]
         order = []
         for prompt, ids, p in zip(prompt_list, token_prompts, params):
@@ -63,12 +80,13 @@ class LLM:
              sampling_params: SamplingParams | list[SamplingParams] | None = None,
              use_tqdm: bool = True, add_generation_prompt: bool = True) -> list[RequestOutput]:
         """Apply the model's chat template to one conversation or a list of them, then generate."""
+        if not isinstance(messages, list) or not messages:
+            raise ValueError("messages must be a non-empty list of messages (dicts) or of "
+                             "conversations (lists of messages)")
         tokenizer = self.engine.tokenizer
         if tokenizer is None:
             raise ValueError(f"model {self.engine.model_name!r} has no tokenizer or chat template")
-        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        if not conversations:
-            raise ValueError("messages are empty")
+        conversations = [messages] if isinstance(messages[0], dict) else messages
         for conv in conversations:
             _validate_messages(conv)
         prompts = [tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt)

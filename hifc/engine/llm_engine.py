@@ -21,6 +21,7 @@ from hifc.engine.limits import ResolvedLimits, resolve_device, resolve_dtype, re
 from hifc.engine.model_salt import model_salt
 from hifc.engine.outputs import CompletionOutput, RequestOutput
 from hifc.engine.swaps import SwapTracker, TierPrefixStore
+from hifc.engine.threads import apply_cpu_threads
 from hifc.layers.attention import AttentionBackend, TorchAttentionBackend
 from hifc.loader import LoadedModel, load_model
 from hifc.runtime.kv_cache import allocate_kv_cache
@@ -55,6 +56,7 @@ class LLMEngine:
         self.config = config
         self.device = resolve_device(config)
         self.dtype = resolve_dtype(config, self.device)
+        self.cpu_threads = apply_cpu_threads(config.cpu_threads, self.device)
         torch.manual_seed(config.seed)
         loaded: LoadedModel = load_model(config.model, self.dtype, self.device, config.seed)
         self.model_name = loaded.name
@@ -141,6 +143,14 @@ class LLMEngine:
                              f"{self.limits.max_model_len} (prompt plus at least one new token)")
         return ids
 
+    def check_sampling_params(self, params: SamplingParams) -> SamplingParams:
+        """ValueError unless ``params`` is a SamplingParams that fits this model's vocabulary."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params must be a SamplingParams, got "
+                             f"{type(params).__name__}")
+        params.check_vocab(self.arch.vocab_size)
+        return params
+
     def add_request(self, request_id: str, prompt: str | list[int],
                     sampling_params: SamplingParams | None = None, *,
                     prompt_ids: list[int] | None = None) -> None:
@@ -148,9 +158,7 @@ class LLMEngine:
         caller that tokenized first (it is not tokenized and checked again)."""
         if request_id in self._requests or self.scheduler.is_tracking(request_id):
             raise ValueError(f"request id {request_id!r} is already in use")
-        params = sampling_params or SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise ValueError("sampling_params must be a SamplingParams")
+        params = self.check_sampling_params(sampling_params or SamplingParams())
         ids = self.tokenize_prompt(prompt) if prompt_ids is None else prompt_ids
         seq = Sequence(request_id, ids, params, self._eos, next(self._arrivals))
         self.scheduler.add(seq)

@@ -26,19 +26,18 @@ def run(args: argparse.Namespace) -> int:
     from hifc.engine.llm import LLM
     from hifc.sampling_params import SamplingParams
 
-    try:
-        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
-                                top_p=args.top_p, top_k=args.top_k, stop=tuple(args.stop))
-        config = engine_config_from_args(args)
-    except ValueError as e:
-        print(f"hifc generate: error: {e}", file=sys.stderr)
-        return 2
+    # What can be checked without the model is checked before the engine creates any file.
+    if not args.chat and not all(args.prompt):
+        raise ValueError("--prompt must not be empty")
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                            top_p=args.top_p, top_k=args.top_k, stop=tuple(args.stop))
+    config = engine_config_from_args(args)
     llm = LLM(**config.options())
-    if args.chat:
-        convs = [[{"role": "user", "content": p}] for p in args.prompt]
-        outputs = llm.chat(convs, params, use_tqdm=not args.no_progress)
-    else:
-        outputs = llm.generate(args.prompt, params, use_tqdm=not args.no_progress)
+    try:
+        outputs = _generate(llm, args, params)
+    except BaseException:
+        _close_after_failure(llm)
+        raise
     for prompt, out in zip(args.prompt, outputs):
         if len(outputs) > 1:
             print(f"--- prompt: {prompt!r} (finish: {out.finish_reason})")
@@ -50,3 +49,18 @@ def run(args: argparse.Namespace) -> int:
               f"blocks ({stats['tier_bytes_written']} B) and in {stats['swap_in_blocks']} blocks, "
               f"recomputed {stats['recomputed_sequences']}", file=sys.stderr)
     return 0
+
+
+def _generate(llm, args: argparse.Namespace, params) -> list:
+    if args.chat:
+        convs = [[{"role": "user", "content": p}] for p in args.prompt]
+        return llm.chat(convs, params, use_tqdm=not args.no_progress)
+    return llm.generate(args.prompt, params, use_tqdm=not args.no_progress)
+
+
+def _close_after_failure(llm) -> None:
+    """Close the engine and delete the flash cache file if this run created it."""
+    llm.close()
+    tier = llm.engine.tier
+    if tier is not None and tier.kind == "flash":
+        tier.cache_file.discard()

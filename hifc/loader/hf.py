@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from hifc.models.config import ModelArchConfig, token_ids
 from hifc.models.registry import arch_from_hf_config
@@ -68,8 +68,12 @@ def safetensors_files(model_dir: Path) -> list[Path]:
 
 
 def iter_safetensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) for every tensor in the files, read lazily on the CPU."""
+    """(name, tensor) for every tensor in the files, read lazily on the CPU; ValueError naming
+    a file that is not valid safetensors (corrupt or truncated)."""
     for path in files:
-        with safe_open(str(path), framework="pt", device="cpu") as f:
-            for name in f.keys():
-                yield name, f.get_tensor(name)
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name)
+        except SafetensorError as exc:
+            raise ValueError(f"cannot read weights {path}: {exc}") from exc

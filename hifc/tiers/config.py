@@ -6,10 +6,10 @@ this one object.
 """
 from __future__ import annotations
 
-import math
+import os
 from dataclasses import dataclass
 
-from hifc.options import check_choice, option
+from hifc.options import check_choice, check_size_gib, option
 from hifc.tiers.allocator import POLICIES
 from hifc.tiers.flash.layout import DEFAULT_LAYOUT, LAYOUTS
 
@@ -18,6 +18,7 @@ FLASH_BACKENDS = ("auto", "kvikio", "posix")
 PREFIX_STORE = ("off", "evicted", "all")
 PREFIX_STORE_READ = ("auto", "always")
 MAX_THREADS = 256
+MAX_FLUSH_SECONDS = 3600
 
 
 @dataclass(frozen=True)
@@ -74,26 +75,29 @@ class TierConfig:
         check_choice("prefix_store", self.prefix_store, PREFIX_STORE)
         check_choice("prefix_store_read", self.prefix_store_read, PREFIX_STORE_READ)
         flush = self.prefix_store_flush_seconds
-        if (isinstance(flush, bool) or not isinstance(flush, (int, float))
-                or not math.isfinite(flush) or flush < 0):
-            raise ValueError(f"prefix_store_flush_seconds must be a finite number >= 0, "
-                             f"got {flush!r}")
+        if isinstance(flush, bool) or not isinstance(flush, (int, float)) \
+                or not 0 <= flush <= MAX_FLUSH_SECONDS:  # also false for nan
+            raise ValueError(f"prefix_store_flush_seconds must be a number of seconds in "
+                             f"[0, {MAX_FLUSH_SECONDS}], got {flush!r}")
         _int_in("flash_io_threads", self.flash_io_threads, 1, MAX_THREADS)
         if self.flash_prep_threads is not None:
             _int_in("flash_prep_threads", self.flash_prep_threads, 1, MAX_THREADS)
         _int_in("flash_chunk_mib", self.flash_chunk_mib, 1, 1024)
         for name in ("flash_size_gib", "swap_space"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                      or not math.isfinite(value) or value <= 0):
-                raise ValueError(f"{name} must be a positive finite number of GiB, got {value!r}")
+            if getattr(self, name) is not None:
+                check_size_gib(name, getattr(self, name))
+        if self.flash_path is not None:
+            if not isinstance(self.flash_path, (str, os.PathLike)):
+                raise ValueError(f"flash_path must be a path, got "
+                                 f"{type(self.flash_path).__name__}")
+            object.__setattr__(self, "flash_path", os.fspath(self.flash_path))
         if self.num_tier_blocks is not None:
             _int_in("num_tier_blocks", self.num_tier_blocks, 1, 1 << 62)
         for name in ("flash_direct_io", "flash_force", "tier_fault_injection"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.kv_offload == "flash":
-            if not self.flash_path or not isinstance(self.flash_path, str):
+            if not self.flash_path:
                 raise ValueError("kv_offload='flash' needs flash_path (the cache file to create)")
             self._one_size("flash_size_gib")
         elif self.kv_offload == "dram":

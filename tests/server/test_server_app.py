@@ -1,5 +1,5 @@
-"""The app in-process (no socket): models without a chat template or tokenizer, the bind
-warning, and engine-thread behaviour."""
+"""The app in-process (no socket): models without a chat template or tokenizer, who may use
+the server (API key, exposure beyond loopback), and engine-thread behaviour."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from hifc.engine.llm_engine import LLMEngine
-from hifc.entrypoints.server.cli import bind_warning
+from hifc.entrypoints.server.access import check_exposure, resolve_api_key
 from tests.server.helpers import app_client, metric_values
 
 
@@ -103,15 +103,35 @@ def test_engine_failure_fails_requests_and_health_but_not_the_server():
         assert client.get("/metrics").status_code == 200
 
 
-@pytest.mark.parametrize("host,key,warns", [
+@pytest.mark.parametrize("host,key,exposed", [
     ("127.0.0.1", None, False), ("localhost", None, False), ("::1", None, False),
     ("0.0.0.0", None, True), ("::", None, True), ("192.168.1.10", None, True),
     ("example.org", None, True), ("0.0.0.0", "secret", False)])
-def test_bind_warning_only_beyond_loopback_without_key(host, key, warns):
-    message = bind_warning(host, key)
-    assert (message is not None) == warns
-    if warns:
-        assert "API key" in message and host in message
+def test_serving_beyond_loopback_without_key_is_refused_unless_allowed(host, key, exposed):
+    if exposed:
+        with pytest.raises(ValueError, match=f"--host {host}: refusing .* --allow-unauthenticated"):
+            check_exposure(host, key, allow_unauthenticated=False)
+        warning = check_exposure(host, key, allow_unauthenticated=True)
+        assert "without an API key" in warning and host in warning
+    else:
+        assert check_exposure(host, key, allow_unauthenticated=False) is None
+
+
+def test_api_key_from_flag_file_or_environment(tmp_path):
+    key_file = tmp_path / "key"
+    key_file.write_text("from-file\n")
+    env = {"HIFC_API_KEY": "from-env"}
+    assert resolve_api_key(None, str(key_file), env) == "from-file"
+    assert resolve_api_key("from-flag", None, env) == "from-flag"
+    assert resolve_api_key(None, None, env) == "from-env"
+    assert resolve_api_key(None, None, {"HIFC_API_KEY": ""}) is None
+    with pytest.raises(ValueError, match="not both"):
+        resolve_api_key("a", str(key_file), {})
+    key_file.write_text("\n")
+    with pytest.raises(ValueError, match="holds no key"):
+        resolve_api_key(None, str(key_file), {})
+    with pytest.raises(FileNotFoundError):
+        resolve_api_key(None, str(tmp_path / "missing"), {})
 
 
 def test_serve_takes_the_model_as_positional_or_option():

@@ -3,6 +3,7 @@ that says what is wrong, and the server stays healthy."""
 from __future__ import annotations
 
 import json
+import socket
 
 import httpx
 import pytest
@@ -39,7 +40,12 @@ def _field_cases() -> list[tuple[str, dict, int, str]]:
         ("max_tokens", 0, "max_tokens"), ("max_tokens", -5, "max_tokens"),
         ("temperature", -0.5, "temperature"), ("top_p", 0, "top_p"), ("top_p", 1.5, "top_p"),
         ("top_p", -1, "top_p"), ("stop_token_ids", [-1], "stop_token_ids"),
-        ("seed", 2 ** 70, "seed"), ("seed", -(2 ** 70), "seed"), ("n", 2, "n must be 1"),
+        ("seed", 2 ** 70, "seed"), ("seed", -(2 ** 70), "seed"), ("seed", 2 ** 80, "seed"),
+        ("temperature", 1e300, "temperature must be at most 100"),
+        ("top_k", -(10 ** 30), "top_k must be -1 or 0 (disabled), or at least 1"),
+        ("top_k", 10 ** 30, "top_k must be at most the vocabulary size"),
+        ("top_k", 1e30, "top_k"), ("top_k", -1e30, "top_k"),
+        ("stop_token_ids", [10 ** 6], "outside the vocabulary"), ("n", 2, "n must be 1"),
         ("n", 0, "n must be 1"), ("stop", [""], "stop"),
         ("presence_penalty", 0.5, "presence_penalty"), ("frequency_penalty", 1, "frequency_penalty"),
         ("logit_bias", {"5": 1.0}, "logit_bias"), ("unknown_field", 1, "unrecognized"),
@@ -99,6 +105,10 @@ def _raw_cases() -> list[tuple[str, str, bytes, dict, int, str]]:
          .encode(), j, 413, "limit"),
         ("POST", CHAT, b'{"model": ', j, 400, "not valid JSON"),
         ("POST", C, b'{"model": "x", "prompt": "a", "max_tokens": 1e999}', j, 400, "max_tokens"),
+        ("POST", C, b'{"model": "%s", "prompt": "a", "temperature": 1e999}' % MODEL_NAME.encode(),
+         j, 400, "temperature must be a finite number"),
+        ("POST", C, b'{"model": "%s", "prompt": "a", "top_p": -1e999}' % MODEL_NAME.encode(),
+         j, 400, "top_p must be a finite number"),
         ("POST", C, b"[" * 30000 + b"]" * 30000, j, 400, "nested too deeply"),
         ("POST", C, b'{"model": "x", "prompt": ' + b"[" * 20000 + b"]" * 20000 + b"}", j, 400,
          "nested too deeply"),
@@ -109,6 +119,8 @@ def _raw_cases() -> list[tuple[str, str, bytes, dict, int, str]]:
         ("GET", "/v1/no/such/route", b"", {}, 404, "Not Found"),
         ("GET", "/v1/models/unknown-model", b"", {}, 404, "does not exist"),
         ("DELETE", "/v1/models", b"", {}, 405, "Method Not Allowed"),
+        ("POST", C + "/", json.dumps(_completion()).encode(), j, 404, "Not Found"),  # no 307
+        ("GET", "/v1/models/", b"", {}, 404, "does not exist"),
     ]
 
 
@@ -119,19 +131,69 @@ def _check_error(resp: httpx.Response, status: int, text: str) -> None:
     assert set(err) == {"message", "type", "param", "code"}
 
 
+def _greedy_text(http: httpx.Client, temperature: float = 0, **fields) -> str:
+    resp = http.post(C, json=_completion(max_tokens=6, temperature=temperature, ignore_eos=True,
+                                         **fields))
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["usage"]["completion_tokens"] == 6
+    return resp.json()["choices"][0]["text"]
+
+
 def test_hundred_bad_requests_get_clear_4xx_and_server_stays_healthy(server):
     field_cases, raw_cases = _field_cases(), _raw_cases()
     assert len(field_cases) + len(raw_cases) >= 100
     with server.client() as http:
+        before = _greedy_text(http)
         for path, body, status, text in field_cases:
             _check_error(http.post(path, json=body), status, text)
         for method, path, raw, headers, status, text in raw_cases:
             _check_error(http.request(method, path, content=raw, headers=headers), status, text)
         assert httpx.get(f"{server.base_url}/health").status_code == 200
-        ok = http.post(C, json=_completion(max_tokens=3))
-        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] >= 1
+        assert _greedy_text(http) == before  # a normal request is still answered correctly
     values = wait_until_idle(server)
     assert values["hifc_gpu_kv_blocks_free"] == values["hifc_gpu_kv_blocks_total"]
+
+
+def test_temperature_below_epsilon_is_greedy(server):
+    with server.client() as http:
+        assert _greedy_text(http, temperature=1e-40, seed=3) == _greedy_text(http)
+
+
+_UNPARSEABLE = {  # requests h11 cannot parse: uvicorn answers them before the app
+    "malformed request line": b"GARBAGE\r\n\r\n",
+    "bad Content-Length": b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: abc"
+                          b"\r\n\r\n{}",
+    "two Content-Lengths": b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2"
+                           b"\r\nContent-Length: 3\r\n\r\n{}",
+    "broken chunked body": b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                           b"Transfer-Encoding: chunked\r\n\r\nzz\r\n",
+    # 20 KB of a header and no end yet: more than h11 buffers (16 KiB) for an unfinished head
+    "headers over 16 KiB": b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 20000,
+    "no Host header": b"GET /v1/models HTTP/1.1\r\n\r\n",
+    "TLS handshake": b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(40),
+}
+
+
+def _raw_exchange(base_url: str, request: bytes) -> bytes:
+    host, port = base_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(request)
+        response = b""
+        while chunk := sock.recv(65536):  # the server closes the connection after a 400
+            response += chunk
+    return response
+
+
+@pytest.mark.parametrize("request_bytes", list(_UNPARSEABLE.values()), ids=list(_UNPARSEABLE))
+def test_unparseable_http_gets_a_json_400_and_the_connection_closes(server, request_bytes):
+    head, _, body = _raw_exchange(server.base_url, request_bytes).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 "), head
+    assert b"content-type: application/json" in head.lower()
+    error = json.loads(body)["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["message"].startswith("invalid HTTP request")
+    with server.client() as http:
+        assert _greedy_text(http)  # the server goes on serving
 
 
 def test_context_overflow_names_limit_and_request(server):

@@ -2,6 +2,7 @@ import random
 import subprocess
 import sys
 import textwrap
+import tracemalloc
 
 import pytest
 
@@ -29,9 +30,9 @@ def churn(policy: str, num_blocks: int = 64, steps: int = 600, seed: int = 1):
     return alloc, picks
 
 
-def test_append_is_sequential_modulo_wrap_under_churn():
-    num_blocks = 64
-    alloc, picks = churn(APPEND, num_blocks)
+@pytest.mark.parametrize("num_blocks", [64, 333])  # one bitmap word; several, the last partial
+def test_append_is_sequential_modulo_wrap_under_churn(num_blocks):
+    alloc, picks = churn(APPEND, num_blocks, steps=600 * num_blocks // 64)
     trace = alloc.trace()
     assert trace == [b for b, _ in picks]
     wraps = 0
@@ -77,6 +78,10 @@ def test_left_append_takes_lowest():
     assert alloc.allocate(3) == [0, 1, 2]
     alloc.free([1])
     assert alloc.allocate(2) == [1, 3]
+    alloc = FCBlockAllocator(200, LEFT_APPEND)  # several bitmap words, the last one partial
+    alloc.allocate(199)
+    alloc.free([149, 3, 130, 70])
+    assert alloc.allocate(5) == [3, 70, 130, 149, 199]
 
 
 def test_stats_and_trace_export(tmp_path):
@@ -166,3 +171,39 @@ def test_large_allocator_is_fast_enough():
     ids = alloc.allocate(30_000)
     alloc.free(ids[::2])
     assert len(alloc.allocate(20_000)) == 20_000
+
+
+def test_ten_tib_tier_costs_little_memory():
+    """15 million blocks (10 TiB of 700 KB blocks): bits and counters per 64 blocks, not a
+    Python object per block."""
+    tracemalloc.start()
+    try:
+        alloc = FCBlockAllocator(15_000_000, APPEND)
+        ids = alloc.allocate(1000)
+        alloc.mark_written(ids)
+        alloc.free(ids[::2])
+        assert alloc.allocate(3) == [1000, 1001, 1002]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, f"{peak / 2**20:.0f} MiB"
+    assert alloc.num_free_blocks == 15_000_000 - 503
+    assert alloc.allocate(1) == [1003]
+
+
+def test_trace_keeps_only_the_latest_swap_outs(tmp_path):
+    alloc = FCBlockAllocator(16, APPEND, trace_limit=5)
+    for _ in range(10):
+        ids = alloc.allocate(2)
+        alloc.mark_written(ids)
+        alloc.free(ids)
+    assert alloc.trace() == [0, 1, 2, 3]  # the last two swap-outs (after the wrap) fit in 5
+    stats = alloc.stats()
+    assert stats.blocks_written == 20 and stats.wraps == 1  # statistics count every write
+    path = tmp_path / "trace.txt"
+    assert alloc.export_trace(path) == 4
+    assert path.read_text().splitlines()[1:] == [
+        "# the 16 oldest block writes are not kept (trace_limit=5)", "0 1", "2 3"]
+    silent = FCBlockAllocator(4, APPEND, trace_limit=0)  # 0: no trace at all
+    silent.mark_written(silent.allocate(2))
+    assert silent.trace() == [] and silent.stats().blocks_written == 2

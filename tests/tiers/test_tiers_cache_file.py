@@ -1,5 +1,10 @@
 import os
+import shutil
 import stat
+import subprocess
+import sys
+import textwrap
+import tracemalloc
 
 import pytest
 
@@ -64,12 +69,13 @@ def test_geometry_mismatch_reinitialises(flash, tmp_path):
 def test_foreign_file_refused_unless_forced(tmp_path):
     path = tmp_path / "precious.txt"
     path.write_bytes(b"important data\n" * 100)
+    path.chmod(0o644)
     config = TierConfig(kv_offload="flash", flash_path=str(path), num_tier_blocks=4)
     with pytest.raises(ValueError, match="not an hifc cache file"):
         make_tier(config, SMALL)
     assert path.read_bytes() == b"important data\n" * 100  # untouched
-    with make_tier(TierConfig(kv_offload="flash", flash_path=str(path), num_tier_blocks=4,
-                              flash_force=True), SMALL) as tier:
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644  # judged before its mode was touched
+    with make_tier(TierConfig(kv_offload="flash", flash_path=str(path), num_tier_blocks=4, flash_force=True), SMALL) as tier:
         assert tier.stats()["reused_file"] is False
     assert read_superblock(path)["num_blocks"] == 4
 
@@ -122,5 +128,68 @@ def test_empty_path_and_missing_dir(tmp_path):
     with pytest.raises(ValueError, match="path"):
         TierConfig(kv_offload="flash", flash_path="", num_tier_blocks=4)
     with pytest.raises(FileNotFoundError):
-        make_tier(TierConfig(kv_offload="flash", flash_path=str(tmp_path / "no" / "such.kvc"),
-                             num_tier_blocks=4), SMALL)
+        make_tier(TierConfig(kv_offload="flash", flash_path=str(tmp_path / "no" / "such.kvc"), num_tier_blocks=4), SMALL)
+
+
+_KILLED_AFTER_PREALLOCATION = textwrap.dedent("""
+    import os, sys
+    from hifc.tiers.flash.cache_file import CacheFile
+    from hifc.tiers.flash.layout import BLOCK_RECORD, make_layout
+    from hifc.tiers.geometry import KVGeometry
+    fallocate = os.posix_fallocate
+    def fallocate_then_die(fd, offset, length):
+        fallocate(fd, offset, length)
+        os._exit(9)  # the process is killed right after preallocating
+    os.posix_fallocate = fallocate_then_die
+    geometry = KVGeometry(2, 2, 32, 16, "float16")
+    CacheFile.open(sys.argv[1], make_layout(BLOCK_RECORD, geometry, int(sys.argv[2])))
+""")
+
+
+@pytest.mark.parametrize("existing_blocks", [None, 4], ids=["new-file", "other-size"])
+def test_run_killed_while_preallocating_leaves_a_file_later_runs_accept(tmp_path,
+                                                                       existing_blocks):
+    path = tmp_path / "cache.kvc"
+    if existing_blocks is not None:
+        make_tier(TierConfig(kv_offload="flash", flash_path=str(path), num_tier_blocks=existing_blocks), SMALL).close()
+    killed = subprocess.run([sys.executable, "-c", _KILLED_AFTER_PREALLOCATION, str(path), "8"],
+                            capture_output=True, text=True)
+    assert killed.returncode == 9, killed.stderr
+    assert read_superblock(path)["crc_ok"]  # the superblock was written before preallocating
+    with make_tier(TierConfig(kv_offload="flash", flash_path=str(path), num_tier_blocks=8), SMALL) as tier:
+        assert tier.num_blocks == 8
+    assert read_superblock(path)["epoch"] == tier.epoch
+
+
+def test_symlinked_parent_directory_is_resolved_once(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real, target_is_directory=True)
+    with make_tier(TierConfig(kv_offload="flash", flash_path=str(tmp_path / "link" / "kv"), num_tier_blocks=4), SMALL) as tier:
+        resolved = os.path.join(os.path.realpath(real), "kv")
+        assert tier.cache_file.path == resolved
+        assert tier.stats()["path"] == resolved
+    assert (real / "kv").is_file()
+
+
+HUGE_BLOCKS = KVGeometry(num_layers=100, num_kv_heads=64, head_dim=256, block_size=256,
+                         dtype="float32")  # 3.4 GB per block
+
+
+@pytest.mark.parametrize("geometry, size_gib", [
+    (SMALL, 1e6),  # ~10**11 blocks: refused before any per-block bookkeeping is built
+    (HUGE_BLOCKS, None),  # a few thousand blocks, four times the free space
+], ids=["1e6-GiB", "4x-free-space"])
+def test_tier_larger_than_free_space_is_refused_first(tmp_path, geometry, size_gib):
+    size_gib = size_gib or 4 * shutil.disk_usage(tmp_path).free / 2**30
+    path = tmp_path / "kv"
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match=r"does not fit on the file system of .* GiB free; "
+                                             r"choose a smaller size \(flash_size_gib\)"):
+            make_tier(TierConfig(kv_offload="flash", flash_path=str(path), flash_size_gib=size_gib), geometry)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
+    assert not path.exists()

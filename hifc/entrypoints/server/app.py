@@ -39,8 +39,9 @@ def build_app(engine: AsyncEngine, metrics: ServerMetrics, settings: ServerSetti
         finally:
             engine.shutdown()
 
+    # redirect_slashes off: "/v1/completions/" is a JSON 404, not a bodiless 307 redirect
     app = FastAPI(title="hifc", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)
+                  openapi_url=None, redirect_slashes=False)
     app.state.async_engine = engine
     install_error_handlers(app)
 

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import logging
 import os
 
 from hifc.config import add_engine_args, engine_config_from_args
+from hifc.entrypoints.server.access import API_KEY_ENV, check_exposure, resolve_api_key
 
 logger = logging.getLogger(__name__)
 
@@ -22,12 +22,17 @@ def register(subparsers) -> None:
                    help="model to serve (same as --model)")
     s = p.add_argument_group("server")
     s.add_argument("--host", default="127.0.0.1",
-                   help="address to bind (default loopback; elsewhere, set --api-key)")
+                   help="address to bind (default loopback; elsewhere an API key is required "
+                        "unless --allow-unauthenticated)")
     s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--api-key", default=os.environ.get("HIFC_API_KEY") or None,
-                   help="require 'Authorization: Bearer KEY' on /v1 (default: $HIFC_API_KEY)")
+    s.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1 (visible in "
+                                     f"ps: prefer ${API_KEY_ENV} or --api-key-file)")
+    s.add_argument("--api-key-file", help="read the API key from the first line of this file")
+    s.add_argument("--allow-unauthenticated", action="store_true",
+                   help="serve beyond loopback without an API key")
     s.add_argument("--served-model-name", nargs="+",
-                   help="model name(s) clients use (default: the --model value)")
+                   help="model name(s) clients use (default: the alias, or the model's file or "
+                        "directory name)")
     s.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
                    help="larger request bodies get 413")
     s.add_argument("--log-level", default="info",
@@ -37,23 +42,6 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def bind_warning(host: str, api_key: str | None) -> str | None:
-    """The warning to give when the server is reachable beyond this machine without a key."""
-    if api_key or _is_loopback(host):
-        return None
-    return (f"binding to {host} without an API key: anyone who can reach this address can "
-            "use the model; set --api-key (or HIFC_API_KEY), or bind to 127.0.0.1")
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -61,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     from hifc.entrypoints.server.app import ServerSettings, build_app
     from hifc.entrypoints.server.async_engine import AsyncEngine
     from hifc.entrypoints.server.metrics import ServerMetrics
+    from hifc.entrypoints.server.transport import JSONErrorH11Protocol
 
     if args.model_tag:
         args.model = args.model_tag
@@ -68,15 +57,15 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--max-request-bytes must be positive")
     if not 0 <= args.port < 65536:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
-    if args.api_key == "":
-        raise ValueError("--api-key must not be empty")
-    warning = bind_warning(args.host, args.api_key)
+    api_key = resolve_api_key(args.api_key, args.api_key_file, os.environ)
+    warning = check_exposure(args.host, api_key, args.allow_unauthenticated)
     if warning:
         logger.warning(warning)
     config = engine_config_from_args(args)
-    names = tuple(args.served_model_name or (args.model,))
-    settings = ServerSettings(names, args.api_key, args.max_request_bytes)
     engine = LLMEngine(config)
+    # By default clients see the alias or the file / directory name, never the full path.
+    names = tuple(args.served_model_name or (engine.model_name,))
+    settings = ServerSettings(names, api_key, args.max_request_bytes)
     metrics = ServerMetrics(names[0])
     async_engine = AsyncEngine(engine, observer=metrics)
     metrics.export_engine_stats(async_engine.stats)
@@ -84,5 +73,6 @@ def run(args: argparse.Namespace) -> int:
     logger.info("serving %s as %s on http://%s:%d (max_model_len %d)", engine.model_name,
                 ", ".join(names), args.host, args.port, engine.limits.max_model_len)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                access_log=args.access_log, timeout_graceful_shutdown=5)
+                access_log=args.access_log, timeout_graceful_shutdown=5,
+                http=JSONErrorH11Protocol)
     return 0

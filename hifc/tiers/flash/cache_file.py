@@ -8,17 +8,24 @@ Superblock (first 4 KiB)::
 
 Opening (:meth:`CacheFile.open`):
 
-* a missing path is created with ``O_CREAT|O_EXCL|O_NOFOLLOW`` and mode 0600, and preallocated
-  to its full size (``posix_fallocate``);
+* the size is checked against the free space of the file system first (:func:`check_space`),
+  before anything is created or allocated;
+* the parent directory is resolved once (symbolic links in it are followed, and the file is
+  known by its resolved path from then on); the last component must not be a symbolic link
+  (``O_NOFOLLOW``), and the file must be a regular file;
+* a missing path is created with ``O_CREAT|O_EXCL|O_NOFOLLOW`` and mode 0600;
 * an existing hifc cache file of the same format version, geometry, layout and size is
   *reused*: only a new epoch is written to the superblock, which takes O(1) time whatever the
   size (the paper's fast initialisation) and makes every swap record of earlier runs stale
   (prefix records stay valid: the flash tier indexes them, :mod:`hifc.tiers.flash.scan`);
-* an hifc file of another format version or geometry is reinitialised (resized, preallocated,
-  new epoch): nothing of it is found, nothing of it is read;
-* any other non-empty file is refused unless ``force=True``; symbolic links are always refused
-  (``O_NOFOLLOW``), and so is anything that is not a regular file;
+* an hifc file of another format version or geometry is reinitialised (emptied, then rebuilt as
+  a new file): nothing of it is found, nothing of it is read;
+* any other non-empty file is refused unless ``force=True``, and left as it was (mode too);
 * the file is locked (``flock``) so two processes cannot share it, and set to mode 0600.
+
+A new or reinitialised file gets its superblock *before* it is preallocated to its full size, so
+a run killed in between leaves a file that later runs recognise as theirs (and reinitialise),
+never a zero-filled file they would refuse.
 """
 from __future__ import annotations
 
@@ -34,6 +41,7 @@ import crc32c
 from hifc.tiers.flash.layout import SUPERBLOCK_BYTES, Layout
 from hifc.tiers.geometry import KVGeometry
 
+GIB = 1 << 30
 SUPER_MAGIC = b"HIFCKVC1"
 FORMAT_VERSION = 2  # 2: record kinds (swap, prefix), salt, hash and log sequence numbers
 _SUPER = struct.Struct("<8sIIIII16s16sQQQ")
@@ -52,50 +60,95 @@ class CacheFile:
     I/O uses the backends' own descriptors (see :mod:`hifc.tiers.flash.posix_io`)."""
 
     def __init__(self, path: str, fd: int, layout: Layout, epoch: int, reused: bool,
-                 init_seconds: float):
-        self.path = path
+                 created: bool, init_seconds: float):
+        self.path = path  # the parent directory resolved
         self.fd = fd
         self.layout = layout
         self.epoch = epoch
         self.reused = reused  # True: matching file reopened in O(1), nothing reallocated
+        self.created = created  # True: the path did not exist before this open
         self.init_seconds = init_seconds
 
     @classmethod
     def open(cls, path, layout: Layout, *, force: bool = False) -> "CacheFile":
-        path = os.fspath(path)
-        if not path:
-            raise ValueError("cache file path is empty")
+        path = resolve_parent(path)
+        check_space(path, layout.file_bytes)
         start = time.perf_counter()
         fd, created = _open_nofollow(path)
         try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                raise ValueError(f"cache path {path!r} is not a regular file")
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise ValueError(f"cache file {path!r} is in use by another process") from None
-            os.fchmod(fd, 0o600)
-            verdict = "create" if created or info.st_size == 0 else _judge(fd, layout, info.st_size)
-            if verdict == "foreign" and not force:
-                raise ValueError(f"{path!r} exists and is not an hifc cache file; refusing to "
-                                 "overwrite it (pass force=True to reinitialise it)")
-            old_epoch = _stored_epoch(fd) if verdict == "reuse" else 0
-            if verdict != "reuse":
-                _preallocate(fd, layout.file_bytes, path)
-            epoch = new_epoch(old_epoch)
-            _write_superblock(fd, layout, epoch)
+            verdict = _claim(fd, path, layout, created, force)
+            epoch = new_epoch(_stored_epoch(fd) if verdict == "reuse" else 0)
+            if verdict == "reuse":
+                _write_superblock(fd, layout, epoch)
+            else:
+                _initialise(fd, layout, epoch, path)
         except BaseException:
             os.close(fd)
             if created:
                 os.unlink(path)
             raise
-        return cls(path, fd, layout, epoch, verdict == "reuse", time.perf_counter() - start)
+        return cls(path, fd, layout, epoch, verdict == "reuse", created,
+                   time.perf_counter() - start)
 
     def close(self) -> None:
         if self.fd >= 0:
             os.close(self.fd)  # also releases the flock
             self.fd = -1
+
+    def discard(self) -> None:
+        """Close, and delete the file if this open created it (after a failed start)."""
+        self.close()
+        if self.created:
+            os.unlink(self.path)
+            self.created = False
+
+
+def resolve_parent(path) -> str:
+    """``path`` with its parent directory resolved (symbolic links followed, made absolute);
+    the last component is kept as given."""
+    path = os.fspath(path)
+    if not path:
+        raise ValueError("cache file path is empty")
+    directory, name = os.path.split(path)
+    if not name or name in (".", ".."):
+        raise ValueError(f"cache path {path!r} names a directory, not a file")
+    return os.path.join(os.path.realpath(directory or "."), name)
+
+
+def check_space(path: str, nbytes: int) -> None:
+    """ValueError unless a cache file of ``nbytes`` bytes fits on the file system that would hold
+    ``path`` (the space of an existing file at ``path`` counts as free: it is reused or
+    replaced). Raises the OSError of a missing or unreadable directory."""
+    info = os.statvfs(os.path.dirname(path))
+    free = info.f_bavail * info.f_frsize
+    try:
+        existing = os.lstat(path)
+    except FileNotFoundError:
+        existing = None
+    if existing is not None and stat.S_ISREG(existing.st_mode):
+        free += existing.st_blocks * 512
+    if nbytes > free:
+        raise ValueError(f"a flash tier of {nbytes / GIB:.4g} GiB does not fit on the file "
+                         f"system of {os.path.dirname(path)!r}: {free / GIB:.4g} GiB free; "
+                         "choose a smaller size (flash_size_gib)")
+
+
+def _claim(fd: int, path: str, layout: Layout, created: bool, force: bool) -> str:
+    """Check and lock an opened path, judge its contents ('create', 'reuse', 'reinit') and
+    only then make it ours (mode 0600); a file that is refused is left as it was."""
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        raise ValueError(f"cache path {path!r} is not a regular file")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise ValueError(f"cache file {path!r} is in use by another process") from None
+    verdict = "create" if created or info.st_size == 0 else _judge(fd, layout, info.st_size)
+    if verdict == "foreign" and not force:
+        raise ValueError(f"{path!r} exists and is not an hifc cache file; refusing to "
+                         "overwrite it (pass force=True to reinitialise it)")
+    os.fchmod(fd, 0o600)
+    return verdict
 
 
 def _open_nofollow(path: str) -> tuple[int, bool]:
@@ -145,8 +198,16 @@ def _stored_epoch(fd: int) -> int:
     return _SUPER.unpack_from(_read_superblock(fd))[-1]
 
 
+def _initialise(fd: int, layout: Layout, epoch: int, path: str) -> None:
+    """Empty the file (no stale record survives), write the superblock, then preallocate: a
+    crash at any point leaves an empty file or one with an hifc superblock."""
+    os.ftruncate(fd, 0)
+    _write_superblock(fd, layout, epoch)
+    _preallocate(fd, layout.file_bytes, path)
+    os.fdatasync(fd)
+
+
 def _preallocate(fd: int, nbytes: int, path: str) -> None:
-    os.ftruncate(fd, 0)  # drop old contents so no stale record survives a reinit
     try:
         os.posix_fallocate(fd, 0, nbytes)
     except OSError as exc:

@@ -104,12 +104,12 @@ class FlashTier(KVTier):
         prep_threads = config.flash_prep_threads or default_prep_threads(io_threads)
         self.layout = make_layout(config.flash_layout, geometry, num_blocks)
         self.backend = resolve_backend(config.flash_backend, device)
-        super().__init__(geometry, num_blocks, config.flash_policy, io_threads)
+        # first: the file's size is checked against free space before any bookkeeping is built
+        self.cache_file = CacheFile.open(config.flash_path, self.layout, force=config.flash_force)
         try:
-            self.cache_file = CacheFile.open(config.flash_path, self.layout,
-                                             force=config.flash_force)
+            super().__init__(geometry, num_blocks, config.flash_policy, io_threads)
         except BaseException:
-            self._pool.shutdown()
+            self.cache_file.discard()
             raise
         try:
             io: FileIO
@@ -120,7 +120,7 @@ class FlashTier(KVTier):
                 io = PosixIO(self.cache_file.fd, self.cache_file.path,
                              want_direct=config.flash_direct_io)
         except BaseException:
-            self.cache_file.close()
+            self.cache_file.discard()
             self._pool.shutdown()
             raise
         self.faults = FaultInjector() if config.tier_fault_injection else None
