@@ -38,7 +38,7 @@ if [ "${HIFC_SMOKE:-0}" = 1 ]; then  # CPU analogue: tiny model, tiny sizes, sam
   model=random:tiny-llama
   export OMP_NUM_THREADS=1
   engine=(--device cpu)
-  tiers=(--swap-space 0.01 --flash-size-gib 0.01 --flash-path "$flash")
+  tiers=(--swap-space 0.01 --flash-size-gib 0.01 --flash-path "$flash" --prefix-store off)
   fig3=(--input-lens 32,64 --output-lens 16,32 --input-len 32 --output-len 16 --num-prompts 4
         --max-num-seqs 4 --kv-cache-gib 0.0002)
   fig4=(--concurrency 1,2,4 --input-len 48 --output-len 24 --num-prompts 4 --kv-cache-gib 0.0002)
@@ -53,7 +53,7 @@ if [ "${HIFC_SMOKE:-0}" = 1 ]; then  # CPU analogue: tiny model, tiny sizes, sam
 else
   model=random:ds-r1-llama-8b
   engine=()
-  tiers=(--swap-space 8 --flash-size-gib 8 --flash-path "$flash")
+  tiers=(--swap-space 8 --flash-size-gib 8 --flash-path "$flash" --prefix-store off)
   fig3=(--input-lens 512,1024,2048,3072 --output-lens 128,256,512,1024 --input-len 512
         --output-len 128 --kv-cache-gib 1)
   fig4=(--concurrency 2,4,8,12,16 --input-len 1792 --output-len 512 --num-prompts 16
@@ -62,7 +62,7 @@ else
   fig6=(--block-sizes 16,32,64,128,256 --input-len 3840 --output-len 512 --kv-cache-gib 3)
   analysis=(--input-len 1024 --output-len 512 --num-prompts 16 --max-num-seqs 16 --kv-cache-gib 1)
   table3=(--num-prompts 8 --max-num-seqs 8 --swap-space 16 --flash-size-gib 16
-          --flash-path "$flash")  # 14B narrativeqa: ~3.6 GiB a swapped sequence
+          --flash-path "$flash" --prefix-store off)  # 14B narrativeqa: ~3.6 GiB a swapped sequence
   budgets=(qasper:300 govreport:700 narrativeqa:1400)
   # 8 MiB tier blocks (8B, 64 tokens) on 16 KiB pages; 128 MiB erase units = 16 tier blocks
   # each (at <= 4 every policy gives WAF ~1.0; 32 leaves the 8 GiB tier too few spare units)

@@ -16,7 +16,7 @@ export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 flash="$PWD/hifc-swap-$$.kv"
 trap 'rm -f "$flash"' EXIT
 bench=(python3 -m hifc.entrypoints.cli bench throughput --model random:ds-r1-llama-8b
-       --no-progress --flash-path "$flash")
+       --no-progress --flash-path "$flash" --prefix-store off)
 status=0
 for workload in "$@"; do
   echo "=== $workload ($(date +%T))"

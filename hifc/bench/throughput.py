@@ -49,7 +49,8 @@ FLASH_TIER_VARIANTS = ("flash", "auto")
 COUNTERS = ("preemptions", "swap_out_blocks", "swap_in_blocks", "tier_bytes_written",
             "tier_bytes_read", "swap_io_seconds", "swap_stall_seconds", "swap_out_stall_seconds",
             "recomputed_sequences", "swap_failures", "prefix_cache_queries", "prefix_cache_hits",
-            "steps")
+            "prefix_store_queries", "prefix_store_hits", "prefix_store_recomputed",
+            "prefix_store_bytes_read", "prefix_store_bytes_written", "steps")
 # engine options left out of the JSON's "settings" (each variant sets its own tier and policy)
 NOT_SETTINGS = ("kv_offload", "preemption", "tier_fault_injection")
 

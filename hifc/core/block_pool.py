@@ -12,6 +12,7 @@ operation is O(1) per block.
 """
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict, deque
 from typing import Callable
 
@@ -42,6 +43,20 @@ class BlockPool:
     @property
     def num_cached_free_blocks(self) -> int:
         return len(self._lru)
+
+    @property
+    def num_uncached_free_blocks(self) -> int:
+        """Free blocks handed out before any cached block is evicted."""
+        return len(self._free)
+
+    def oldest_cached_free(self, n: int) -> list[int]:
+        """The ``n`` free cached blocks next in line for eviction, oldest first."""
+        return list(itertools.islice(self._lru, max(0, n)))
+
+    def cached_blocks(self) -> list[tuple[int, bytes]]:
+        """Every cached block with its hash, in the order they were cached (a block's parent
+        usually before it)."""
+        return [(block, block_hash) for block_hash, block in self._cached.items()]
 
     def ref_count(self, block: int) -> int:
         return self._ref_count[block]
@@ -89,9 +104,12 @@ class BlockPool:
                 del self._lru[block]
             self._ref_count[block] += 1
 
-    def release(self, blocks: list[int]) -> None:
+    def release(self, blocks: list[int], evict_first: bool = False) -> None:
         """Drop one reference from each block. Blocks left unreferenced become free; cached
-        ones join the LRU list in the order given (the first is evicted first)."""
+        ones join the LRU list in the order given (the first is evicted first), at its newest
+        end, or with ``evict_first`` at its oldest end (their content is kept elsewhere, say
+        in the flash store: the cheapest blocks to evict)."""
+        front = []
         for block in blocks:
             if self._ref_count[block] <= 0:
                 raise RuntimeError(f"block {block} freed twice")
@@ -101,6 +119,10 @@ class BlockPool:
                     self._free.append(block)
                 else:
                     self._lru[block] = None
+                    front.append(block)
+        if evict_first:
+            for block in reversed(front):
+                self._lru.move_to_end(block, last=False)
 
     def cache(self, block: int, block_hash: bytes) -> bool:
         """Name an in-use full block by its content hash so that other sequences can share it.

@@ -8,7 +8,7 @@ least recently freed first to be evicted (``hifc.core.block_pool``).
 
 A swapped-out sequence's table keeps its length, with ``HOLE`` where a block was given up;
 ``fill_holes`` gives them blocks again when it swaps in. Checks (``can_*``, ``cached_prefix``,
-``cached_blocks``) never change state.
+``cached_block``) never change state.
 """
 from __future__ import annotations
 
@@ -95,10 +95,9 @@ class KVCacheManager:
             hit.append(block)
         return hit
 
-    def cached_blocks(self, hashes: list[bytes]) -> list[int] | None:
-        """The blocks cached under all of ``hashes`` (in order), or None if one is missing."""
-        blocks = [self.pool.lookup(h) for h in hashes]
-        return None if None in blocks else blocks
+    def cached_block(self, block_hash: bytes) -> int | None:
+        """The block cached under ``block_hash``, if any."""
+        return self.pool.lookup(block_hash)
 
     def cache_blocks(self, seq: Sequence, num_computed_tokens: int) -> None:
         """Cache the sequence's full blocks among its first ``num_computed_tokens`` tokens (their

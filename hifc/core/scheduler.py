@@ -24,125 +24,66 @@ a sequence samples its next token only in the step that computes its last known 
    step shares the blocks another one computes in it (each layer writes the step's K/V before
    any query attends).
 
-Preemption with shared blocks. A victim either drops all its blocks for recompute (each loses
-one reference: blocks others share stay with them, its cached blocks stay cached), or swaps:
-only the blocks it alone references are written to the tier (and freed when the write ends);
-its references to blocks other sequences share are dropped at once, leaving holes in its table.
-A shared block is always cached by hash, so at swap-in the holes are filled by looking those
-hashes up again, and only the swapped blocks are read back; if one of those shared blocks has
-been evicted in the meantime, the sequence is recomputed instead (its tier copy is freed). So a
-swapped sequence holds no GPU block, and no shared block is ever written or freed as if it
-were owned.
+Preemption and swapping: :mod:`hifc.core.swapping`.
+
+The flash prefix store as a second level (``store``, :mod:`hifc.core.store_level`). At
+admission, the blocks after the GPU hit are looked up in the store and the cost rule says how
+many to read; a sequence with blocks to read takes GPU blocks for them and waits, LOADING (like
+a swap-in, while the others run), then prefills the rest; a read that fails part-way leaves the
+sequence to recompute from its first bad block. A waiting sequence whose next block another
+sequence is reading waits for that read (then finds the block in the GPU cache). Each step the
+store level names blocks to write (``SchedulerOutput.prefix_writes``), holding a reference on
+each until its write ends.
 
 The scheduler speaks to the runtime only through ``SchedulerOutput`` and learns of finished
-swaps through ``swap_out_done`` / ``swap_in_done``, called by the engine. A second prefix
-level (the flash store) plugs in at admission, after ``kv.cached_prefix`` (the block hashes of a
-sequence are ``kv.block_hashes(seq)``), and at eviction (``KVCacheManager(on_evict=...)``).
+I/O through ``swap_out_done`` / ``swap_in_done`` / ``prefix_read_done`` /
+``prefix_write_done``, called by the engine.
 """
 from __future__ import annotations
 
 import bisect
-from collections import deque
-from dataclasses import dataclass, field
-from typing import Protocol
+from collections import Counter, deque
+from dataclasses import dataclass
 
 from hifc.core.kv_manager import AllocStatus, KVCacheManager
 from hifc.core.outputs import SamplerOutput
-from hifc.core.preemption import PreemptionMode, PreemptionPolicy
+from hifc.core.preemption import PreemptionPolicy
+from hifc.core.scheduler_output import (  # noqa: F401  (the scheduler's public types)
+    PrefixRead, ScheduledSeq, SchedulerLimits, SchedulerOutput, SwapOrder, TierBlocks,
+)
 from hifc.core.sequence import Sequence, SequenceStatus
-from hifc.sampling_params import SamplingParams
-
-
-class TierBlocks(Protocol):
-    """What the scheduler needs of a swap tier's block space."""
-
-    def can_reserve(self, n: int) -> bool: ...
-    def reserve(self, n: int) -> list[int]: ...
-    def free(self, ids: list[int]) -> None: ...
+from hifc.core.store_level import StoreLevel
+from hifc.core.swapping import SwapMixin, TierCopy
 
 
 @dataclass(frozen=True)
-class ScheduledSeq:
-    """One sequence's work in a step: compute K/V for ``token_ids`` at positions
-    ``start_pos..start_pos+len-1``; if ``samples`` (the chunk ends at the sequence's last known
-    token), sample the next token from the last one."""
+class _Load:
+    """A sequence LOADING: ``hashes`` are read into the blocks after its ``num_gpu`` hit."""
 
-    request_id: str
-    token_ids: list[int]
-    start_pos: int
-    block_table: list[int]
-    sampling_params: SamplingParams
-    samples: bool = True
-
-    @property
-    def seq_len(self) -> int:
-        return self.start_pos + len(self.token_ids)
+    num_gpu: int
+    hashes: list[bytes]
 
 
-@dataclass(frozen=True)
-class SwapOrder:
-    """Move one sequence's KV blocks. Swap-out pairs are (gpu, tier); swap-in pairs are
-    (tier, gpu). ``owner`` = (sequence number, generation) tags the stored records."""
-
-    request_id: str
-    owner: tuple[int, int]
-    pairs: list[tuple[int, int]]
-
-
-@dataclass
-class SchedulerOutput:
-    scheduled: list[ScheduledSeq]
-    preempted_request_ids: list[str] = field(default_factory=list)
-    finished_request_ids: list[str] = field(default_factory=list)  # ended since the last step
-    swap_out: list[SwapOrder] = field(default_factory=list)
-    swap_in: list[SwapOrder] = field(default_factory=list)
-
-    @property
-    def sampling(self) -> list[ScheduledSeq]:
-        """The scheduled sequences that sample a token in this step, in scheduled order."""
-        return [s for s in self.scheduled if s.samples]
-
-    @property
-    def num_prefill_tokens(self) -> int:
-        return sum(len(s.token_ids) for s in self.scheduled if len(s.token_ids) > 1)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.scheduled
-
-
-@dataclass(frozen=True)
-class SchedulerLimits:
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    max_model_len: int
-    chunked_prefill: bool = True
-
-
-@dataclass
-class _Stored:
-    """The tier copy of a swapped(-ing) sequence: ``positions`` of its table were written to
-    ``tier_blocks``; ``shared`` positions held blocks that others share (found again by hash)."""
-
-    tier_blocks: list[int]
-    owner: tuple[int, int]
-    positions: list[int]
-    shared: list[int]
-
-
-class Scheduler:
+class Scheduler(SwapMixin):
     def __init__(self, limits: SchedulerLimits, kv_manager: KVCacheManager,
-                 policy: PreemptionPolicy, tier: TierBlocks | None = None):
+                 policy: PreemptionPolicy, tier: TierBlocks | None = None,
+                 store: StoreLevel | None = None):
+        if store is not None and not kv_manager.prefix_caching:
+            raise ValueError("the flash prefix store needs prefix caching (a model salt)")
         self.limits = limits
         self.kv = kv_manager
         self.policy = policy
         self.tier = tier
+        self.store = store
+        self.loading: dict[str, Sequence] = {}
+        self._loads: dict[str, _Load] = {}
+        self._loading_hashes: Counter[bytes] = Counter()
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.swapping_out: dict[str, Sequence] = {}
         self.swapped: list[Sequence] = []  # ordered by arrival
         self.swapping_in: dict[str, Sequence] = {}
-        self._stored: dict[str, _Stored] = {}  # tier copy of swapped(-ing) sequences
+        self._stored: dict[str, TierCopy] = {}  # tier copy of swapped(-ing) sequences
         self._finished_since_step: list[str] = []
         self.num_preemptions = 0
         self.num_recomputed_sequences = 0
@@ -162,7 +103,8 @@ class Scheduler:
     def is_tracking(self, request_id: str) -> bool:
         """True while any state (queue entry, blocks, I/O in flight) refers to the request."""
         return (request_id in self._stored or request_id in self.swapping_out
-                or request_id in self.swapping_in or bool(self.kv.block_table(request_id))
+                or request_id in self.swapping_in or request_id in self.loading
+                or bool(self.kv.block_table(request_id))
                 or any(s.request_id == request_id for s in self.waiting))
 
     def finish(self, seq: Sequence, status: SequenceStatus) -> None:
@@ -173,8 +115,9 @@ class Scheduler:
         state = seq.status
         seq.status = status
         self._finished_since_step.append(seq.request_id)
-        if state in (SequenceStatus.SWAPPING_OUT, SequenceStatus.SWAPPING_IN):
-            return  # swap_*_done frees everything
+        if state in (SequenceStatus.SWAPPING_OUT, SequenceStatus.SWAPPING_IN,
+                     SequenceStatus.LOADING):
+            return  # swap_*_done / prefix_read_done frees everything
         if state is SequenceStatus.RUNNING:
             self.running.remove(seq)
         elif state is SequenceStatus.WAITING:
@@ -192,6 +135,8 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput(scheduled=[], finished_request_ids=self._finished_since_step)
         self._finished_since_step = []
+        if self.store is not None:  # before this step's allocations may evict them
+            out.prefix_writes = self.store.select_writes()
         budget, starved = self._schedule_running(out)
         if not (out.preempted_request_ids or starved):
             self._start_swap_ins(out)
@@ -213,6 +158,7 @@ class Scheduler:
                  + [s for s in self.running if s.num_tokens_to_compute > 1])
         kept: set[str] = set()
         releasing = sum(len(self._stored[r].positions) for r in self.swapping_out)
+        releasing += self.store.num_releasing if self.store is not None else 0
         promised = 0
         starved = False
         while queue:
@@ -244,52 +190,70 @@ class Scheduler:
         self.running = [s for s in self.running if s.request_id in kept]
         return budget, starved
 
-    def _start_swap_ins(self, out: SchedulerOutput) -> None:
-        while self.swapped:
-            seq = self.swapped[0]
-            rid = seq.request_id
-            stored = self._stored[rid]
-            reused = self.kv.cached_blocks([seq.block_hashes[p] for p in stored.shared])
-            if reused is None:  # a block it shared was evicted meanwhile: recompute instead
-                self.swapped.pop(0)
-                self._free_tier_copy(rid)
-                self.kv.free(rid)
-                self._requeue_for_recompute(seq)
-                continue
-            busy = bool(self.running or self.swapping_in)
-            if self.kv.can_fill_holes(rid, reused, use_watermark=busy) is not AllocStatus.OK:
-                break
-            self.swapped.pop(0)
-            gpu_blocks = self.kv.fill_holes(rid, dict(zip(stored.shared, reused)))
-            seq.status = SequenceStatus.SWAPPING_IN
-            self.swapping_in[rid] = seq
-            out.swap_in.append(SwapOrder(rid, stored.owner,
-                                         list(zip(stored.tier_blocks, gpu_blocks))))
-
     def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
         block_size = self.kv.block_size
-        while self.waiting and budget > 0 and len(self.running) < self.limits.max_num_seqs:
+        while (self.waiting and budget > 0
+               and len(self.running) + len(self.loading) < self.limits.max_num_seqs):
             seq = self.waiting[0]
             prefix = self.kv.cached_prefix(seq)
-            num_cached = len(prefix) * block_size
-            num_new = self._chunk(seq.num_tokens - num_cached, budget)
-            if num_new == 0:
-                break
-            if self.kv.can_allocate(seq.request_id, num_cached + num_new, use_watermark=True,
-                                    prefix=prefix) is not AllocStatus.OK:
-                break
-            self.waiting.popleft()
-            self._allocate(seq, num_cached + num_new, prefix)
-            seq.num_computed_tokens = num_cached
-            if seq.num_cached_tokens is None:
-                seq.num_cached_tokens = num_cached
+            plan = self._plan_store_read(seq, len(prefix))
+            if plan is None:
+                break  # its next block is being read for another sequence: wait for it
+            hashes, num_found, num_read = plan
+            if num_read:
+                if not self._start_load(seq, prefix, hashes[:num_read], out):
+                    break
+            else:
+                num_cached = len(prefix) * block_size
+                num_new = self._chunk(seq.num_tokens - num_cached, budget)
+                if num_new == 0:
+                    break
+                if self.kv.can_allocate(seq.request_id, num_cached + num_new, use_watermark=True,
+                                        prefix=prefix) is not AllocStatus.OK:
+                    break
+                self.waiting.popleft()
+                self._allocate(seq, num_cached + num_new, prefix)
+                seq.num_computed_tokens = num_cached
+                if seq.num_cached_tokens is None:
+                    seq.num_cached_tokens = num_cached
+                seq.status = SequenceStatus.RUNNING
+                self.running.append(seq)
+                out.scheduled.append(self._work(seq, num_new))
+                budget -= num_new
             if self.kv.prefix_caching:
                 self.prefix_cache_queries += seq.num_tokens
-                self.prefix_cache_hits += num_cached
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
-            out.scheduled.append(self._work(seq, num_new))
-            budget -= num_new
+                self.prefix_cache_hits += len(prefix) * block_size
+            if self.store is not None:
+                self.store.count_admission(len(hashes), num_found, num_read)
+
+    def _plan_store_read(self, seq: Sequence,
+                         num_gpu: int) -> tuple[list[bytes], int, int] | None:
+        """(hashes after the GPU hit, how many the store holds, how many to read); None when
+        the first of them is being read for another sequence."""
+        if self.store is None:
+            return [], 0, 0
+        max_blocks = (seq.num_tokens - 1) // self.kv.block_size
+        hashes = self.kv.block_hashes(seq)[num_gpu:max_blocks]
+        if hashes and self._loading_hashes[hashes[0]]:
+            return None
+        return (hashes, *self.store.plan_read(hashes))
+
+    def _start_load(self, seq: Sequence, prefix: list[int], hashes: list[bytes],
+                    out: SchedulerOutput) -> bool:
+        """Give the sequence its GPU hit and blocks for ``hashes``, and order their read."""
+        rid = seq.request_id
+        num_tokens = (len(prefix) + len(hashes)) * self.kv.block_size
+        if self.kv.can_allocate(rid, num_tokens, use_watermark=True,
+                                prefix=prefix) is not AllocStatus.OK:
+            return False
+        self.waiting.popleft()
+        new_blocks = self.kv.allocate(rid, num_tokens, prefix)  # cached once read
+        seq.status = SequenceStatus.LOADING
+        self.loading[rid] = seq
+        self._loads[rid] = _Load(len(prefix), hashes)
+        self._loading_hashes.update(hashes)
+        out.prefix_reads.append(PrefixRead(rid, list(zip(hashes, new_blocks))))
+        return True
 
     def _allocate(self, seq: Sequence, num_tokens: int, prefix: list[int] = ()) -> None:
         """Give the sequence blocks for ``num_tokens`` tokens, which this step computes, and
@@ -305,75 +269,33 @@ class Scheduler:
                             list(self.kv.block_table(seq.request_id)), seq.sampling_params,
                             samples=end == seq.num_tokens)
 
-    # ---- preemption -----------------------------------------------------------------------
-    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> int:
-        """Preempt a running sequence; returns the GPU blocks that a swap-out will release."""
-        self.num_preemptions += 1
-        seq.num_preemptions += 1
-        seq.generation += 1
-        out.preempted_request_ids.append(seq.request_id)
-        rid = seq.request_id
-        owned = self.kv.exclusive_positions(rid)
-        mode = self.policy.choose(len(owned), seq.num_computed_tokens)
-        if mode is PreemptionMode.SWAP and owned and self.tier is not None \
-                and self.tier.can_reserve(len(owned)):
-            table = self.kv.block_table(rid)
-            gpu_blocks = [table[p] for p in owned]
-            owned_set = set(owned)
-            shared = [p for p in range(len(table)) if p not in owned_set]
-            self.kv.release(rid, shared)  # the other sequences keep them; found again by hash
-            tier_blocks = self.tier.reserve(len(owned))
-            owner = (seq.arrival, seq.generation)
-            self._stored[rid] = _Stored(tier_blocks, owner, owned, shared)
-            seq.status = SequenceStatus.SWAPPING_OUT
-            self.swapping_out[rid] = seq
-            out.swap_out.append(SwapOrder(rid, owner, list(zip(gpu_blocks, tier_blocks))))
-            return len(owned)
-        self.kv.free(rid)
-        self._requeue_for_recompute(seq)
-        return 0
-
-    def _requeue_for_recompute(self, seq: Sequence) -> None:
-        seq.num_computed_tokens = 0
-        seq.status = SequenceStatus.WAITING
-        self.waiting.appendleft(seq)
-        self.num_recomputed_sequences += 1
-
-    def _free_tier_copy(self, request_id: str) -> None:
-        stored = self._stored.pop(request_id, None)
-        if stored is not None and self.tier is not None:
-            self.tier.free(stored.tier_blocks)
-
-    # ---- swap completions (told by the engine) -------------------------------------------
-    def swap_out_done(self, request_id: str, ok: bool) -> None:
-        seq = self.swapping_out.pop(request_id)
-        if seq.status.is_finished or not ok:
-            self.kv.free(request_id)
-            self._free_tier_copy(request_id)
-            if not seq.status.is_finished:
-                self.num_swap_failures += 1
-                self._requeue_for_recompute(seq)
+    def prefix_read_done(self, request_id: str, blocks_ok: int) -> None:
+        """A prefix read ended: its first ``blocks_ok`` blocks hold verified K/V."""
+        if request_id in self.swapping_in:
+            stored = self._stored[request_id]
+            if self.store is not None:
+                self.store.count_read(stored.num_read, blocks_ok)
+            self._swap_in_part_done(request_id, blocks_ok == stored.num_read)
             return
-        stored = self._stored[request_id]
-        self.kv.release(request_id, stored.positions)  # the write is over: GPU copy not needed
-        self.swap_out_blocks += len(stored.tier_blocks)
-        seq.status = SequenceStatus.SWAPPED
-        bisect.insort(self.swapped, seq, key=lambda s: s.arrival)
-
-    def swap_in_done(self, request_id: str, ok: bool) -> None:
-        seq = self.swapping_in.pop(request_id)
-        stored = self._stored[request_id]
-        self._free_tier_copy(request_id)
-        if seq.status.is_finished or not ok:
+        seq = self.loading.pop(request_id)
+        load = self._loads.pop(request_id)
+        self._loading_hashes.subtract(load.hashes)
+        self._loading_hashes = +self._loading_hashes  # drop zero counts
+        self.store.count_read(len(load.hashes), blocks_ok)
+        if seq.status.is_finished:
             self.kv.free(request_id)
-            if not seq.status.is_finished:
-                self.num_swap_failures += 1
-                self._requeue_for_recompute(seq)
             return
-        self.swap_in_blocks += len(stored.tier_blocks)
-        self.kv.cache_blocks(seq, seq.num_computed_tokens)  # shareable again
+        num_cached = (load.num_gpu + blocks_ok) * self.kv.block_size
+        seq.num_computed_tokens = num_cached
+        if seq.num_cached_tokens is None:
+            seq.num_cached_tokens = num_cached
+        self.kv.cache_blocks(seq, num_cached)  # the blocks read are shareable now
         seq.status = SequenceStatus.RUNNING
         bisect.insort(self.running, seq, key=lambda s: s.arrival)
+
+    def prefix_write_done(self, pairs: list[tuple[int, bytes]], written: bool) -> None:
+        """A prefix write of (GPU block, hash) ``pairs`` ended (or the store declined them)."""
+        self.store.write_done(pairs, written)
 
     # ---- results --------------------------------------------------------------------------
     def update(self, out: SchedulerOutput, sampled: SamplerOutput,
@@ -393,6 +315,8 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # aborted while the step ran
             seq.num_computed_tokens = work.seq_len
+            if self.store is not None:
+                self._note_computed(seq, work)
             if token_id is None:
                 continue  # a prompt chunk before the last
             seq.append_token(token_id)
@@ -401,3 +325,13 @@ class Scheduler:
                 self.finish(seq, stop)
             updated.append(seq)
         return updated
+
+    def _note_computed(self, seq: Sequence, work: ScheduledSeq) -> None:
+        """Tell the store level which full blocks this step completed (cached ones only)."""
+        size = self.kv.block_size
+        first, end = work.start_pos // size, min(work.seq_len // size, len(seq.block_hashes))
+        if first >= end:
+            return
+        table, pool = self.kv.block_table(seq.request_id), self.kv.pool
+        self.store.note_computed([(table[p], seq.block_hashes[p]) for p in range(first, end)
+                                  if pool.block_hash(table[p]) == seq.block_hashes[p]])

@@ -12,6 +12,7 @@ class SequenceStatus(enum.Enum):
     SWAPPING_OUT = "swapping_out"  # KV being written to the tier; GPU blocks still held
     SWAPPED = "swapped"  # KV only in the tier
     SWAPPING_IN = "swapping_in"  # KV being read back into freshly allocated GPU blocks
+    LOADING = "loading_prefix"  # cached prefix blocks being read from the flash prefix store
     FINISHED_STOPPED = "stop"
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "abort"

@@ -12,8 +12,10 @@ from hifc.config import EngineConfig
 from hifc.core.kv_manager import KVCacheManager
 from hifc.core.outputs import SamplerOutput
 from hifc.core.preemption import PreemptionPolicy
+from hifc.core.prefix_policy import PrefixReadPolicy
 from hifc.core.scheduler import Scheduler, SchedulerLimits, SchedulerOutput
 from hifc.core.sequence import Sequence, SequenceStatus
+from hifc.core.store_level import StoreLevel
 from hifc.engine.bad_words import BadWords
 from hifc.engine.detokenizer import IncrementalDetokenizer
 from hifc.engine.limits import ResolvedLimits, resolve_device, resolve_dtype, resolve_limits
@@ -22,7 +24,7 @@ from hifc.engine.model_salt import model_salt
 from hifc.engine.outputs import RequestMetrics, RequestOutput
 from hifc.engine.prompts import check_sampling_params, tokenize_prompt
 from hifc.engine.request_state import CompletionState, RequestState
-from hifc.engine.swaps import SwapTracker
+from hifc.engine.swaps import SwapTracker, TierPrefixStore
 from hifc.engine.threads import apply_cpu_threads
 from hifc.layers.attention import AttentionBackend, TorchAttentionBackend
 from hifc.loader import LoadedModel, load_model
@@ -84,12 +86,15 @@ class LLMEngine:
         self.tier = _build_tier(config, kv_cache, device_share)
         self.preemption = PreemptionPolicy(config.preemption_mode,
                                            self.tier.geometry.block_bytes if self.tier else 0)
+        store = self._store_level() if self._uses_prefix_store() else None
         self.scheduler = Scheduler(
             SchedulerLimits(config.max_num_seqs, self.limits.max_num_batched_tokens,
                             self.limits.max_model_len, config.enable_chunked_prefill),
-            self.kv_manager, self.preemption, self.tier)
-        self.swaps = SwapTracker(self.scheduler, self.preemption,
-                                 KVSwapper(self.tier, kv_cache) if self.tier else None)
+            self.kv_manager, self.preemption, self.tier, store)
+        swapper = (KVSwapper(self.tier, kv_cache, self.model_salt if store else None)
+                   if self.tier else None)
+        self.swaps = SwapTracker(self.scheduler, self.preemption, swapper,
+                                 store.policy.read_bandwidth if store else None)
         self._requests: dict[str, RequestState] = {}
         self._completions: dict[str, CompletionState] = {}  # by sequence id, while unfinished
         self._logprobs = LogprobsBuilder(self.tokenizer)
@@ -98,9 +103,25 @@ class LLMEngine:
         self._arrivals = itertools.count()
         self._eos = frozenset(self.tokenizer.eos_token_ids if self.tokenizer
                               else self.arch.eos_token_ids)
+        self._closed = False
         self.num_steps = 0
         self.num_prompt_tokens = 0
         self.num_generated_tokens = 0
+
+    def _uses_prefix_store(self) -> bool:
+        """The flash prefix store backs the GPU prefix cache (a flash tier that keeps one, and
+        prefix caching on)."""
+        return (self.tier is not None and self.config.tier.stores_prefixes
+                and self.kv_manager.prefix_caching)
+
+    def _store_level(self) -> StoreLevel:
+        config = self.config
+        policy = PrefixReadPolicy(config.tier.prefix_store_read, self.tier.geometry.block_bytes,
+                                  config.block_size, self.preemption.prefill_speed)
+        # 'evicted' keeps written the cached blocks that the next step could evict
+        lookahead = self.limits.max_num_batched_tokens // config.block_size + 1
+        return StoreLevel(TierPrefixStore(self.tier, self.model_salt), policy,
+                          config.tier.prefix_store, self.kv_manager.pool, lookahead)
 
     @classmethod
     def from_options(cls, model: str | None = None, **options) -> "LLMEngine":
@@ -289,11 +310,16 @@ class LLMEngine:
             self.scheduler.finish(seq, SequenceStatus.FINISHED_STOPPED)
 
     def close(self) -> None:
-        """Abort what is left, wait for I/O in flight and release the swap tier."""
+        """Abort what is left, wait for I/O in flight, write the cached GPU blocks that the
+        flash prefix store lacks (at most ``prefix_store_flush_seconds``), so that the next
+        engine on the file starts warm, and release the swap tier."""
         self.abort_request(list(self._requests))
         self.swaps.drain()
-        if self.tier is not None:
+        if self.tier is not None and not self._closed:
+            self.swaps.flush(self.config.tier.prefix_store_flush_seconds)
             self.tier.close()
+            self.swaps.after_close()
+        self._closed = True
 
     def stats(self) -> dict[str, float | int]:
         sched = self.scheduler
@@ -309,10 +335,16 @@ class LLMEngine:
             "swap_in_blocks": sched.swap_in_blocks,
             "prefix_cache_queries": sched.prefix_cache_queries,
             "prefix_cache_hits": sched.prefix_cache_hits,
+            **self._prefix_store_stats(),
             **self.swaps.stats(),
             "running": len(sched.running),
             "waiting": len(sched.waiting),
             "swapped": len(sched.swapped) + len(sched.swapping_out) + len(sched.swapping_in),
+            "loading_prefix": len(sched.loading),
+            # the rates the prefix cost rule compares (None until measured)
+            "prefill_tokens_per_s": self.preemption.prefill_speed.rate,
+            "tier_read_bytes_per_s": (self.swaps.read_bandwidth.rate
+                                      if self.swaps.read_bandwidth else None),
             "gpu_blocks_free": self.kv_manager.num_free_blocks,
             "gpu_blocks_total": self.kv_manager.num_total_blocks,
             "gpu_blocks_cached": self.kv_manager.num_cached_free_blocks,
@@ -320,6 +352,26 @@ class LLMEngine:
             "tier_blocks_total": self.tier.num_blocks if self.tier else 0,
         }
 
+
+    def _prefix_store_stats(self) -> dict[str, float | int | None]:
+        """The flash prefix store's counters: what the engine admitted (queries, hits and the
+        cost rule's choices, in tokens) and what the tier moved and holds (zeros without)."""
+        store = self.scheduler.store
+        if store is None:
+            return {key: 0 for key in PREFIX_STORE_KEYS}
+        tier = self.tier.prefix.stats()
+        return {**store.stats(),
+                **{key: tier[key] for key in ("prefix_store_bytes_read",
+                                              "prefix_store_bytes_written",
+                                              "prefix_store_blocks")}}
+
+
+# the flash prefix store's keys in stats() (tokens, bytes, blocks)
+PREFIX_STORE_KEYS = ("prefix_store_queries", "prefix_store_hits", "prefix_store_recomputed",
+                     "prefix_store_read_tokens", "prefix_store_reads",
+                     "prefix_store_read_failures", "prefix_store_evicted_unstored",
+                     "prefix_store_bytes_read", "prefix_store_bytes_written",
+                     "prefix_store_blocks")
 
 def _sequence_ids(request_id: str, n: int) -> list[str]:
     """The ids of a request's sequences: its own for n = 1, else ``{i}_{request_id}``."""

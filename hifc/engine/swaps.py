@@ -1,27 +1,51 @@
-"""The engine's swap bookkeeping: swap orders out to the tier, outcomes back to the scheduler.
+"""The engine's tier bookkeeping: I/O orders out to the tier, outcomes back to the scheduler.
 
-Each step, :meth:`SwapTracker.schedule` collects the swaps that finished (telling the scheduler
-and feeding the measured tier bandwidth to the preemption policy), asks the scheduler for the
-step, and starts the swaps it ordered. When the step has nothing to run until a swap completes,
-it waits for one (counted as stall time) and schedules again. Without a tier it only schedules.
+Each step, :meth:`SwapTracker.schedule` collects the jobs that finished (telling the scheduler,
+and feeding the measured tier bandwidth to the preemption policy and the read bandwidth to the
+prefix cost rule), asks the scheduler for the step, and starts the I/O it ordered: swaps, and
+with the flash prefix store, prefix reads and writes. When the step has nothing to run until a
+job completes, it waits for one (counted as stall time) and schedules again. Without a tier it
+only schedules. :meth:`flush` writes, at a clean shutdown, the cached GPU blocks the prefix
+store lacks, for a bounded time.
 """
 from __future__ import annotations
 
 import logging
+import time
 
-from hifc.core.preemption import PreemptionPolicy
+from hifc.core.preemption import PreemptionPolicy, RateMeter
 from hifc.core.scheduler import Scheduler, SchedulerOutput
-from hifc.runtime.swapper import KVSwapper, SwapResult
+from hifc.runtime.swapper import PREFIX_READ, PREFIX_WRITE, KVSwapper, SwapResult
 
 logger = logging.getLogger(__name__)
 
 
+class TierPrefixStore:
+    """The flash tier's prefix store under one model salt (the scheduler's view of it)."""
+
+    def __init__(self, tier, salt: bytes):
+        self.tier = tier
+        self.salt = salt
+
+    def num_stored(self, hashes: list[bytes]) -> int:
+        return self.tier.lookup_prefix(hashes, self.salt, count=False)
+
+    def hold(self, hashes: list[bytes]) -> list[int]:
+        return self.tier.hold_prefix(hashes, self.salt)
+
+    def release(self, tier_blocks: list[int]) -> None:
+        self.tier.release_prefix(tier_blocks)
+
+
 class SwapTracker:
     def __init__(self, scheduler: Scheduler, policy: PreemptionPolicy,
-                 swapper: KVSwapper | None):
+                 swapper: KVSwapper | None, read_bandwidth: RateMeter | None = None):
         self.scheduler = scheduler
         self.policy = policy
         self.swapper = swapper
+        self.read_bandwidth = read_bandwidth  # tier reads (swap-ins, prefix reads), bytes/s
+        self.flush_seconds = 0.0  # the last flush
+        self.flush_blocks = 0
 
     @property
     def num_pending(self) -> int:
@@ -44,20 +68,61 @@ class SwapTracker:
         return out
 
     def drain(self) -> None:
-        """Wait for every swap in flight (shutdown) and release what it held."""
+        """Wait for every job in flight (shutdown) and release what it held."""
         if self.swapper is not None:
             self._apply(self.swapper.drain())
 
+    def flush(self, seconds: float) -> int:
+        """Write the cached GPU blocks that the prefix store lacks, for at most ``seconds``
+        (then what has not started is cancelled when the tier closes). Call with no request
+        left, before closing the tier; returns the blocks written."""
+        store, swapper = self.scheduler.store, self.swapper
+        if store is None or swapper is None or seconds <= 0:
+            return 0
+        start = time.perf_counter()
+        deadline = start + seconds
+        written = 0
+        while time.perf_counter() < deadline:
+            todo = store.flush_candidates()
+            if todo:
+                declined = swapper.write_prefix(store.begin_flush(todo))
+                self._apply(declined)
+                if declined and len(declined[0].write_pairs) == len(todo) \
+                        and not swapper.num_pending:
+                    break  # the store takes none of them (no room)
+            elif not swapper.num_pending:
+                break
+            results = swapper.collect(block=True, timeout=max(0.0, deadline - time.perf_counter()))
+            written += sum(len(r.write_pairs) for r in results if r.op == PREFIX_WRITE and r.ok)
+            self._apply(results)
+        self.flush_seconds = time.perf_counter() - start
+        self.flush_blocks = written
+        return written
+
+    def after_close(self) -> None:
+        """The tier closed: report the jobs it ended (cancelled prefix writes among them)."""
+        if self.swapper is not None:
+            self._apply(self.swapper.collect_closed())
+
     def _apply(self, results: list[SwapResult]) -> None:
         for r in results:
+            if r.op == PREFIX_WRITE:
+                self.scheduler.prefix_write_done(list(r.write_pairs), r.ok)
+                continue
             if r.ok:
-                self.policy.tier_bandwidth.add(r.nbytes, r.seconds)
+                if r.op != PREFIX_READ:
+                    self.policy.tier_bandwidth.add(r.nbytes, r.seconds)
+                if r.op != "swap_out" and self.read_bandwidth is not None:
+                    self.read_bandwidth.add(r.nbytes, r.seconds)
             else:
-                logger.warning("swap failed, the sequence will be recomputed: %s", r.error)
+                logger.warning("%s of %s failed, recomputing from the first bad block: %s",
+                               r.op, r.request_id, r.error)
             if r.op == "swap_out":
                 self.scheduler.swap_out_done(r.request_id, r.ok)
-            else:
+            elif r.op == "swap_in":
                 self.scheduler.swap_in_done(r.request_id, r.ok)
+            else:
+                self.scheduler.prefix_read_done(r.request_id, r.blocks_ok)
 
     def stats(self) -> dict[str, float | int]:
         s = self.swapper
@@ -67,5 +132,8 @@ class SwapTracker:
             "swap_io_seconds": s.io_seconds if s else 0.0,
             "swap_stall_seconds": s.stall_seconds if s else 0.0,
             "swap_out_stall_seconds": s.swap_out_stall_seconds if s else 0.0,
+            "prefix_write_wait_seconds": s.prefix_write_wait_seconds if s else 0.0,
             "swap_jobs_pending": self.num_pending,
+            "prefix_store_flush_seconds": self.flush_seconds,
+            "prefix_store_flush_blocks": self.flush_blocks,
         }

@@ -281,7 +281,7 @@ class DataParallelEngine:
         if not self._closed:
             self._handle(self._receive(block=False))
         per_replica = [s for s in self._stats if s]
-        totals = {key: sum(s.get(key, 0) for s in per_replica)
+        totals = {key: _sum_known(s.get(key) for s in per_replica)
                   for key in (per_replica[0] if per_replica else {})}
         replicas = [{"replica": i, "device": info.device, "flash_path": info.flash_path,
                      **self._stats[i]} for i, info in enumerate(self.replicas)]
@@ -332,6 +332,12 @@ class DataParallelEngine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _sum_known(values) -> float | None:
+    """The sum of the values that are known (None: a rate not measured yet), None if none is."""
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
 
 
 def _make_arbiters(config: EngineConfig, configs: list[EngineConfig], ctx

@@ -43,8 +43,8 @@ The flash prefix store (flash only, unless ``prefix_store="off"``; :mod:`hifc.ti
 full KV blocks kept in the same log by 32-byte content hash under a 32-byte model salt, found
 again after GPU eviction and across restarts (swap records stay per run).
 
-* ``lookup_prefix(hashes, salt) -> int`` - how many leading hashes are stored; changes nothing
-  stored (counts the query in ``stats()``).
+* ``lookup_prefix(hashes, salt, count=True) -> int`` - how many leading hashes are stored;
+  changes nothing stored (counts the query in ``stats()`` unless ``count`` is False).
 * ``submit_prefix_write(kv_cache, [(gpu_block, hash)], salt) -> PrefixJob`` - skips hashes stored
   or being written, and what does not fit; completion publishes what was written.
 * ``submit_prefix_read(kv_cache, [(hash, gpu_block)], salt) -> PrefixJob`` - the leading stored

@@ -16,7 +16,9 @@ from hifc.tiers.flash.layout import DEFAULT_LAYOUT, LAYOUTS
 KV_OFFLOAD = ("none", "dram", "flash")
 FLASH_BACKENDS = ("auto", "kvikio", "posix")
 PREFIX_STORE = ("off", "evicted", "all")
+PREFIX_STORE_READ = ("auto", "always")
 MAX_THREADS = 256
+MAX_FLUSH_SECONDS = 3600
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,13 @@ class TierConfig:
         "evicted", "flash prefix store (kv_offload flash): full cached blocks kept in the cache "
         "file by content hash, found again after GPU eviction and across restarts; written "
         "when the GPU evicts them, for every full block, or never", choices=PREFIX_STORE)
+    prefix_store_read: str = option(
+        "auto", "read blocks found in the flash prefix store, or recompute them: auto decides "
+        "per request from the measured tier read bandwidth and prefill speed; always reads",
+        choices=PREFIX_STORE_READ)
+    prefix_store_flush_seconds: float = option(
+        5.0, "at a clean shutdown, the most seconds spent writing the cached GPU blocks that "
+        "the flash prefix store lacks (0: none)")
     flash_force: bool = option(
         False, "reinitialise an existing file that is not an hifc cache file", cli=False)
     tier_fault_injection: bool = option(
@@ -64,6 +73,12 @@ class TierConfig:
         check_choice("flash_layout", self.flash_layout, LAYOUTS)
         check_choice("flash_backend", self.flash_backend, FLASH_BACKENDS)
         check_choice("prefix_store", self.prefix_store, PREFIX_STORE)
+        check_choice("prefix_store_read", self.prefix_store_read, PREFIX_STORE_READ)
+        flush = self.prefix_store_flush_seconds
+        if isinstance(flush, bool) or not isinstance(flush, (int, float)) \
+                or not 0 <= flush <= MAX_FLUSH_SECONDS:  # also false for nan
+            raise ValueError(f"prefix_store_flush_seconds must be a number of seconds in "
+                             f"[0, {MAX_FLUSH_SECONDS}], got {flush!r}")
         _int_in("flash_io_threads", self.flash_io_threads, 1, MAX_THREADS)
         if self.flash_prep_threads is not None:
             _int_in("flash_prep_threads", self.flash_prep_threads, 1, MAX_THREADS)

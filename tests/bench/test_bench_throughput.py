@@ -14,15 +14,18 @@ VARIANT_KEYS = {
     "swap_io_seconds", "swap_stall_seconds", "recomputed_sequences", "swap_failures", "steps",
     "tier_blocks_total", "tier_allocator", "trace_path", "ratio_to_dram", "tier_write_gibps",
     "step_ms_percentiles", "tier_backend", "swap_out_stall_seconds", "fraction_of_ideal",
-    "prefix_cache_queries", "prefix_cache_hits", "per_replica", "flash_devices"}
+    "prefix_cache_queries", "prefix_cache_hits", "prefix_store_queries", "prefix_store_hits",
+    "prefix_store_recomputed", "prefix_store_bytes_read", "prefix_store_bytes_written",
+    "per_replica", "flash_devices"}
 
 
 def test_compare_all_variants_then_analysis_tools(hifc, tiers, tmp_path):
     """The GPU script's analysis stage in-process: every variant, FC trace, then wafsim, stall
     and endurance read what the benchmark wrote."""
     out, traces = tmp_path / "bench.json", tmp_path / "traces"
-    code, stdout, _ = hifc("bench", "throughput", *TINY, *PRESSURE, *tiers,
-                           "--compare", "none,dram,flash,recompute,auto", "--json", out,
+    # the prefix store off: every flash write is a swap-out (the trace WAF replays)
+    code, stdout, _ = hifc("bench", "throughput", *TINY, *PRESSURE, *tiers, "--prefix-store",
+                           "off", "--compare", "none,dram,flash,recompute,auto", "--json", out,
                            "--trace-dir", traces, "--no-progress")
     assert code == 0
     summary = json.loads(out.read_text())

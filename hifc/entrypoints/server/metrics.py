@@ -42,6 +42,8 @@ _GAUGES = (
     ("tier_blocks_used", f"{HIFC}tier_blocks_used", "Swap tier blocks in use"),
     ("tier_blocks_total", f"{HIFC}tier_blocks_total", "Swap tier blocks (0 without a tier)"),
     ("swap_jobs_pending", f"{HIFC}swap_jobs_pending", "Swap I/O jobs in flight"),
+    ("prefix_store_blocks", f"{HIFC}prefix_store_blocks",
+     "KV blocks indexed in the flash prefix store now"),
 )
 _COUNTERS = (
     ("prompt_tokens", f"{VLLM}prompt_tokens", "Prompt tokens of the requests admitted"),
@@ -61,6 +63,17 @@ _COUNTERS = (
     ("swap_stall_seconds", f"{HIFC}swap_stall_seconds", "Seconds steps waited for swap I/O"),
     ("swap_out_stall_seconds", f"{HIFC}swap_out_stall_seconds",
      "Of the swap stall, seconds waited for GPU blocks held by swap-out writes"),
+    ("prefix_store_queries", f"{HIFC}prefix_store_queries",
+     "Tokens of the admitted sequences after their GPU prefix hit, looked up in the flash "
+     "prefix store"),
+    ("prefix_store_hits", f"{HIFC}prefix_store_hits",
+     "Of the prefix store queries, tokens found in the flash prefix store"),
+    ("prefix_store_recomputed", f"{HIFC}prefix_store_recomputed",
+     "Of the prefix store hits, tokens the cost rule chose to recompute rather than read"),
+    ("prefix_store_bytes_read", f"{HIFC}prefix_store_bytes_read",
+     "Bytes of KV read from the flash prefix store"),
+    ("prefix_store_bytes_written", f"{HIFC}prefix_store_bytes_written",
+     "Bytes of KV written to the flash prefix store"),
 )
 
 

@@ -91,14 +91,16 @@ class PrefixStore:
             raise ValueError("the flash prefix store is off (prefix_store='off')")
 
     # -- lookups -----------------------------------------------------------------------------
-    def lookup(self, hashes, salt: bytes) -> int:
+    def lookup(self, hashes, salt: bytes, count: bool = True) -> int:
         """How many leading ``hashes`` (a chain of full blocks) have a readable record under
-        ``salt``. Changes nothing stored; counts the query and its hits (in tokens)."""
+        ``salt``. Changes nothing stored; counts the query and its hits (in tokens) unless
+        ``count`` is False."""
         check_key("salt", salt)
         hashes = [check_key("block_hash", h) for h in hashes]
         found = self.index.leading_hits(salt, hashes) if self.enabled else 0
-        self._counts["queries"] += len(hashes) * self.geometry.block_size
-        self._counts["hits"] += found * self.geometry.block_size
+        if count:
+            self._counts["queries"] += len(hashes) * self.geometry.block_size
+            self._counts["hits"] += found * self.geometry.block_size
         return found
 
     # -- what a job covers -------------------------------------------------------------------

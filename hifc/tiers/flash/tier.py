@@ -190,11 +190,12 @@ class FlashTier(KVTier):
         return super()._is_reserved(block) and not self.index.owns(block)
 
     # -- prefix store ----------------------------------------------------------------------------
-    def lookup_prefix(self, hashes, salt: bytes) -> int:
+    def lookup_prefix(self, hashes, salt: bytes, count: bool = True) -> int:
         """How many leading ``hashes`` (32-byte content hashes of consecutive full blocks) are
         stored under the model ``salt`` (32 bytes) and can be read now. Changes nothing stored
-        (the query and its hits are counted in ``stats()``)."""
-        return self.prefix.lookup(hashes, salt)
+        (the query and its hits are counted in ``stats()``, unless ``count`` is False: the
+        engine counts what it admits itself)."""
+        return self.prefix.lookup(hashes, salt, count)
 
     def submit_prefix_write(self, kv_cache: torch.Tensor, pairs, salt: bytes) -> PrefixJob:
         """Store blocks ``kv_cache[:, :, gpu_block]`` under their hashes; pairs are
