@@ -71,11 +71,14 @@ def position_logits(model: torch.nn.Module, token_ids: list[int], kv_dtype: torc
 
 def compare(reference: torch.Tensor, candidate: torch.Tensor) -> dict:
     """KL(reference || candidate) of the next-token distributions ([T, V] logits each) and the
-    agreement of their argmax, over the T positions."""
+    agreement of their argmax, over the T positions, in nats; and the reference's mean entropy
+    (near log V: flat distributions, as random weights give, whose argmax is nearly a tie)."""
     ref_logp = torch.log_softmax(reference.float(), dim=-1)
     cand_logp = torch.log_softmax(candidate.float(), dim=-1)
-    kl = (ref_logp.exp() * (ref_logp - cand_logp)).sum(-1).clamp_min(0)  # [T]
+    ref_p = ref_logp.exp()
+    kl = (ref_p * (ref_logp - cand_logp)).sum(-1).clamp_min(0)  # [T]
     agree = (reference.argmax(-1) == candidate.argmax(-1)).float()  # [T]
+    entropy = -(ref_p * ref_logp).sum(-1)  # [T]
     return {"positions": reference.shape[0], "mean_kl": kl.mean().item(),
             "max_kl": kl.max().item(), "p99_kl": kl.quantile(0.99).item(),
-            "top1_agreement": agree.mean().item()}
+            "top1_agreement": agree.mean().item(), "reference_entropy": entropy.mean().item()}

@@ -5,7 +5,10 @@ in the same bytes) holds ``x / scale`` and is read as ``fp8 * scale``, with one 
 per layer and KV head: the checkpoint's (``hifc.loader.kv_scales``), else 1.0 (vLLM's default).
 The scales are fixed before any block is written: they are part of the model salt and of the
 tier's file format through ``scale_digest`` (see ``hifc.tiers.geometry.KVGeometry``), so KV
-written with one set of scales is never read with another.
+written with one set of scales is never read with another. They are not computed from the first
+prefill (vLLM's ``calculate_kv_scales``): such scales depend on which request came first, and so
+would the salt: two engines on the same model would name the same prefix differently, and a
+persistent prefix store would miss across runs.
 """
 from __future__ import annotations
 
