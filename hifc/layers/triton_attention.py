@@ -347,11 +347,11 @@ class TritonAttentionBackend:
                 out: torch.Tensor | None = None) -> torch.Tensor:
         """Write k, v ([T, Hkv, D]) into kv_cache, then return attention of q ([T, Hq, D]).
         kv_scale: the K and V scales ([2, Hkv] float32) of a float8 cache, else None."""
-        check_kv_scale(kv_cache, kv_scale)
         if self.triton_kv_write:
             from hifc.layers.triton_kv_write import triton_write_kv_cache
             triton_write_kv_cache(k, v, kv_cache, meta.slot_mapping, kv_scale)
         else:
+            check_kv_scale(kv_cache, kv_scale)
             write_kv_cache(k, v, kv_cache, meta.slot_mapping, kv_scale)
         return paged_attention(q, kv_cache, meta, scale, self.plan(q, kv_cache, meta, sliding_window),
                                out, sliding_window, logit_softcap, kv_scale)
