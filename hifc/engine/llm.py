@@ -5,8 +5,9 @@ import itertools
 
 from tqdm.auto import tqdm
 
-from hifc.engine.llm_engine import LLMEngine
+from hifc.config import EngineConfig
 from hifc.engine.outputs import RequestOutput
+from hifc.parallel.data_parallel import build_engine
 from hifc.sampling_params import SamplingParams
 
 Prompt = str | list[int]
@@ -45,10 +46,11 @@ def _params_list(sampling_params, num_prompts: int) -> list[SamplingParams]:
 
 
 class LLM:
-    """Batch generation over an ``LLMEngine``. Options are ``EngineConfig``'s (vLLM names)."""
+    """Batch generation over an ``LLMEngine``, or over data-parallel replicas of one
+    (``data_parallel_size``). Options are ``EngineConfig``'s (vLLM names)."""
 
     def __init__(self, model: str | None = None, **engine_options):
-        self.engine = LLMEngine.from_options(model, **engine_options)
+        self.engine = build_engine(EngineConfig.from_options(model, **engine_options))
         self._ids = itertools.count()
 
     def get_tokenizer(self):
@@ -58,8 +60,15 @@ class LLM:
         return self.engine.stats()
 
     def close(self) -> None:
-        """Wait for swap I/O in flight and release the swap tier (the flash file stays)."""
+        """Wait for swap I/O in flight and release the swap tier (the flash file stays); stop
+        the replica processes, if any."""
         self.engine.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:

@@ -19,15 +19,18 @@ from hifc.engine.limits import (ResolvedLimits, resolve_device, resolve_dtype, r
                                 resolve_limits)
 from hifc.engine.model_salt import model_salt
 from hifc.engine.outputs import CompletionOutput, RequestOutput
+from hifc.engine.prompts import check_sampling_params, tokenize_prompt
 from hifc.engine.swaps import SwapTracker
 from hifc.engine.threads import apply_cpu_threads
 from hifc.layers.attention import AttentionBackend, TorchAttentionBackend
 from hifc.loader import LoadedModel, load_model
+from hifc.parallel.config import replica_config
 from hifc.runtime.kv_cache import allocate_kv_cache, kv_cache_scales, scale_digest
 from hifc.runtime.model_runner import ModelRunner
 from hifc.runtime.swapper import KVSwapper
 from hifc.sampling_params import SamplingParams
 from hifc.tiers.factory import geometry_of
+from hifc.tiers.flash.arbiter import DeviceShare
 from hifc.tiers.geometry import KVGeometry
 
 logger = logging.getLogger(__name__)
@@ -61,7 +64,13 @@ def _attention_backend(name: str, device: torch.device, kv_dtype: torch.dtype) -
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, device_share: DeviceShare | None = None):
+        """One engine on one device. ``device_share``: its flash device's arbiter, where other
+        replicas share the device (``hifc.parallel`` passes it)."""
+        if config.parallel.data_parallel_size > 1:
+            raise ValueError("an LLMEngine is one replica: build data_parallel_size > 1 with "
+                             "hifc.parallel.data_parallel.build_engine (LLM and hifc serve do)")
+        config = replica_config(config, 0)  # a flash_path template names replica 0's file
         self.config = config
         self.device = resolve_device(config)
         self.dtype = resolve_dtype(config, self.device)
@@ -92,7 +101,7 @@ class LLMEngine:
         self.kv_manager = KVCacheManager(
             self.limits.num_gpu_blocks, config.block_size,
             salt=self.model_salt if config.enable_prefix_caching else None)
-        self.tier = _build_tier(config, self.kv_geometry, kv_cache.device)
+        self.tier = _build_tier(config, self.kv_geometry, kv_cache.device, device_share)
         self.preemption = PreemptionPolicy(config.preemption_mode,
                                            self.tier.geometry.block_bytes if self.tier else 0)
         self.scheduler = Scheduler(
@@ -116,37 +125,12 @@ class LLMEngine:
     # ---- requests -------------------------------------------------------------------------
     def tokenize_prompt(self, prompt: str | list[int]) -> list[int]:
         """Validate a prompt and return its token ids (clear ValueErrors for bad input)."""
-        if isinstance(prompt, str):
-            if not prompt:
-                raise ValueError("prompt is empty")
-            if self.tokenizer is None:
-                raise ValueError(f"model {self.model_name!r} has no tokenizer: pass token ids")
-            ids = self.tokenizer.encode(prompt)
-        elif isinstance(prompt, (list, tuple)):
-            ids = list(prompt)
-            if any(isinstance(t, bool) or not isinstance(t, int) for t in ids):
-                raise ValueError("prompt token ids must be integers")
-            bad = [t for t in ids if not 0 <= t < self.arch.vocab_size]
-            if bad:
-                raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary "
-                                 f"(0..{self.arch.vocab_size - 1})")
-        else:
-            raise ValueError(f"prompt must be a string or a list of token ids, got "
-                             f"{type(prompt).__name__}")
-        if not ids:
-            raise ValueError("prompt is empty")
-        if len(ids) >= self.limits.max_model_len:
-            raise ValueError(f"prompt is {len(ids)} tokens long; the maximum model length is "
-                             f"{self.limits.max_model_len} (prompt plus at least one new token)")
-        return ids
+        return tokenize_prompt(prompt, self.tokenizer, self.arch.vocab_size,
+                               self.limits.max_model_len, self.model_name)
 
     def check_sampling_params(self, params: SamplingParams) -> SamplingParams:
         """ValueError unless ``params`` is a SamplingParams that fits this model's vocabulary."""
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling_params must be a SamplingParams, got "
-                             f"{type(params).__name__}")
-        params.check_vocab(self.arch.vocab_size)
-        return params
+        return check_sampling_params(params, self.arch.vocab_size)
 
     def add_request(self, request_id: str, prompt: str | list[int],
                     sampling_params: SamplingParams | None = None, *,
@@ -252,8 +236,9 @@ class LLMEngine:
         }
 
 
-def _build_tier(config: EngineConfig, geometry: KVGeometry, device: torch.device):
+def _build_tier(config: EngineConfig, geometry: KVGeometry, device: torch.device,
+                device_share: DeviceShare | None):
     if not config.tier.enabled:
         return None
     from hifc.tiers import make_tier
-    return make_tier(config.tier, geometry, device=device)
+    return make_tier(config.tier, geometry, device=device, device_share=device_share)

@@ -55,7 +55,8 @@ class KVSwapper:
         self._jobs[job.job_id] = (request_id, job)
 
     def collect(self, block: bool) -> list[SwapResult]:
-        """Finished swaps. With ``block``, waits for the oldest job if none has finished; the
+        """Finished swaps. With ``block``, waits for the oldest job if none has finished (inside
+        ``tier.stalled()``: a shared device's arbiter serves this engine's I/O first); the
         wait counts as stall time (the engine blocks only when nothing else can run), and as
         swap-out stall when that job is a swap-out: sequences then wait for the GPU blocks its
         write still holds, rather than for a swapped sequence to come back."""
@@ -63,7 +64,8 @@ class KVSwapper:
         if block and not finished and self._jobs:
             t0 = time.perf_counter()
             oldest = next(iter(self._jobs.values()))[1]
-            finished = [self.tier.wait(oldest)] + self.tier.poll()
+            with self.tier.stalled():
+                finished = [self.tier.wait(oldest)] + self.tier.poll()
             waited = time.perf_counter() - t0
             self.stall_seconds += waited
             if oldest.op == "swap_out":

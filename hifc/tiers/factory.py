@@ -6,6 +6,7 @@ import torch
 from hifc.dtypes import dtype_name
 from hifc.tiers.config import TierConfig
 from hifc.tiers.dram import DramTier
+from hifc.tiers.flash.arbiter import DeviceShare
 from hifc.tiers.flash.layout import blocks_for_bytes
 from hifc.tiers.flash.tier import FlashTier
 from hifc.tiers.geometry import KVGeometry
@@ -37,8 +38,10 @@ def num_blocks_for(config: TierConfig, geometry: KVGeometry) -> int:
     return n
 
 
-def make_tier(config: TierConfig, geometry: KVGeometry, device="cpu") -> KVTier:
-    """Build the tier described by ``config`` for KV caches of ``geometry`` on ``device``."""
+def make_tier(config: TierConfig, geometry: KVGeometry, device="cpu",
+              device_share: DeviceShare | None = None) -> KVTier:
+    """Build the tier described by ``config`` for KV caches of ``geometry`` on ``device``;
+    ``device_share``: the flash device's arbiter, where other replicas share it."""
     if not isinstance(geometry, KVGeometry):
         raise ValueError("make_tier needs a KVGeometry (see geometry_of(kv_cache))")
     if not config.enabled:
@@ -46,4 +49,4 @@ def make_tier(config: TierConfig, geometry: KVGeometry, device="cpu") -> KVTier:
     n = num_blocks_for(config, geometry)
     if config.kv_offload == "dram":
         return DramTier(geometry, n, policy=config.flash_policy, device=device)
-    return FlashTier(geometry, n, config, device=device)
+    return FlashTier(geometry, n, config, device=device, device_share=device_share)

@@ -12,6 +12,7 @@ import concurrent.futures as cf
 import time
 from abc import ABC, abstractmethod
 from collections import Counter
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict
 
 import torch
@@ -206,6 +207,11 @@ class KVTier(ABC):
             if all(f.done() for f in job._futures):
                 self._finish(job)
         return job
+
+    def stalled(self) -> AbstractContextManager:
+        """Entered while the engine waits for this tier's I/O with nothing else to run; a tier
+        whose device other engines share lets that I/O go first meanwhile."""
+        return nullcontext()
 
     def wait_all(self) -> list[Job]:
         jobs = list(self._pending)

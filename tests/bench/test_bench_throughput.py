@@ -14,7 +14,7 @@ VARIANT_KEYS = {
     "swap_io_seconds", "swap_stall_seconds", "recomputed_sequences", "swap_failures", "steps",
     "tier_blocks_total", "tier_allocator", "trace_path", "ratio_to_dram", "tier_write_gibps",
     "step_ms_percentiles", "tier_backend", "swap_out_stall_seconds", "fraction_of_ideal",
-    "prefix_cache_queries", "prefix_cache_hits"}
+    "prefix_cache_queries", "prefix_cache_hits", "per_replica", "flash_devices"}
 
 
 def test_compare_all_variants_then_analysis_tools(hifc, tiers, tmp_path):

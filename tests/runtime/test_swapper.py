@@ -1,5 +1,7 @@
 """KVSwapper's stall accounting: a blocking collect waits for the oldest job, and the wait is
 attributed to swap-outs only when that job is one (a fake tier and a fake clock, no timing)."""
+from contextlib import contextmanager
+
 from hifc.core.scheduler import SchedulerOutput, SwapOrder
 from hifc.runtime import swapper as swapper_mod
 from hifc.runtime.swapper import KVSwapper
@@ -19,6 +21,13 @@ class FakeTier:
 
     def __init__(self, clock, wait_s):
         self.clock, self.wait_s, self.next_id = clock, wait_s, 0
+        self.stalling = False
+
+    @contextmanager
+    def stalled(self):
+        self.stalling = True
+        yield
+        self.stalling = False
 
     def _job(self, op, pairs, owner):
         self.next_id += 1
@@ -34,6 +43,7 @@ class FakeTier:
         return []
 
     def wait(self, job, timeout=None):
+        assert self.stalling  # the swapper tells the tier that the engine waits
         self.clock.now += self.wait_s
         job.status = JobStatus.OK
         return job

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from hifc.tiers import KVGeometry, TierConfig, make_tier
-from hifc.tiers.flash.io_base import FileIO
+from hifc.tiers.flash.io_base import FileIO, IOPriority
 from hifc.tiers.flash.layout import ALIGN, LAYOUTS
 from hifc.tiers.flash.chunks import ChunkMover
 from tests.tiers.tier_helpers import SMALL, SMALL_FP8, random_kv
@@ -79,13 +79,13 @@ class RecordingIO(FileIO):
     def staging_device(self, kv_device):
         return self.inner.staging_device(kv_device)
 
-    def write(self, buf, file_offset):
+    def write(self, buf, file_offset, priority=IOPriority.SWAP_OUT):
         self.ios.append(("w", file_offset, buf.numel(), buf.data_ptr()))
-        return self.inner.write(buf, file_offset)
+        return self.inner.write(buf, file_offset, priority)
 
-    def read(self, buf, file_offset):
+    def read(self, buf, file_offset, priority=IOPriority.SWAP_IN):
         self.ios.append(("r", file_offset, buf.numel(), buf.data_ptr()))
-        return self.inner.read(buf, file_offset)
+        return self.inner.read(buf, file_offset, priority)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

@@ -8,7 +8,7 @@ import torch
 from hifc.dtypes import torch_dtype
 from hifc.tiers import KVGeometry
 from hifc.tiers.flash.chunks import ChunkMover
-from hifc.tiers.flash.io_base import FileIO
+from hifc.tiers.flash.io_base import FileIO, IOPriority
 
 
 def random_kv(geometry: KVGeometry, num_blocks: int, device="cpu", seed: int = 0) -> torch.Tensor:
@@ -36,15 +36,15 @@ class GatedIO(FileIO):
     def staging_device(self, kv_device):
         return self.inner.staging_device(kv_device)
 
-    def write(self, buf, file_offset):
+    def write(self, buf, file_offset, priority=IOPriority.SWAP_OUT):
         self.arrived.set()
         assert self.gate.wait(10)
-        return self.inner.write(buf, file_offset)
+        return self.inner.write(buf, file_offset, priority)
 
-    def read(self, buf, file_offset):
+    def read(self, buf, file_offset, priority=IOPriority.SWAP_IN):
         self.arrived.set()
         assert self.gate.wait(10)
-        return self.inner.read(buf, file_offset)
+        return self.inner.read(buf, file_offset, priority)
 
 
 def gated(tier, chunk_blocks: int = 8, num_buffers: int = 2) -> GatedIO:

@@ -4,7 +4,8 @@
 a thread-safe queue, steps the engine while requests are unfinished, and hands each output to
 its request's ``asyncio.Queue`` through ``loop.call_soon_threadsafe``. When nothing is
 unfinished it sleeps on the command queue. Everything that touches the engine or its tokenizer
-(prompt validation, chat prompts aside) runs in that thread.
+(prompt validation, chat prompts aside) runs in that thread. A ``DataParallelEngine`` takes an
+``LLMEngine``'s place unchanged: its ``step`` returns what its replica processes produced.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from hifc.engine.llm_engine import LLMEngine
+from hifc.parallel.data_parallel import DataParallelEngine
 from hifc.engine.outputs import RequestOutput
 from hifc.sampling_params import SamplingParams
 
@@ -102,7 +104,8 @@ class RequestStream:
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine, observer: RequestObserver | None = None):
+    def __init__(self, engine: LLMEngine | DataParallelEngine,
+                 observer: RequestObserver | None = None):
         self.engine = engine
         self.model_name = engine.model_name
         self.max_model_len = engine.limits.max_model_len

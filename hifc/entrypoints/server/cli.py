@@ -45,11 +45,11 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from hifc.engine.llm_engine import LLMEngine
     from hifc.entrypoints.server.app import ServerSettings, build_app
     from hifc.entrypoints.server.async_engine import AsyncEngine
     from hifc.entrypoints.server.metrics import ServerMetrics
     from hifc.entrypoints.server.transport import JSONErrorH11Protocol
+    from hifc.parallel.data_parallel import build_engine
 
     if args.model_tag:
         args.model = args.model_tag
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     if warning:
         logger.warning(warning)
     config = engine_config_from_args(args)
-    engine = LLMEngine(config)
+    engine = build_engine(config)
     # By default clients see the alias or the file / directory name, never the full path.
     names = tuple(args.served_model_name or (engine.model_name,))
     settings = ServerSettings(names, api_key, args.max_request_bytes)

@@ -2,7 +2,9 @@
 
 Each server has its own ``CollectorRegistry`` (no process-global state). Engine values are read
 from the stats snapshot the engine thread publishes, at scrape time; the histograms are fed by
-the engine thread as requests produce their first token and finish.
+the engine thread as requests produce their first token and finish. With data parallelism the
+engine values are the replicas' sums, and each replica's and each shared flash device's own
+values come labelled (``replica``, ``device``).
 """
 from __future__ import annotations
 
@@ -54,6 +56,50 @@ _COUNTERS = (
 )
 
 
+# per replica, labelled: (stats key, metric name, help, counter?)
+_REPLICA_METRICS = (
+    ("running", "replica_requests_running", "Requests in the replica's running batch", False),
+    ("gpu_blocks_free", "replica_gpu_kv_blocks_free", "Free KV blocks on the replica's device",
+     False),
+    ("generation_tokens", "replica_generation_tokens", "Tokens the replica generated", True),
+    ("preemptions", "replica_preemptions", "Sequences the replica preempted", True),
+    ("tier_bytes_written", "replica_tier_bytes_written", "Bytes the replica wrote to its tier",
+     True),
+    ("tier_bytes_read", "replica_tier_bytes_read", "Bytes the replica read from its tier", True),
+    ("swap_stall_seconds", "replica_swap_stall_seconds",
+     "Seconds the replica's steps waited for swap I/O", True),
+    ("arbiter_swap_in_wait_seconds", "replica_arbiter_swap_in_wait_seconds",
+     "Seconds the replica's swap-in reads waited for the shared flash device", True),
+    ("arbiter_swap_out_wait_seconds", "replica_arbiter_swap_out_wait_seconds",
+     "Seconds the replica's swap-out writes waited for the shared flash device", True),
+)
+# per shared flash device, labelled
+_DEVICE_METRICS = (
+    ("inflight_bytes", "flash_device_inflight_bytes",
+     "Bytes of I/O in flight on the shared flash device", False),
+    ("measured_gibps", "flash_device_measured_gibps",
+     "The shared flash device's rate while busy, GiB/s", False),
+    ("swap_in_bytes", "flash_device_swap_in_bytes", "Swap-in bytes admitted on the device", True),
+    ("swap_out_bytes", "flash_device_swap_out_bytes", "Swap-out bytes admitted on the device",
+     True),
+    ("swap_in_wait_seconds", "flash_device_swap_in_wait_seconds",
+     "Seconds swap-ins waited for admission on the device", True),
+    ("swap_out_wait_seconds", "flash_device_swap_out_wait_seconds",
+     "Seconds swap-outs waited for admission on the device", True),
+)
+
+
+def _labelled(rows: list[dict], label: str, label_key: str, table) -> Iterator[Metric]:
+    """One family per metric of ``table``, one sample per row that has its key."""
+    for key, name, doc, counter in table:
+        kind = CounterMetricFamily if counter else GaugeMetricFamily
+        family = kind(f"{PREFIX}_{name}", doc, labels=[label])
+        for row in rows:
+            if row.get(key) is not None:
+                family.add_metric([str(row[label_key])], row[key])
+        yield family
+
+
 class _EngineStatsCollector(Collector):
     def __init__(self, read_stats: Callable[[], dict]):
         self._read_stats = read_stats
@@ -73,6 +119,9 @@ class _EngineStatsCollector(Collector):
                                 if tier_total else 0.0)
         for key, name, doc in _COUNTERS:
             yield CounterMetricFamily(f"{PREFIX}_{name}", doc, value=stats.get(key, 0))
+        if "replicas" in stats:
+            yield from _labelled(stats["replicas"], "replica", "replica", _REPLICA_METRICS)
+            yield from _labelled(stats["flash_devices"], "device", "device", _DEVICE_METRICS)
 
 
 class ServerMetrics:

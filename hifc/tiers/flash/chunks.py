@@ -34,7 +34,7 @@ from typing import Callable
 import torch
 
 from hifc.tiers.flash.hostcopy import gather_with_crcs, int_view, verify_then_scatter
-from hifc.tiers.flash.io_base import FileIO, host_view
+from hifc.tiers.flash.io_base import FileIO, IOPriority, host_view
 from hifc.tiers.geometry import runs_of
 from hifc.tiers.jobs import IntegrityError, ShortReadError
 from hifc.dtypes import copy_dtype
@@ -130,16 +130,18 @@ class ChunkMover:
 
     def write(self, kv: torch.Tensor, src_ids: list[int], first_block: int, stamp: Stamp,
               ready: torch.cuda.Event | None,
-              on_written: Callable[[], None] | None = None) -> ChunkTask:
+              on_written: Callable[[], None] | None = None,
+              priority: IOPriority = IOPriority.SWAP_OUT) -> ChunkTask:
         """Blocks ``kv[:, :, src_ids]`` as records at tier blocks ``first_block...``;
-        ``on_written()`` (a worker thread) once they are all on the file."""
+        ``on_written()`` (a worker thread) once they are all on the file. ``priority``: who
+        waits for the write (a shared device's arbiter admits it in that order)."""
         plan = self.layout.chunk_plan(first_block, len(src_ids))
         first_lsn, self.next_lsn = self.next_lsn, self.next_lsn + plan.n
         prepare = functools.partial(self._prepare_out, kv, src_ids, first_block, stamp,
                                     first_lsn, ready, plan)
 
         def write(buffers: StagingBuffers) -> None:
-            self._write(plan, buffers)
+            self._write(plan, buffers, priority)
             if on_written is not None:
                 on_written()
 
@@ -172,9 +174,9 @@ class ChunkMover:
                     self._header_view(buffers.host, plan), non_blocking=True)
             buffers.sync()
 
-    def _write(self, plan: ChunkPlan, buffers: StagingBuffers) -> None:
+    def _write(self, plan: ChunkPlan, buffers: StagingBuffers, priority: IOPriority) -> None:
         for file_offset, offset, length in plan.runs:
-            written = self.io.write(buffers.io[offset:offset + length], file_offset)
+            written = self.io.write(buffers.io[offset:offset + length], file_offset, priority)
             if written != length:
                 raise OSError(errno.EIO, f"short write: {written} of {length} bytes at "
                               f"offset {file_offset}")
@@ -199,7 +201,8 @@ class ChunkMover:
 
     def _read(self, plan: ChunkPlan, buffers: StagingBuffers) -> None:
         for file_offset, offset, length in plan.runs:
-            got = self.io.read(buffers.io[offset:offset + length], file_offset)
+            got = self.io.read(buffers.io[offset:offset + length], file_offset,
+                               IOPriority.SWAP_IN)
             if got != length:
                 raise ShortReadError(errno.EIO, f"short read: {got} of {length} bytes at "
                                      f"offset {file_offset}")

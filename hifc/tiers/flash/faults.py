@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hifc.tiers.flash.io_base import FileIO
+from hifc.tiers.flash.io_base import FileIO, IOPriority
 from hifc.tiers.flash.layout import ALIGN
 
 EFFECTS = {"read": ("eio", "short", "bitflip"), "write": ("eio", "enospc")}
@@ -93,23 +93,25 @@ class FaultyIO(FileIO):
     def staging_device(self, kv_device: torch.device) -> torch.device:
         return self.inner.staging_device(kv_device)
 
-    def write(self, buf: torch.Tensor, file_offset: int) -> int:
+    def write(self, buf: torch.Tensor, file_offset: int,
+              priority: IOPriority = IOPriority.SWAP_OUT) -> int:
         fault = self.injector._take("write")
         if fault is not None:
             code = errno.EIO if fault.effect == "eio" else errno.ENOSPC
             raise OSError(code, f"injected {fault.effect} on write at offset {file_offset}")
-        return self.inner.write(buf, file_offset)
+        return self.inner.write(buf, file_offset, priority)
 
-    def read(self, buf: torch.Tensor, file_offset: int) -> int:
+    def read(self, buf: torch.Tensor, file_offset: int,
+             priority: IOPriority = IOPriority.SWAP_IN) -> int:
         fault = self.injector._take("read")
         if fault is None:
-            return self.inner.read(buf, file_offset)
+            return self.inner.read(buf, file_offset, priority)
         if fault.effect == "eio":
             raise OSError(errno.EIO, f"injected eio on read at offset {file_offset}")
         if fault.effect == "short":
             half = buf.numel() // 2 // ALIGN * ALIGN  # keep O_DIRECT alignment
-            return self.inner.read(buf[:half], file_offset) if half else 0
-        got = self.inner.read(buf, file_offset)
+            return self.inner.read(buf[:half], file_offset, priority) if half else 0
+        got = self.inner.read(buf, file_offset, priority)
         pos = min(fault.byte_offset, buf.numel() - 1)
         buf[pos:pos + 1].bitwise_xor_(1)  # flip the lowest bit of one byte
         if buf.is_cuda:  # done before the caller's stream reads the buffer

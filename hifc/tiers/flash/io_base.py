@@ -4,7 +4,9 @@ A backend moves bytes between a contiguous 1-D ``uint8`` torch tensor (host or d
 and the cache file. ``read``/``write`` are blocking and thread-safe; the tier calls them from its
 I/O worker threads, which is where batching, coalescing and overlap happen (see
 :mod:`hifc.tiers.flash.chunks`). They raise ``OSError`` (with an errno) on failure and return the
-number of bytes moved; a read that returns fewer bytes than asked is a short read.
+number of bytes moved; a read that returns fewer bytes than asked is a short read. Each call
+says who waits for it (``IOPriority``); backends that share a device with other engine replicas
+(:class:`hifc.tiers.flash.arbiter.ArbitratedIO`) admit I/O in that order, the others ignore it.
 
 Implementations: :class:`hifc.tiers.flash.posix_io.PosixIO` (``O_DIRECT`` where the file system allows
 it, else buffered) and :class:`hifc.tiers.flash.kvikio_io.KvikioIO` (cuFile: GPUDirect Storage where the
@@ -23,12 +25,21 @@ from __future__ import annotations
 
 import mmap
 from abc import ABC, abstractmethod
+from enum import IntEnum
 
 import torch
 
 from hifc.tiers.flash.layout import ALIGN
 
 HUGE_PAGE = 2 << 20  # x86-64 / arm64 (4 KiB base pages) PMD size
+
+
+class IOPriority(IntEnum):
+    """Who waits for an I/O, most urgent first."""
+
+    SWAP_IN = 0  # a preempted sequence resumes when its read completes
+    SWAP_OUT = 1  # its write holds GPU blocks that other sequences wait for
+    PREFIX_WRITE = 2  # nobody waits: a record stored for later reuse
 
 
 class FileIO(ABC):
@@ -43,11 +54,13 @@ class FileIO(ABC):
         """Where staging buffers for a KV cache on ``kv_device`` should live."""
 
     @abstractmethod
-    def write(self, buf: torch.Tensor, file_offset: int) -> int:
+    def write(self, buf: torch.Tensor, file_offset: int,
+              priority: IOPriority = IOPriority.SWAP_OUT) -> int:
         """Write all of ``buf`` at ``file_offset``; returns bytes written."""
 
     @abstractmethod
-    def read(self, buf: torch.Tensor, file_offset: int) -> int:
+    def read(self, buf: torch.Tensor, file_offset: int,
+             priority: IOPriority = IOPriority.SWAP_IN) -> int:
         """Fill ``buf`` from ``file_offset``; returns bytes read (fewer = short read)."""
 
     def close(self) -> None:  # pragma: no cover - trivial default

@@ -13,7 +13,7 @@ import os
 
 import torch
 
-from hifc.tiers.flash.io_base import FileIO, host_view
+from hifc.tiers.flash.io_base import FileIO, IOPriority, host_view
 from hifc.tiers.flash.posix_io import open_data_fd
 
 
@@ -90,10 +90,12 @@ class KvikioIO(FileIO):
             raise OSError(errno.EIO, f"kvikio {what} at offset {file_offset} failed: {exc}") \
                 from None
 
-    def write(self, buf: torch.Tensor, file_offset: int) -> int:
+    def write(self, buf: torch.Tensor, file_offset: int,
+              priority: IOPriority = IOPriority.SWAP_OUT) -> int:
         return self._transfer(self._file.pwrite, buf, file_offset, "write")
 
-    def read(self, buf: torch.Tensor, file_offset: int) -> int:
+    def read(self, buf: torch.Tensor, file_offset: int,
+             priority: IOPriority = IOPriority.SWAP_IN) -> int:
         return self._transfer(self._file.pread, buf, file_offset, "read")
 
     def close(self) -> None:

@@ -13,7 +13,7 @@ import os
 
 import torch
 
-from hifc.tiers.flash.io_base import FileIO, aligned_empty, host_view
+from hifc.tiers.flash.io_base import FileIO, IOPriority, aligned_empty, host_view
 from hifc.tiers.flash.layout import ALIGN
 
 
@@ -65,7 +65,8 @@ class PosixIO(FileIO):
     def staging_device(self, kv_device: torch.device) -> torch.device:
         return torch.device("cpu")
 
-    def write(self, buf: torch.Tensor, file_offset: int) -> int:
+    def write(self, buf: torch.Tensor, file_offset: int,
+              priority: IOPriority = IOPriority.SWAP_OUT) -> int:
         view, done = host_view(buf), 0
         while done < len(view):
             n = os.pwritev(self._fd, [view[done:]], file_offset + done)
@@ -74,7 +75,8 @@ class PosixIO(FileIO):
             done += n
         return done
 
-    def read(self, buf: torch.Tensor, file_offset: int) -> int:
+    def read(self, buf: torch.Tensor, file_offset: int,
+             priority: IOPriority = IOPriority.SWAP_IN) -> int:
         view, done = host_view(buf), 0
         while done < len(view):
             n = os.preadv(self._fd, [view[done:]], file_offset + done)

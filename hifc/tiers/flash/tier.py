@@ -2,7 +2,8 @@
 
 Wires together the cache file (superblock, epoch), the layout, an I/O backend (kvikio for GPU KV
 caches where GPUDirect Storage works, else POSIX O_DIRECT; see ``resolve_backend``), optional
-fault injection and the chunk mover. A swap's pairs are cut, in the order given, into chunks of
+fault injection, the device's arbiter when other engine replicas share the device
+(:mod:`hifc.tiers.flash.arbiter`), and the chunk mover. A swap's pairs are cut, in the order given, into chunks of
 consecutive tier ids (adjacent blocks coalesced into large I/Os, at most ``flash_chunk_mib``
 each); every chunk runs through the two-stage pipeline of :mod:`hifc.tiers.flash.pipeline` (its
 I/O on the tier's ``flash_io_threads`` threads, its gather, checksums and scatter on
@@ -20,14 +21,16 @@ from __future__ import annotations
 import concurrent.futures as cf
 import functools
 import os
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
 from hifc.tiers.config import FLASH_BACKENDS, TierConfig
+from hifc.tiers.flash.arbiter import DeviceShare
 from hifc.tiers.flash.cache_file import CacheFile
 from hifc.tiers.flash.chunks import ChunkMover
 from hifc.tiers.flash.faults import FaultInjector, FaultyIO
-from hifc.tiers.flash.io_base import FileIO
+from hifc.tiers.flash.io_base import FileIO, IOPriority
 from hifc.tiers.flash.kvikio_io import KvikioIO, gds_available, kvikio_available
 from hifc.tiers.flash.layout import make_layout
 from hifc.tiers.flash.pipeline import ChunkPipeline, cpu_stage_pool
@@ -99,7 +102,7 @@ class FlashTier(KVTier):
     kind = "flash"
 
     def __init__(self, geometry: KVGeometry, num_blocks: int, config: TierConfig, *,
-                 device="cpu"):
+                 device="cpu", device_share: DeviceShare | None = None):
         io_threads = config.flash_io_threads
         prep_threads = config.flash_prep_threads or default_prep_threads(io_threads)
         self.layout = make_layout(config.flash_layout, geometry, num_blocks)
@@ -123,6 +126,9 @@ class FlashTier(KVTier):
             self.cache_file.discard()
             self._pool.shutdown()
             raise
+        self.device_share = device_share
+        if device_share is not None:
+            io = device_share.wrap(io)
         self.faults = FaultInjector() if config.tier_fault_injection else None
         self.io = FaultyIO(io, self.faults) if self.faults is not None else io
         chunk_blocks = max(1, (config.flash_chunk_mib << 20) // self.layout.per_block_file_bytes)
@@ -264,7 +270,8 @@ class FlashTier(KVTier):
             stamp = mover.prefix_stamp(job.salt, job.hashes[first:first + len(chunk)])
             if write:
                 task = mover.write(kv_cache, [g for g, _ in chunk], chunk[0][1], stamp, ready,
-                                   functools.partial(mark_written, job, first, len(chunk)))
+                                   functools.partial(mark_written, job, first, len(chunk)),
+                                   IOPriority.PREFIX_WRITE)  # nobody waits: after swaps
             else:
                 task = mover.read(kv_cache, chunk[0][0], [g for _, g in chunk], stamp, ready,
                                   functools.partial(mark_delivered, job, first))
@@ -291,6 +298,10 @@ class FlashTier(KVTier):
             tasks = [mover.swap_in(kv_cache, chunk[0][0], [d for _, d in chunk], owner, ready)
                      for chunk in split_chunks(pairs, 0, limit)]
         return [self.pipeline.submit(task) for task in tasks]
+
+    def stalled(self) -> AbstractContextManager:
+        share = self.device_share
+        return share.stalled() if share is not None else nullcontext()
 
     def _extra_stats(self) -> dict:
         return {"path": self.cache_file.path, "layout": self.layout.name,

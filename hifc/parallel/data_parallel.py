@@ -1,0 +1,332 @@
+"""Data parallelism: N engine replicas in processes of their own behind one ``LLMEngine``-like
+front end, which ``LLM`` and ``hifc serve`` drive as they drive one engine.
+
+Each replica (:mod:`hifc.parallel.replica`) is a whole ``LLMEngine`` on its own device (replica
+i on ``cuda:i``; all on the CPU in tests) with its own flash cache file (``flash_path`` names
+one per replica, see :mod:`hifc.parallel.config`). The front end validates and tokenizes each
+request, sends it to the replica with the fewest outstanding tokens
+(:mod:`hifc.parallel.balance`), and assembles the replicas' output deltas into the same
+``RequestOutput`` objects an ``LLMEngine`` returns. Replicas run and step on their own; the
+front end's ``step()`` returns whatever they produced since the last call, waiting for
+something when nothing has arrived yet. A request's output does not depend on its replica
+(greedy, or seeded sampling): every replica loads the same weights with the same seed.
+
+Replicas whose flash files lie on one device share it through one
+:class:`~hifc.tiers.flash.arbiter.DeviceArbiter` (unless ``flash_arbiter`` is off), created
+here and handed to them at spawn. Processes are started with ``torch.multiprocessing``'s spawn
+method: a script that builds a data-parallel engine needs the usual
+``if __name__ == "__main__":`` guard.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import queue
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.multiprocessing as torch_mp
+
+from hifc.config import EngineConfig
+from hifc.engine.llm_engine import LLMEngine
+from hifc.engine.outputs import CompletionOutput, RequestOutput
+from hifc.engine.prompts import check_sampling_params, tokenize_prompt
+from hifc.parallel.balance import LeastOutstandingTokens
+from hifc.parallel.config import replica_config
+from hifc.parallel.devices import replica_devices, shared_flash_devices
+from hifc.parallel.messages import (AbortRequests, AddRequest, Closed, Failed, OutputDelta,
+                                    Outputs, Ready, ReplicaInfo, Stop)
+from hifc.parallel.replica import run_replica
+from hifc.sampling_params import SamplingParams
+from hifc.tiers.flash.arbiter import DeviceArbiter, DeviceShare
+
+logger = logging.getLogger(__name__)
+
+POLL_S = 1.0  # how often a waiting front end checks that its replicas are alive
+STOP_TIMEOUT_S = 60.0  # for a replica to finish its I/O and exit after Stop
+DEFAULT_WINDOW_CHUNKS = 4  # the arbiter's default budget, in flash chunks
+
+
+def build_engine(config: EngineConfig) -> "LLMEngine | DataParallelEngine":
+    """The engine ``config`` asks for: one ``LLMEngine``, or replicas behind a front end."""
+    if config.parallel.data_parallel_size > 1:
+        return DataParallelEngine(config)
+    return LLMEngine(config)
+
+
+@dataclass
+class _Tracked:
+    """A request the front end has sent and not yet seen end."""
+
+    prompt: str | None
+    prompt_ids: list[int]
+    token_ids: list[int]
+    text: str = ""
+
+
+class ReplicaError(RuntimeError):
+    """A replica process failed or exited unexpectedly."""
+
+
+class DataParallelEngine:
+    """The ``LLMEngine`` interface (add_request / step / abort_request / stats / close) over
+    ``data_parallel_size`` replica processes."""
+
+    tier = None  # each replica's tier lives in its process; stats()["replicas"] reports it
+
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.device = torch.device("cpu")  # this process routes requests; replicas compute
+        n = config.parallel.data_parallel_size
+        devices = replica_devices(config)
+        configs = [replica_config(config, i, devices[i]) for i in range(n)]
+        ctx = torch_mp.get_context("spawn")
+        self._arbiters = _make_arbiters(config, configs, ctx)
+        shares = _device_shares(self._arbiters, n)
+        threads = max(1, torch.get_num_threads() // n) if devices[0] == "cpu" else None
+        self._events = ctx.Queue()
+        self._commands = [ctx.Queue() for _ in range(n)]
+        self._processes = [
+            ctx.Process(target=run_replica, name=f"hifc-replica-{i}", daemon=True,
+                        args=(i, configs[i], shares[i], threads, self._commands[i],
+                              self._events))
+            for i in range(n)]
+        self._closed = False
+        self._exited: set[int] = set()  # replicas known to have stopped
+        self._stats: list[dict] = [{} for _ in range(n)]  # each replica's latest
+        self._requests: dict[str, _Tracked] = {}
+        self._pending: dict[str, RequestOutput] = {}  # received, not yet returned by step()
+        for process in self._processes:
+            process.start()
+        try:
+            self.replicas: list[ReplicaInfo] = self._wait_ready()
+        except BaseException:
+            self.close()
+            raise
+        first = self.replicas[0]
+        self.model_name, self.arch, self.tokenizer = first.model_name, first.arch, first.tokenizer
+        # every replica must take every request: the shortest context of them all
+        self.limits = dataclasses.replace(
+            first.limits, max_model_len=min(r.limits.max_model_len for r in self.replicas))
+        self._balancer = LeastOutstandingTokens(n)
+
+    # ---- requests -------------------------------------------------------------------------
+    def tokenize_prompt(self, prompt: str | list[int]) -> list[int]:
+        """Validate a prompt and return its token ids (clear ValueErrors for bad input)."""
+        return tokenize_prompt(prompt, self.tokenizer, self.arch.vocab_size,
+                               self.limits.max_model_len, self.model_name)
+
+    def check_sampling_params(self, params: SamplingParams) -> SamplingParams:
+        """See ``LLMEngine.check_sampling_params``."""
+        return check_sampling_params(params, self.arch.vocab_size)
+
+    def add_request(self, request_id: str, prompt: str | list[int],
+                    sampling_params: SamplingParams | None = None, *,
+                    prompt_ids: list[int] | None = None) -> None:
+        """Queue a request on the least loaded replica (see ``LLMEngine.add_request``)."""
+        self._check_open()
+        if request_id in self._requests or request_id in self._pending:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        params = self.check_sampling_params(sampling_params or SamplingParams())
+        ids = self.tokenize_prompt(prompt) if prompt_ids is None else list(prompt_ids)
+        text = prompt if isinstance(prompt, str) else None
+        replica = self._balancer.place(request_id, len(ids), params.max_tokens,
+                                       self.limits.max_model_len)
+        self._commands[replica].put(AddRequest(request_id, text, ids, params))
+        self._requests[request_id] = _Tracked(text, ids, [])
+
+    def abort_request(self, request_id: str | list[str]) -> None:
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        by_replica: dict[int, list[str]] = {}
+        for rid in ids:
+            self._pending.pop(rid, None)
+            if self._requests.pop(rid, None) is None:
+                continue
+            by_replica.setdefault(self._balancer.replica_of(rid), []).append(rid)
+            self._balancer.finished(rid)
+        for replica, rids in by_replica.items():
+            self._commands[replica].put(AbortRequests(rids))
+
+    def has_unfinished_requests(self) -> bool:
+        """True while a request is unfinished or has outputs ``step()`` has not returned."""
+        return bool(self._requests) or bool(self._pending)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self._requests)
+
+    # ---- stepping -------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """The outputs of every request that advanced or finished since the last call
+        (cumulative, as ``LLMEngine.step`` gives them); waits for one if there is none yet."""
+        self._check_open()
+        if self._requests and not self._pending:
+            self._handle(self._receive(block=True))
+        outputs = list(self._pending.values())
+        self._pending.clear()
+        return outputs
+
+    def _receive(self, block: bool) -> list:
+        """The replicas' messages that have arrived; with ``block``, at least one."""
+        messages = []
+        while True:
+            try:
+                if block and not messages:
+                    messages.append(self._events.get(timeout=POLL_S))
+                else:
+                    messages.append(self._events.get_nowait())
+            except queue.Empty:
+                if messages or not block:
+                    return messages
+                self._check_alive()
+
+    def _handle(self, messages: list) -> None:
+        for message in messages:
+            if isinstance(message, Outputs):
+                self._stats[message.replica] = message.stats
+                for delta in message.deltas:
+                    self._apply(delta)
+            elif isinstance(message, Failed):
+                raise self._error(message)
+            elif isinstance(message, Closed):
+                self._stats[message.replica] = message.stats
+                self._exited.add(message.replica)
+
+    def _apply(self, delta: OutputDelta) -> None:
+        tracked = self._requests.get(delta.request_id)
+        if tracked is None:  # aborted since
+            return
+        tracked.token_ids += delta.new_token_ids
+        tracked.text = tracked.text[:delta.text_keep] + delta.text_append
+        self._balancer.generated(delta.request_id, len(delta.new_token_ids))
+        if delta.finished:
+            del self._requests[delta.request_id]
+            self._balancer.finished(delta.request_id)
+        completion = CompletionOutput(0, tracked.text, list(tracked.token_ids),
+                                      delta.finish_reason)
+        self._pending[delta.request_id] = RequestOutput(
+            delta.request_id, tracked.prompt, tracked.prompt_ids, [completion], delta.finished,
+            delta.num_cached_tokens)
+
+    # ---- replicas -------------------------------------------------------------------------
+    def _wait_ready(self) -> list[ReplicaInfo]:
+        ready: dict[int, ReplicaInfo] = {}
+        while len(ready) < len(self._processes):
+            for message in self._receive(block=True):
+                if isinstance(message, Failed):
+                    raise self._error(message)
+                if isinstance(message, Ready):
+                    ready[message.replica] = message.info
+                    self._stats[message.replica] = message.stats
+        return [ready[i] for i in range(len(self._processes))]
+
+    def _check_alive(self) -> None:
+        for index, process in enumerate(self._processes):
+            if process.is_alive() or index in self._exited:
+                continue
+            self._exited.add(index)
+            self._forget(index)
+            late = [m for m in self._receive(block=False) if isinstance(m, Failed)]
+            if late:
+                raise self._error(late[0])
+            raise ReplicaError(f"replica {index} exited unexpectedly (exit code "
+                               f"{process.exitcode})")
+
+    def _forget(self, index: int) -> None:
+        """A replica is gone: release its place in its flash device's arbiter."""
+        for arbiter, replicas in self._arbiters:
+            if index in replicas:
+                arbiter.forget(replicas.index(index))
+
+    def _error(self, failed: Failed) -> Exception:
+        where = f"replica {failed.replica}"
+        if failed.kind == "ValueError":  # bad options or input: the same error as one engine
+            return ValueError(f"{failed.message} ({where})")
+        return ReplicaError(f"{where} failed: {failed.kind}: {failed.message}\n"
+                            f"{failed.traceback}")
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError("this engine is closed")
+
+    # ---- statistics and shutdown -------------------------------------------------------------
+    def stats(self) -> dict:
+        """The replicas' stats summed (the keys of ``LLMEngine.stats``), plus ``replicas`` (each
+        replica's own, with its device, flash file and arbiter waits) and ``flash_devices``
+        (each shared device's arbiter: window, measured rate, bytes and waits by priority)."""
+        if not self._closed:
+            self._handle(self._receive(block=False))
+        per_replica = [s for s in self._stats if s]
+        totals = {key: sum(s.get(key, 0) for s in per_replica)
+                  for key in (per_replica[0] if per_replica else {})}
+        replicas = [{"replica": i, "device": info.device, "flash_path": info.flash_path,
+                     **self._stats[i]} for i, info in enumerate(self.replicas)]
+        devices = [{**arbiter.stats(), "replica_ids": list(ids)}
+                   for arbiter, ids in self._arbiters]
+        return {**totals, "data_parallel_size": len(self._processes), "replicas": replicas,
+                "flash_devices": devices}
+
+    def close(self) -> None:
+        """Stop every replica (each aborts what it runs, waits for its I/O and releases its
+        tier) and wait for its process to exit."""
+        if self._closed:
+            return
+        self._closed = True
+        self._requests.clear()
+        self._pending.clear()
+        for index, commands in enumerate(self._commands):
+            if self._processes[index].is_alive():
+                commands.put(Stop())
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while any(p.is_alive() and i not in self._exited
+                  for i, p in enumerate(self._processes)) and time.monotonic() < deadline:
+            for message in self._receive_until(deadline):
+                if isinstance(message, Closed):
+                    self._stats[message.replica] = message.stats
+                    self._exited.add(message.replica)
+                elif isinstance(message, Failed):
+                    logger.error("%s", self._error(message))
+        for process in self._processes:
+            process.join(timeout=max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                logger.warning("%s did not stop; terminating it", process.name)
+                process.terminate()
+                process.join()
+        for commands in self._commands:  # every replica has exited: nothing left to deliver
+            commands.cancel_join_thread()
+            commands.close()
+        self._events.close()
+
+    def _receive_until(self, deadline: float) -> list:
+        try:
+            return [self._events.get(timeout=max(0.01, min(POLL_S, deadline - time.monotonic())))]
+        except queue.Empty:
+            return []
+
+    def __enter__(self) -> "DataParallelEngine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _make_arbiters(config: EngineConfig, configs: list[EngineConfig], ctx
+                   ) -> list[tuple[DeviceArbiter, list[int]]]:
+    """One arbiter per flash device that holds several replicas' files (and the replicas it
+    serves, in its own order), unless the arbiter is off."""
+    tier, parallel = config.tier, config.parallel
+    if tier.kv_offload != "flash" or not parallel.flash_arbiter:
+        return []
+    window_mib = parallel.flash_arbiter_window_mib or DEFAULT_WINDOW_CHUNKS * tier.flash_chunk_mib
+    paths = [c.tier.flash_path for c in configs]
+    return [(DeviceArbiter(label, len(replicas), window_mib << 20, ctx=ctx), replicas)
+            for label, replicas in shared_flash_devices(paths)]
+
+
+def _device_shares(arbiters: list[tuple[DeviceArbiter, list[int]]], num_replicas: int
+                   ) -> list[DeviceShare | None]:
+    shares: list[DeviceShare | None] = [None] * num_replicas
+    for arbiter, replicas in arbiters:
+        for position, replica in enumerate(replicas):
+            shares[replica] = DeviceShare(arbiter, position)
+    return shares

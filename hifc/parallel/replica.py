@@ -1,0 +1,149 @@
+"""One data-parallel replica: an ``LLMEngine`` in a process of its own, driven through queues.
+
+The front end spawns :func:`run_replica`. It builds the engine (on its own device, with its own
+flash file and, where the device is shared, the device's arbiter), says ``Ready``, then loops:
+apply the commands that arrived (waiting for one while it has nothing to do), step the engine
+while it has work, and send the step's outputs as deltas with its stats. When the front end's
+process is gone it stops by itself.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import traceback
+from multiprocessing import parent_process
+
+import torch
+
+from hifc.config import EngineConfig
+from hifc.engine.llm_engine import LLMEngine
+from hifc.engine.outputs import RequestOutput
+from hifc.parallel.messages import (AbortRequests, AddRequest, Closed, Failed, OutputDelta,
+                                    Outputs, Ready, ReplicaInfo, Stop)
+from hifc.tiers.flash.arbiter import DeviceShare
+
+logger = logging.getLogger(__name__)
+
+IDLE_POLL_S = 1.0  # an idle replica checks this often that the front end is still there
+
+
+class DeltaWriter:
+    """What each request's last message said, to send only what changed since."""
+
+    def __init__(self) -> None:
+        self._sent: dict[str, tuple[int, str]] = {}  # request id -> (tokens sent, text sent)
+
+    def add(self, request_id: str) -> None:
+        self._sent[request_id] = (0, "")
+
+    def forget(self, request_id: str) -> None:
+        self._sent.pop(request_id, None)
+
+    def delta(self, out: RequestOutput) -> OutputDelta | None:
+        sent = self._sent.get(out.request_id)
+        if sent is None:  # aborted meanwhile
+            return None
+        num_sent, text_sent = sent
+        text = out.text
+        keep = (len(text_sent) if text.startswith(text_sent)
+                else len(os.path.commonprefix((text_sent, text))))
+        if out.finished:
+            del self._sent[out.request_id]
+        else:
+            self._sent[out.request_id] = (len(out.token_ids), text)
+        return OutputDelta(out.request_id, out.token_ids[num_sent:], keep, text[keep:],
+                           out.finish_reason, out.finished, out.num_cached_tokens)
+
+
+def run_replica(index: int, config: EngineConfig, device_share: DeviceShare | None,
+                torch_threads: int | None, commands, events) -> None:
+    """The replica process's main function (``commands``/``events``: its queue from the front
+    end, and the queue of all replicas to it)."""
+    if torch_threads is not None:
+        torch.set_num_threads(torch_threads)
+    try:
+        if config.device.startswith("cuda:"):
+            torch.cuda.set_device(torch.device(config.device))  # Triton launches on it
+        engine = LLMEngine(config, device_share)
+    except BaseException as exc:  # bad options, a missing model, a locked file, ...
+        events.put(_failed(index, exc))
+        return
+    tier = config.tier
+    events.put(Ready(index, ReplicaInfo(
+        engine.model_name, engine.arch, engine.tokenizer, engine.limits, str(engine.device),
+        tier.flash_path if tier.kv_offload == "flash" else None), _stats(engine, device_share)))
+    try:
+        _serve(index, engine, device_share, commands, events)
+    except BaseException as exc:
+        logger.exception("replica %d failed", index)
+        events.put(_failed(index, exc))
+        raise SystemExit(1) from None
+    finally:
+        engine.close()
+    events.put(Closed(index, _stats(engine, device_share)))
+
+
+def _serve(index: int, engine: LLMEngine, device_share: DeviceShare | None, commands,
+           events) -> None:
+    writer = DeltaWriter()
+    while True:
+        received = _next_commands(commands, block=not engine.has_unfinished_requests())
+        if received is None:
+            return
+        for command in received:
+            _apply(command, engine, writer, events, index, device_share)
+        if engine.has_unfinished_requests():
+            deltas = [d for d in map(writer.delta, engine.step()) if d is not None]
+            if deltas or not engine.has_unfinished_requests():
+                events.put(Outputs(index, deltas, _stats(engine, device_share)))
+        elif received:  # aborts left it idle: say so
+            events.put(Outputs(index, [], _stats(engine, device_share)))
+
+
+def _next_commands(commands, block: bool) -> list | None:
+    """The commands that arrived (with ``block``, waiting for one); None on ``Stop`` or when
+    the front end's process is gone."""
+    received = []
+    try:
+        command = commands.get(timeout=IDLE_POLL_S) if block else commands.get_nowait()
+    except queue.Empty:
+        return None if block and not parent_process().is_alive() else received
+    while True:
+        if isinstance(command, Stop):
+            return None
+        received.append(command)
+        try:
+            command = commands.get_nowait()
+        except queue.Empty:
+            return received
+
+
+def _apply(command, engine: LLMEngine, writer: DeltaWriter, events, index: int,
+           device_share: DeviceShare | None) -> None:
+    if isinstance(command, AbortRequests):
+        engine.abort_request(command.request_ids)
+        for request_id in command.request_ids:
+            writer.forget(request_id)
+        return
+    assert isinstance(command, AddRequest)
+    try:
+        engine.add_request(command.request_id, command.prompt or command.prompt_ids,
+                           command.params, prompt_ids=command.prompt_ids)
+    except ValueError as exc:  # the front end checked the prompt; this should not happen
+        logger.warning("replica %d refused request %s: %s", index, command.request_id, exc)
+        events.put(Outputs(index, [OutputDelta(command.request_id, [], 0, "", "abort", True,
+                                               None)], _stats(engine, device_share)))
+        return
+    writer.add(command.request_id)
+
+
+def _stats(engine: LLMEngine, device_share: DeviceShare | None) -> dict:
+    stats = engine.stats()
+    if device_share is not None:
+        stats.update({f"arbiter_{k}": v for k, v in device_share.stats().items()})
+    return stats
+
+
+def _failed(index: int, exc: BaseException) -> Failed:
+    return Failed(index, type(exc).__name__, str(exc), traceback.format_exc())
