@@ -19,7 +19,7 @@ from hifc.layers.triton_jit import tl, triton
 def _quantize(x, scale_ptr, offs_h, NUM_KV_HEADS: tl.constexpr, FP8_MAX: tl.constexpr):
     """x ([BLOCK_H, BLOCK_D]) / its head's scale, clamped to float8's range, as float8."""
     scale = tl.load(scale_ptr + offs_h, mask=offs_h < NUM_KV_HEADS, other=1.0)  # [BLOCK_H]
-    scaled = x.to(tl.float32) / scale[:, None]
+    scaled = tl.math.div_rn(x.to(tl.float32), scale[:, None])  # IEEE division, as torch's
     scaled = tl.minimum(tl.maximum(scaled, -FP8_MAX), FP8_MAX)
     return scaled.to(tl.float8e4nv, fp_downcast_rounding="rtne")
 
