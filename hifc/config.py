@@ -20,6 +20,8 @@ from hifc.parallel.config import ParallelConfig, check_replicas
 from hifc.tiers.config import TierConfig
 
 DTYPES = ("auto",) + dtypes.NAMES + tuple(dtypes.ALIASES)
+# auto: the model's dtype; fp8 (alias fp8_e4m3): float8_e4m3fn with per-layer or per-head scales
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 DEFAULT_MODEL = "smollm2-135m"
@@ -36,6 +38,10 @@ class EngineConfig:
     dtype: str = option(
         "auto", "weights and KV cache; auto: bfloat16 on CUDA, float32 on CPU (half = float16, "
         "float = float32)", choices=DTYPES)
+    kv_cache_dtype: str = option(
+        "auto", "KV cache element type; auto: the model's dtype; fp8 (alias fp8_e4m3): "
+        "float8_e4m3fn scaled per layer or head (the checkpoint's k_scale/v_scale, else 1.0), "
+        "twice the tokens per GiB and half the bytes per swap", choices=KV_CACHE_DTYPES)
     block_size: int = option(64, "tokens per KV block", choices=BLOCK_SIZES)
     max_model_len: int | None = option(
         None, "longest sequence (default: the model's context, capped by the KV pool)")
@@ -76,6 +82,7 @@ class EngineConfig:
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         check_choice("dtype", self.dtype, DTYPES)
         object.__setattr__(self, "dtype", dtypes.canonical(self.dtype))  # half -> float16
+        check_choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         check_choice("block_size", self.block_size, BLOCK_SIZES)
         check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         _positive_int("max_num_seqs", self.max_num_seqs)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from hifc.config import EngineConfig
-from hifc.dtypes import torch_dtype
+from hifc.dtypes import FP8_E4M3, torch_dtype
 from hifc.models.config import ModelArchConfig
 from hifc.models.registry import SizeEstimate, size_estimate
 from hifc.runtime.kv_cache import kv_bytes_per_block
@@ -41,6 +41,11 @@ def resolve_dtype(config: EngineConfig, device: torch.device) -> torch.dtype:
     return torch_dtype(config.dtype)
 
 
+def resolve_kv_dtype(config: EngineConfig, dtype: torch.dtype) -> torch.dtype:
+    """The KV cache's element type: the model's (auto) or float8_e4m3fn (fp8, fp8_e4m3)."""
+    return dtype if config.kv_cache_dtype == "auto" else torch_dtype(FP8_E4M3)
+
+
 def _activation_reserve_bytes(size: SizeEstimate, vocab_size: int, num_tokens: int,
                               max_num_seqs: int) -> int:
     """Upper estimate of a step's activation memory: the widest live tensors per token (the
@@ -50,8 +55,9 @@ def _activation_reserve_bytes(size: SizeEstimate, vocab_size: int, num_tokens: i
 
 
 def resolve_limits(config: EngineConfig, arch: ModelArchConfig, dtype: torch.dtype,
-                   device: torch.device) -> ResolvedLimits:
-    block_bytes = kv_bytes_per_block(arch, config.block_size, dtype)
+                   device: torch.device, kv_dtype: torch.dtype | None = None) -> ResolvedLimits:
+    """dtype: the model's; kv_dtype: the KV cache's (default: the model's)."""
+    block_bytes = kv_bytes_per_block(arch, config.block_size, kv_dtype or dtype)
     model_len = arch.max_position_embeddings
     if config.max_model_len is not None:
         if config.max_model_len > model_len:

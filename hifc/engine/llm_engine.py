@@ -18,7 +18,8 @@ from hifc.core.sequence import Sequence, SequenceStatus
 from hifc.core.store_level import StoreLevel
 from hifc.engine.bad_words import BadWords
 from hifc.engine.detokenizer import IncrementalDetokenizer
-from hifc.engine.limits import ResolvedLimits, resolve_device, resolve_dtype, resolve_limits
+from hifc.engine.limits import (ResolvedLimits, resolve_device, resolve_dtype, resolve_kv_dtype,
+                                resolve_limits)
 from hifc.engine.logprobs import LogprobsBuilder
 from hifc.engine.model_salt import model_salt
 from hifc.engine.outputs import RequestMetrics, RequestOutput
@@ -29,7 +30,7 @@ from hifc.engine.threads import apply_cpu_threads
 from hifc.layers.attention import AttentionBackend, TorchAttentionBackend
 from hifc.loader import LoadedModel, load_model
 from hifc.parallel.config import replica_config
-from hifc.runtime.kv_cache import allocate_kv_cache
+from hifc.runtime.kv_cache import allocate_kv_cache, kv_cache_scales, scale_digest
 from hifc.runtime.model_runner import ModelRunner
 from hifc.runtime.sampling_inputs import StepConstraints
 from hifc.runtime.swapper import KVSwapper
@@ -37,17 +38,27 @@ from hifc.sampling_params import SamplingParams
 from hifc.structured.grammar import BitmaskFiller, GrammarCompiler
 from hifc.tiers.factory import geometry_of
 from hifc.tiers.flash.arbiter import DeviceShare
+from hifc.tiers.geometry import KVGeometry
 
 logger = logging.getLogger(__name__)
 
 
-def _attention_backend(name: str, device: torch.device) -> AttentionBackend:
+FP8_MIN_CAPABILITY = (8, 9)  # Triton converts float8_e4m3fn on Ada and Hopper GPUs and later
+
+
+def _attention_backend(name: str, device: torch.device, kv_dtype: torch.dtype) -> AttentionBackend:
     if name == "auto":
         name = "triton" if device.type == "cuda" else "torch"
     if name == "torch":
         return TorchAttentionBackend()
     if device.type != "cuda":
         raise ValueError("attention_backend 'triton' needs a CUDA device")
+    if kv_dtype == torch.float8_e4m3fn:
+        capability = torch.cuda.get_device_capability(device)
+        if capability < FP8_MIN_CAPABILITY:
+            raise ValueError(f"kv_cache_dtype fp8 with the triton attention backend needs a GPU "
+                             f"of compute capability 8.9 or later (this one: "
+                             f"{capability[0]}.{capability[1]}); use attention_backend torch")
     from hifc.layers.triton_attention import TritonAttentionBackend
     return TritonAttentionBackend()
 
@@ -69,21 +80,28 @@ class LLMEngine:
         self.model_name = loaded.name
         self.arch = loaded.arch
         self.tokenizer = loaded.tokenizer
-        self.limits: ResolvedLimits = resolve_limits(config, self.arch, self.dtype, self.device)
+        self.kv_dtype = resolve_kv_dtype(config, self.dtype)
+        self.limits: ResolvedLimits = resolve_limits(config, self.arch, self.dtype, self.device,
+                                                     self.kv_dtype)
         kv_cache = allocate_kv_cache(self.arch, self.limits.num_gpu_blocks, config.block_size,
-                                     self.dtype, self.device)
-        self.runner = ModelRunner(loaded.model, kv_cache,
-                                  _attention_backend(config.attention_backend, self.device),
-                                  config.block_size, self.device, config.seed)
+                                     self.kv_dtype, self.device)
+        # a float8 cache's scales [L, 2, Hkv], fixed before any block is written
+        kv_scales = kv_cache_scales(self.kv_dtype, self.arch, loaded.kv_scales, self.device)
+        self.runner = ModelRunner(
+            loaded.model, kv_cache,
+            _attention_backend(config.attention_backend, self.device, self.kv_dtype),
+            config.block_size, self.device, config.seed, kv_scales)
         # after the KV cache exists; CPU / torch backend: decode stays unpadded
         self.runner.setup_padded_decode(self.limits.max_model_len, config.max_num_seqs,
                                         capture=not config.enforce_eager)
-        # names the model for the prefix cache (and a persistent store): see model_salt
-        self.model_salt = model_salt(config.model, config.seed, self.arch, geometry_of(kv_cache))
+        # the KV blocks' shape, dtype and scales: names the model for the prefix cache (and a
+        # persistent store, see model_salt) and shapes the tier's records
+        self.kv_geometry = geometry_of(kv_cache, scale_digest(kv_scales))
+        self.model_salt = model_salt(config.model, config.seed, self.arch, self.kv_geometry)
         self.kv_manager = KVCacheManager(
             self.limits.num_gpu_blocks, config.block_size,
             salt=self.model_salt if config.enable_prefix_caching else None)
-        self.tier = _build_tier(config, kv_cache, device_share)
+        self.tier = _build_tier(config, self.kv_geometry, kv_cache.device, device_share)
         self.preemption = PreemptionPolicy(config.preemption_mode,
                                            self.tier.geometry.block_bytes if self.tier else 0)
         store = self._store_level() if self._uses_prefix_store() else None
@@ -380,9 +398,9 @@ def _sequence_ids(request_id: str, n: int) -> list[str]:
     return [request_id] if n == 1 else [f"{i}_{request_id}" for i in range(n)]
 
 
-def _build_tier(config: EngineConfig, kv_cache: torch.Tensor, device_share: DeviceShare | None):
+def _build_tier(config: EngineConfig, geometry: KVGeometry, device: torch.device,
+                device_share: DeviceShare | None):
     if not config.tier.enabled:
         return None
     from hifc.tiers import make_tier
-    return make_tier(config.tier, geometry_of(kv_cache), device=kv_cache.device,
-                     device_share=device_share)
+    return make_tier(config.tier, geometry, device=device, device_share=device_share)

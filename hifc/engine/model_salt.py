@@ -11,7 +11,8 @@ length-prefixed:
   last 4 KiB and 64 evenly spaced 4 KiB samples of the weights. Reading ~1.3 MiB per file keeps
   start-up fast on a multi-GB model; the path itself is left out, so a copied model matches;
 - the architecture (every field of ``ModelArchConfig``: RoPE, norms, head counts, ...);
-- the KV geometry: layers, KV heads, head dim, block size and dtype.
+- the KV geometry: layers, KV heads, head dim, block size, dtype and, for a float8 cache, the
+  digest of its scales (KV quantised with other scales is another KV).
 """
 from __future__ import annotations
 

@@ -7,6 +7,10 @@ through the block table, so prefill, recompute-prefill and decode are one operat
 
 Each layer attends in its own way (``LayerAttention``: scale, sliding window, logit soft-capping),
 fixed when the model is built; ``AttentionContext`` looks it up by layer index.
+
+An FP8 cache (``torch.float8_e4m3fn``) comes with the layer's scales ``kv_scale`` ([2, Hkv]
+float32: K and V, per KV head): a new key is written as ``k / k_scale`` clamped to +-448 and
+rounded to float8, and read back as ``float(fp8) * k_scale`` (the same for values).
 """
 from __future__ import annotations
 
@@ -15,6 +19,10 @@ from typing import Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
+
+from hifc.dtypes import FP8_E4M3_MAX
+
+FP8 = torch.float8_e4m3fn
 
 
 @dataclass(frozen=True)
@@ -53,30 +61,66 @@ class AttentionMetadata:
         return len(self.seq_lens_cpu)
 
 
+def quantize_kv(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Keys or values x ([T, Hkv, D]) as float8: x / scale ([Hkv]) clamped to e4m3's range."""
+    scaled = x.float() / scale[:, None]
+    return scaled.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(FP8)
+
+
+def dequantize_kv(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Float8 keys or values x ([S, Hkv, D]) read back in float32: x * scale ([Hkv])."""
+    return x.float() * scale[:, None]
+
+
+def check_kv_scale(kv_cache: torch.Tensor, kv_scale: torch.Tensor | None) -> None:
+    """ValueError unless an FP8 cache comes with its scales ([2, Hkv] float32) and any other
+    cache without."""
+    if kv_cache.dtype != FP8:
+        if kv_scale is not None:
+            raise ValueError(f"kv_scale is only for float8 caches, not {kv_cache.dtype}")
+        return
+    if (kv_scale is None or kv_scale.dtype != torch.float32
+            or tuple(kv_scale.shape) != (2, kv_cache.shape[-2])):
+        raise ValueError("a float8 KV cache needs kv_scale: [2, num_kv_heads] float32 (K and V "
+                         "scales)")
+
+
 def write_kv_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                   slot_mapping: torch.Tensor) -> None:
-    """Scatter new keys/values ([T, Hkv, D]) into their cache slots."""
+                   slot_mapping: torch.Tensor, kv_scale: torch.Tensor | None = None) -> None:
+    """Scatter new keys/values ([T, Hkv, D]) into their cache slots (quantised with kv_scale
+    ([2, Hkv]) in a float8 cache)."""
     num_kv_heads, head_dim = kv_cache.shape[-2:]
+    if kv_cache.dtype == FP8:  # torch has no float8 index_copy_ on the CPU: copy the bytes
+        k = quantize_kv(k, kv_scale[0]).view(torch.uint8)
+        v = quantize_kv(v, kv_scale[1]).view(torch.uint8)
+        kv_cache = kv_cache.view(torch.uint8)
     kv_cache[0].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k)
     kv_cache[1].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v)
 
 
 def gather_context(kv_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int,
-                   block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """K and V ([seq_len, Hkv, D]) of one sequence, gathered through its block table."""
+                   block_size: int, kv_scale: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V ([seq_len, Hkv, D]) of one sequence, gathered through its block table (in
+    float32, dequantised with kv_scale, from a float8 cache)."""
     num_blocks = -(-seq_len // block_size)
     blocks = block_table[:num_blocks].long()
     num_kv_heads, head_dim = kv_cache.shape[-2:]
     k = kv_cache[0][blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len]
     v = kv_cache[1][blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len]
+    if kv_cache.dtype == FP8:
+        return dequantize_kv(k, kv_scale[0]), dequantize_kv(v, kv_scale[1])
     return k, v
 
 
 def reference_paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
                               scale: float, sliding_window: int | None = None,
-                              logit_softcap: float | None = None) -> torch.Tensor:
+                              logit_softcap: float | None = None,
+                              kv_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of q ([T, Hq, D]) over each sequence's cached context, in float32, as
-    ``LayerAttention`` describes it (window, soft-capping). Returns [T, Hq, D]."""
+    ``LayerAttention`` describes it (window, soft-capping); a float8 cache is read with
+    kv_scale ([2, Hkv]). Returns [T, Hq, D]."""
+    check_kv_scale(kv_cache, kv_scale)
     out = torch.empty_like(q)
     num_q_heads = q.shape[1]
     num_kv_heads = kv_cache.shape[-2]
@@ -85,7 +129,8 @@ def reference_paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: Att
     for i, seq_len in enumerate(meta.seq_lens_cpu):
         start, end = qsl[i], qsl[i + 1]
         num_q = end - start
-        k, v = gather_context(kv_cache, meta.block_tables[i], seq_len, meta.block_size)
+        k, v = gather_context(kv_cache, meta.block_tables[i], seq_len, meta.block_size,
+                              kv_scale)
         k = k.repeat_interleave(group, dim=1).transpose(0, 1).float()  # [Hq, S, D]
         v = v.repeat_interleave(group, dim=1).transpose(0, 1).float()
         q_pos = torch.arange(seq_len - num_q, seq_len, device=q.device)
@@ -107,34 +152,43 @@ def reference_paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: Att
 class AttentionBackend(Protocol):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata, scale: float, sliding_window: int | None = None,
-                logit_softcap: float | None = None) -> torch.Tensor:
-        """Write k, v ([T, Hkv, D]) into kv_cache, then return attention of q ([T, Hq, D])."""
+                logit_softcap: float | None = None,
+                kv_scale: torch.Tensor | None = None) -> torch.Tensor:
+        """Write k, v ([T, Hkv, D]) into kv_cache, then return attention of q ([T, Hq, D]).
+        kv_scale: the K and V scales ([2, Hkv] float32) of a float8 cache, else None."""
         ...
 
 
 class TorchAttentionBackend:
     """Runs anywhere; the reference the Triton kernels are checked against."""
 
-    def forward(self, q, k, v, kv_cache, meta, scale, sliding_window=None, logit_softcap=None):
-        write_kv_cache(k, v, kv_cache, meta.slot_mapping)
-        return reference_paged_attention(q, kv_cache, meta, scale, sliding_window, logit_softcap)
+    def forward(self, q, k, v, kv_cache, meta, scale, sliding_window=None, logit_softcap=None,
+                kv_scale=None):
+        check_kv_scale(kv_cache, kv_scale)
+        write_kv_cache(k, v, kv_cache, meta.slot_mapping, kv_scale)
+        return reference_paged_attention(q, kv_cache, meta, scale, sliding_window, logit_softcap,
+                                         kv_scale)
 
 
 class AttentionContext:
     """What a model's attention layers see of the paged cache: call ``ctx(layer, q, k, v)``.
 
-    layers: each layer's ``LayerAttention`` (the model's ``attention_layers``)."""
+    layers: each layer's ``LayerAttention`` (the model's ``attention_layers``); kv_scales: each
+    layer's K and V scales ([2, Hkv] float32) of float8 caches, else None."""
 
     def __init__(self, meta: AttentionMetadata, kv_caches: list[torch.Tensor],
-                 backend: AttentionBackend, layers: Sequence[LayerAttention]):
+                 backend: AttentionBackend, layers: Sequence[LayerAttention],
+                 kv_scales: Sequence[torch.Tensor] | None = None):
         self.meta = meta
         self.kv_caches = kv_caches
         self.backend = backend
         self.layers = layers
+        self.kv_scales = kv_scales
 
     def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor,
                  v: torch.Tensor) -> torch.Tensor:
         layer = self.layers[layer_idx]
+        kv_scale = self.kv_scales[layer_idx] if self.kv_scales is not None else None
         return self.backend.forward(q, k, v, self.kv_caches[layer_idx], self.meta, layer.scale,
                                     sliding_window=layer.sliding_window,
-                                    logit_softcap=layer.logit_softcap)
+                                    logit_softcap=layer.logit_softcap, kv_scale=kv_scale)

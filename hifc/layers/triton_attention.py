@@ -10,6 +10,11 @@ sliding window W only the last W of them (S - n + i - W + 1 .. S - n + i): tiles
 row's window are not visited. With logit soft-capping (cap C) a score s becomes C * tanh(s / C)
 before the softmax.
 
+A float8 cache (``torch.float8_e4m3fn``) is read as it is stored, one byte per element: each
+tile is converted to q's dtype (exact: every float8 value is a bfloat16, float16 and float32
+value), and since a program sees one KV head, its K scale folds into the score scale and its V
+scale multiplies the accumulator once at the end.
+
 Programs find their sequence by binary search over ``query_start_loc`` (sequence i's q blocks
 start at ``query_start_loc[i] // BLOCK_Q + i``), so the grid depends only on T and B and nothing is
 built on the host per step. With NUM_SEGMENTS > 1 each program also takes one slice of the KV
@@ -25,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hifc.layers.attention import AttentionMetadata, write_kv_cache
+from hifc.layers.attention import FP8, AttentionMetadata, check_kv_scale, write_kv_cache
 
 # without Triton (a CPU-only install) this module imports and the backend refuses to run
 from hifc.layers.triton_jit import jit as _jit
@@ -61,11 +66,12 @@ def _attend_tile(q, m_i, l_i, acc, tile, block_row, k_base, v_base, kv_end, firs
                  qk_scale, softcap_log2, stride_k_blk, stride_k_off, stride_v_blk, stride_v_off,
                  HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                  TILE: tl.constexpr, MASKED: tl.constexpr, SLIDING: tl.constexpr,
-                 SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                 SOFTCAP: tl.constexpr, KV_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Fold KV tile `tile` into the online softmax. MASKED=False: every row sees every key.
 
     Rows see keys first_key .. last_key ([M] each; first_key only with SLIDING). Scores are
-    q.k * qk_scale in log2 units, or with SOFTCAP tanh(q.k * qk_scale) * softcap_log2."""
+    q.k * qk_scale in log2 units, or with SOFTCAP tanh(q.k * qk_scale) * softcap_log2. KV_FP8:
+    K and V are float8, converted to q's dtype unscaled (the caller applies the scales)."""
     offs_t = tl.arange(0, TILE)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     d_valid = offs_d < HEAD_DIM
@@ -88,6 +94,9 @@ def _attend_tile(q, m_i, l_i, acc, tile, block_row, k_base, v_base, kv_end, firs
     else:
         k = tl.load(k_ptrs)
         v = tl.load(v_ptrs)
+    if KV_FP8:
+        k = k.to(q.dtype)
+        v = v.to(q.dtype)
 
     s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [M, TILE] fp32
     if SOFTCAP:
@@ -115,7 +124,7 @@ def _attend_tile(q, m_i, l_i, acc, tile, block_row, k_base, v_base, kv_end, firs
 def _paged_attention_kernel(
     out_ptr, segm_out_ptr, segm_max_ptr, segm_sum_ptr,
     q_ptr, k_cache_ptr, v_cache_ptr,
-    block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
+    block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, k_scale_ptr, v_scale_ptr,
     qk_scale, softcap_log2, window, num_seqs,
     stride_q_t, stride_q_h, stride_o_t, stride_o_h,
     stride_k_blk, stride_k_off, stride_k_head,
@@ -126,7 +135,7 @@ def _paged_attention_kernel(
     BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
     NUM_SEGMENTS: tl.constexpr, SLIDING: tl.constexpr, SOFTCAP: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    KV_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     # Later q blocks of a sequence see more keys: hand them out first.
     q_block = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -187,26 +196,30 @@ def _paged_attention_kernel(
     block_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
     k_base = k_cache_ptr + kv_head * stride_k_head
     v_base = v_cache_ptr + kv_head * stride_v_head
+    if KV_FP8:  # q.(k8 * k_scale) = (q.k8) * k_scale: one scale per program (its KV head)
+        qk_scale = qk_scale * tl.load(k_scale_ptr + kv_head)
 
     for tile in range(tile_lo, unmasked_lo):
         m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, tile, block_row, k_base, v_base, kv_end,
                                      first_key, last_key, qk_scale, softcap_log2, stride_k_blk,
                                      stride_k_off, stride_v_blk, stride_v_off, HEAD_DIM,
                                      HEAD_DIM_PAD, BLOCK_SIZE, TILE, True, SLIDING, SOFTCAP,
-                                     DOT_PRECISION)
+                                     KV_FP8, DOT_PRECISION)
     for tile in range(unmasked_lo, unmasked_hi):
         m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, tile, block_row, k_base, v_base, kv_end,
                                      first_key, last_key, qk_scale, softcap_log2, stride_k_blk,
                                      stride_k_off, stride_v_blk, stride_v_off, HEAD_DIM,
                                      HEAD_DIM_PAD, BLOCK_SIZE, TILE, False, SLIDING, SOFTCAP,
-                                     DOT_PRECISION)
+                                     KV_FP8, DOT_PRECISION)
     for tile in range(unmasked_hi, tile_hi):
         m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, tile, block_row, k_base, v_base, kv_end,
                                      first_key, last_key, qk_scale, softcap_log2, stride_k_blk,
                                      stride_k_off, stride_v_blk, stride_v_off, HEAD_DIM,
                                      HEAD_DIM_PAD, BLOCK_SIZE, TILE, True, SLIDING, SOFTCAP,
-                                     DOT_PRECISION)
+                                     KV_FP8, DOT_PRECISION)
 
+    if KV_FP8:  # p @ (v8 * v_scale) = (p @ v8) * v_scale; partials merge linearly
+        acc = acc * tl.load(v_scale_ptr + kv_head)
     if NUM_SEGMENTS == 1:
         # padding rows past the sequence's new tokens may see no key (l_i 0): never stored
         out = acc / tl.where(row_valid, l_i, 1.0)[:, None]
@@ -330,24 +343,29 @@ class TritonAttentionBackend:
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata, scale: float, sliding_window: int | None = None,
-                logit_softcap: float | None = None, out: torch.Tensor | None = None
-                ) -> torch.Tensor:
-        """Write k, v ([T, Hkv, D]) into kv_cache, then return attention of q ([T, Hq, D])."""
+                logit_softcap: float | None = None, kv_scale: torch.Tensor | None = None,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+        """Write k, v ([T, Hkv, D]) into kv_cache, then return attention of q ([T, Hq, D]).
+        kv_scale: the K and V scales ([2, Hkv] float32) of a float8 cache, else None."""
         if self.triton_kv_write:
             from hifc.layers.triton_kv_write import triton_write_kv_cache
-            triton_write_kv_cache(k, v, kv_cache, meta.slot_mapping)
+            triton_write_kv_cache(k, v, kv_cache, meta.slot_mapping, kv_scale)
         else:
-            write_kv_cache(k, v, kv_cache, meta.slot_mapping)
+            check_kv_scale(kv_cache, kv_scale)
+            write_kv_cache(k, v, kv_cache, meta.slot_mapping, kv_scale)
         return paged_attention(q, kv_cache, meta, scale, self.plan(q, kv_cache, meta, sliding_window),
-                               out, sliding_window, logit_softcap)
+                               out, sliding_window, logit_softcap, kv_scale)
 
 
 def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
                     plan: LaunchPlan, out: torch.Tensor | None = None,
                     sliding_window: int | None = None,
-                    logit_softcap: float | None = None) -> torch.Tensor:
+                    logit_softcap: float | None = None,
+                    kv_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of q ([T, Hq, D]) over the paged cache ([2, NB, BS, Hkv, D]), within the
-    last sliding_window keys of each query if set, scores soft-capped at logit_softcap if set."""
+    last sliding_window keys of each query if set, scores soft-capped at logit_softcap if set;
+    a float8 cache is read with kv_scale ([2, Hkv] float32: K and V scales)."""
+    check_kv_scale(kv_cache, kv_scale)
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = kv_cache.shape[-2]
     if num_q_heads % num_kv_heads:
@@ -368,6 +386,9 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
     num_seqs = meta.num_seqs
     num_q_blocks = num_tokens // plan.block_q + num_seqs  # upper bound; spare programs exit
     k_cache, v_cache = kv_cache[0], kv_cache[1]  # [NB, BS, Hkv, D]
+    fp8 = kv_cache.dtype == FP8
+    # [Hkv] each; without float8 unused (any tensor will do)
+    k_scale, v_scale = (kv_scale[0], kv_scale[1]) if fp8 else (meta.seq_lens, meta.seq_lens)
     split = plan.num_segments > 1
     if split:
         segm_out = torch.empty(num_tokens, num_q_heads, plan.num_segments, head_dim_pad,
@@ -380,7 +401,7 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
     _paged_attention_kernel[(num_q_blocks, num_kv_heads, plan.num_segments)](
         out, segm_out, segm_max, segm_sum,
         q, k_cache, v_cache,
-        meta.block_tables, meta.seq_lens, meta.query_start_loc,
+        meta.block_tables, meta.seq_lens, meta.query_start_loc, k_scale, v_scale,
         # soft-capping: tanh(q.k * scale / cap) * cap, in log2 units
         scale * LOG2E if logit_softcap is None else scale / logit_softcap,
         0.0 if logit_softcap is None else logit_softcap * LOG2E,
@@ -394,7 +415,7 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
         BLOCK_SIZE=meta.block_size, TILE=plan.tile,
         BLOCK_M=plan.block_m, BLOCK_Q=plan.block_q,
         NUM_SEGMENTS=plan.num_segments, SLIDING=sliding_window is not None,
-        SOFTCAP=logit_softcap is not None,
+        SOFTCAP=logit_softcap is not None, KV_FP8=fp8,
         DOT_PRECISION="tf32x3" if q.dtype == torch.float32 else "tf32",
         num_warps=plan.num_warps, num_stages=plan.num_stages,
     )

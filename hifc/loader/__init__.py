@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from hifc.loader.hf import iter_safetensors, read_hf_arch, safetensors_files
+from hifc.loader.kv_scales import KVScaleCollector
 from hifc.loader.random_weights import init_random_weights
 from hifc.loader.tokenizer import Tokenizer, has_tokenizer
 from hifc.models.config import ModelArchConfig
@@ -42,6 +43,8 @@ class LoadedModel:
     arch: ModelArchConfig
     tokenizer: Tokenizer | None
     name: str
+    # the checkpoint's FP8 KV cache scales [L, 2 (K, V), Hkv] float32 on the CPU, if it has any
+    kv_scales: torch.Tensor | None = None
 
 
 def _unknown_model(model: str) -> ValueError:
@@ -67,10 +70,12 @@ def _load_hf_dir(model_dir: Path, dtype: torch.dtype, device: torch.device) -> L
     files = safetensors_files(model_dir)
     spec = spec_for(arch.architecture)
     model = spec.build(arch, dtype, device)
-    spec.load_weights(model, iter_safetensors(files))
+    kv_scales = KVScaleCollector()
+    spec.load_weights(model, kv_scales.split(iter_safetensors(files)))
     tokenizer = (Tokenizer.from_model_dir(model_dir, arch.eos_token_ids)
                  if has_tokenizer(model_dir) else None)
-    return LoadedModel(model, arch, tokenizer, model_dir.name)
+    return LoadedModel(model, arch, tokenizer, model_dir.name,
+                       kv_scales.scales(arch.num_hidden_layers, arch.num_key_value_heads))
 
 
 def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device, name: str) -> LoadedModel:

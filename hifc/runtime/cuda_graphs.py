@@ -7,11 +7,11 @@ of the n real rows go to the (eager, per-request seeded) sampler. Prefill and mi
 decode batches above the largest size, run eagerly.
 
 What makes a replay valid for any step:
-- every tensor the graph reads lives at a fixed address: the packed device buffer, the KV cache,
-  the weights; the host-side fields of the captured ``AttentionMetadata`` are stale at replay, so
-  only backends that read lengths from device memory may be captured (``TritonAttentionBackend``
-  does: its grid depends on the number of rows only, and it sizes split-KV segments from the
-  device-side sequence lengths);
+- every tensor the graph reads lives at a fixed address: the packed device buffer, the KV cache
+  (and a float8 cache's scales), the weights; the host-side fields of the captured
+  ``AttentionMetadata`` are stale at replay, so only backends that read lengths from device
+  memory may be captured (``TritonAttentionBackend`` does: its grid depends on the number of
+  rows only, and it sizes split-KV segments from the device-side sequence lengths);
 - the launch plan is fixed per batch size: it is planned from ``max_seq_len = max_model_len``
   (the longest sequence any step may hold), not from the step's own lengths;
 - padding rows write no K/V (slot -1, skipped by the Triton KV write) and attend to one key of
@@ -76,11 +76,13 @@ class DecodeGraphs:
 
     def __init__(self, model: torch.nn.Module, kv_caches: list[torch.Tensor],
                  backend: AttentionBackend, block_size: int, max_model_len: int,
-                 batch_sizes: list[int], device: torch.device):
+                 batch_sizes: list[int], device: torch.device,
+                 kv_scales: list[torch.Tensor] | None = None):
         if not batch_sizes or sorted(set(batch_sizes)) != list(batch_sizes) or batch_sizes[0] < 1:
             raise ValueError(f"batch_sizes must be ascending positive sizes, got {batch_sizes}")
         self.model = model
         self.kv_caches = kv_caches
+        self.kv_scales = kv_scales  # per layer [2, Hkv] float32 for a float8 cache
         self.backend = backend
         self.block_size = block_size
         self.max_model_len = max_model_len
@@ -122,7 +124,8 @@ class DecodeGraphs:
             max_seq_len=self.max_model_len,  # fixes the launch plan for any step of this size
             block_size=self.block_size,
         )
-        ctx = AttentionContext(meta, self.kv_caches, self.backend, self.model.attention_layers)
+        ctx = AttentionContext(meta, self.kv_caches, self.backend, self.model.attention_layers,
+                               self.kv_scales)
         hidden = self.model(x.input_ids.long(), x.positions.long(), ctx)  # [b, H]
         return self.model.compute_logits(hidden)  # [b, V]: one new token per row
 

@@ -21,10 +21,13 @@ logger = logging.getLogger(__name__)
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv_cache: torch.Tensor, backend: AttentionBackend,
-                 block_size: int, device: torch.device, seed: int):
+                 block_size: int, device: torch.device, seed: int,
+                 kv_scales: torch.Tensor | None = None):
         self.model = model  # with attention_layers: each layer's LayerAttention
         self.kv_cache = kv_cache  # [L, 2, NB, BS, Hkv, D]
         self.kv_caches = list(kv_cache.unbind(0))  # per layer [2, NB, BS, Hkv, D]
+        # a float8 cache's scales: per layer [2 (K, V), Hkv] float32 on the device
+        self.kv_scales = list(kv_scales.unbind(0)) if kv_scales is not None else None
         self.backend = backend
         self.block_size = block_size
         self.device = device
@@ -56,7 +59,7 @@ class ModelRunner:
         from persistent input buffers: replayed from CUDA graphs captured now (capture=True,
         CUDA only) or run eagerly (capture=False: the same computation)."""
         graphs = DecodeGraphs(self.model, self.kv_caches, self.backend, self.block_size,
-                              max_model_len, batch_sizes, self.device)
+                              max_model_len, batch_sizes, self.device, self.kv_scales)
         if capture:
             graphs.capture()
         self.decode_graphs = graphs
@@ -76,7 +79,8 @@ class ModelRunner:
     def eager_forward(self, work: list[ScheduledSeq]) -> tuple[torch.Tensor, list[int]]:
         """Hidden states ([T, H]) of every new token, and where each sequence's start ([B+1])."""
         meta = inputs.build_attention_metadata(work, self.block_size, self.device)
-        ctx = AttentionContext(meta, self.kv_caches, self.backend, self.model.attention_layers)
+        ctx = AttentionContext(meta, self.kv_caches, self.backend, self.model.attention_layers,
+                               self.kv_scales)
         input_ids = inputs.build_input_ids(work, self.device)
         positions = inputs.build_positions(work, self.device)
         return self.model(input_ids, positions, ctx), meta.query_start_loc_cpu

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from hifc.dtypes import torch_dtype
+from hifc.dtypes import copy_dtype
 from hifc.tiers.geometry import KVGeometry, runs_of
 from hifc.tiers.tier import SWAP_OUT, KVTier
 
@@ -34,7 +34,7 @@ class DramTier(KVTier):
             raise ValueError("a pinned DRAM tier needs CUDA")
         start = time.perf_counter()
         self.pool = torch.zeros((num_blocks, g.num_layers, 2, g.block_size, g.num_kv_heads,
-                                 g.head_dim), dtype=torch_dtype(g.dtype), pin_memory=pin)
+                                 g.head_dim), dtype=copy_dtype(g.dtype), pin_memory=pin)
         self.init_seconds = time.perf_counter() - start
         self.pinned = pin
         self._local = threading.local()

@@ -15,13 +15,15 @@ from hifc.tiers.tier import KVTier
 GIB = 1 << 30
 
 
-def geometry_of(kv_cache: torch.Tensor) -> KVGeometry:
-    """The block geometry of an engine KV cache ``[L, 2, N, block_size, kv_heads, head_dim]``."""
+def geometry_of(kv_cache: torch.Tensor, scale_digest: str = "") -> KVGeometry:
+    """The block geometry of an engine KV cache ``[L, 2, N, block_size, kv_heads, head_dim]``
+    (a float8 one with the digest of its scales)."""
     if not isinstance(kv_cache, torch.Tensor) or kv_cache.dim() != 6 or kv_cache.shape[1] != 2:
         raise ValueError("kv_cache must be a tensor [layers, 2, blocks, block_size, kv_heads, "
                          "head_dim]")
     layers, _, _, block_size, heads, head_dim = kv_cache.shape
-    return KVGeometry(layers, heads, head_dim, block_size, dtype_name(kv_cache.dtype))
+    return KVGeometry(layers, heads, head_dim, block_size, dtype_name(kv_cache.dtype),
+                      scale_digest)
 
 
 def num_blocks_for(config: TierConfig, geometry: KVGeometry) -> int:

@@ -4,19 +4,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hifc.dtypes import ITEMSIZE
+from hifc.dtypes import ITEMSIZE, is_fp8
+
+SCALE_DIGEST_CHARS = 32  # hex digits of a float8 cache's scale digest
 
 
 @dataclass(frozen=True)
 class KVGeometry:
     """Shape of one KV block across the whole model: the cache tensor is
-    ``[num_layers, 2, num_gpu_blocks, block_size, num_kv_heads, head_dim]``."""
+    ``[num_layers, 2, num_gpu_blocks, block_size, num_kv_heads, head_dim]``.
+
+    A float8 cache's bytes mean something only with the scales they were quantised with:
+    ``scale_digest`` names them (``hifc.runtime.kv_cache.scale_digest``), so that the tiers'
+    files and the model salt tell caches of other scales apart; "" for unscaled dtypes."""
 
     num_layers: int
     num_kv_heads: int
     head_dim: int
     block_size: int
     dtype: str
+    scale_digest: str = ""
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_kv_heads", "head_dim", "block_size"):
@@ -26,6 +33,13 @@ class KVGeometry:
         if self.dtype not in ITEMSIZE:
             raise ValueError(
                 f"KVGeometry.dtype must be one of {sorted(ITEMSIZE)}, got {self.dtype!r}")
+        digest = self.scale_digest
+        if not isinstance(digest, str) or (digest and (
+                len(digest) != SCALE_DIGEST_CHARS or not is_fp8(self.dtype)
+                or digest.strip("0123456789abcdef"))):
+            raise ValueError(f"KVGeometry.scale_digest must be '' or, for a float8 dtype, "
+                             f"{SCALE_DIGEST_CHARS} lowercase hex digits; got {digest!r} for "
+                             f"{self.dtype}")
 
     @property
     def itemsize(self) -> int:

@@ -17,6 +17,7 @@ from dataclasses import asdict
 
 import torch
 
+from hifc.dtypes import copy_dtype, dtype_name
 from hifc.tiers.allocator import FCBlockAllocator
 from hifc.tiers.geometry import KVGeometry
 from hifc.tiers.jobs import ErrorKind, Job, JobStatus, check_owner, classify
@@ -33,6 +34,12 @@ def ready_event(kv_cache: torch.Tensor):
     ready = torch.cuda.Event()
     ready.record(torch.cuda.current_stream(kv_cache.device))
     return ready
+
+
+def copy_view(kv_cache: torch.Tensor) -> torch.Tensor:
+    """The KV cache as the tiers move it: the same bytes, float8 viewed as uint8 (torch lacks
+    float8 index kernels on the CPU; tiers never compute on the values)."""
+    return kv_cache.view(copy_dtype(dtype_name(kv_cache.dtype)))
 
 
 class KVTier(ABC):
@@ -137,7 +144,7 @@ class KVTier(ABC):
         self._inflight.update(tier_ids)
         job._pinned = tuple(tier_ids)
         try:
-            job._futures = self._launch(op, kv_cache, list(pairs), owner, ready)
+            job._futures = self._launch(op, copy_view(kv_cache), list(pairs), owner, ready)
             for future in job._futures:
                 future.add_done_callback(job.note_io_done)
         except Exception as exc:  # never raise I/O trouble into the engine
@@ -274,7 +281,8 @@ class KVTier(ABC):
     @abstractmethod
     def _launch(self, op: str, kv_cache: torch.Tensor, pairs: list[tuple[int, int]],
                 owner: tuple[int, int], ready) -> list[cf.Future]:
-        """Start moving the data; one future per independent piece of work."""
+        """Start moving the data; one future per independent piece of work. ``kv_cache`` is
+        the ``copy_view`` of the caller's cache."""
 
     def _shutdown(self) -> None:
         pass

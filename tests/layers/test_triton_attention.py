@@ -272,3 +272,117 @@ def test_triton_kv_write_skips_negative_slots():
     write_kv_cache(k[keep], v[keep], expected, slots[keep])
     triton_write_kv_cache(k, v, kv_cache, slots)
     assert torch.equal(kv_cache, expected)
+
+
+# ---- float8 KV cache ------------------------------------------------------------------------
+FP8 = torch.float8_e4m3fn
+FP8_TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-3}
+
+
+def fp8_step(step, seed):
+    """The step with its cache in float8 (each head quantised with its own K and V scale) and
+    the scales ([2, Hkv] float32): per-head scales that are not 1 put the scaling to the test."""
+    q, k, v, kv_cache, meta = step
+    num_kv_heads = kv_cache.shape[-2]
+    gen = torch.Generator().manual_seed(seed)
+    kv_scale = (0.01 + 0.1 * torch.rand(2, num_kv_heads, generator=gen)).to(DEVICE)
+    cache = (kv_cache.float() / kv_scale[:, None, None, :, None]).clamp(-448, 448).to(FP8)
+    return q, k * 8, v * 8, cache, meta, kv_scale  # new K/V beyond 448 * scale get clamped
+
+
+def check_fp8_write(written, expected, slot_mapping):
+    """The float8 bytes of the new tokens' slots match torch's quantisation, and no other slot
+    changed. The interpreter rounds some float32 -> float8 casts wrongly (a carry into the
+    exponent is lost: 127.9 becomes 64, not 128; subnormals truncate), so there a few values
+    may differ, by less than half their size (a missing or wrong scale moves nearly all)."""
+    num_kv_heads, head_dim = written.shape[-2:]
+    caches = [c.view(torch.uint8).reshape(2, -1, num_kv_heads, head_dim)
+              for c in (written, expected)]
+    new = [c[:, slot_mapping] for c in caches]
+    differ = new[0] != new[1]
+    if INTERPRET:
+        w, e = (c.view(FP8).float() for c in new)
+        assert differ.float().mean() < 0.1 and ((w - e).abs() <= e.abs() / 2 + 2 ** -8).all()
+    else:
+        assert not differ.any(), f"{differ.float().mean():.1%} of the float8 KV bytes differ"
+    untouched = torch.ones(caches[0].shape[1], dtype=torch.bool, device=written.device)
+    untouched[slot_mapping] = False
+    assert torch.equal(caches[0][:, untouched], caches[1][:, untouched]), \
+        "the KV write touched other slots"
+
+
+def check_fp8(backend, q, k, v, kv_cache, meta, kv_scale, dtype, sliding_window=None,
+              logit_softcap=None):
+    """The write against torch's quantisation, and the attention against the reference reading
+    the float8 cache the backend wrote."""
+    if DEVICE == "cpu" and dtype == torch.bfloat16:
+        pytest.skip("Triton's interpreter gets bf16 tl.dot wrong")
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    expected = kv_cache.clone()
+    write_kv_cache(k, v, expected, meta.slot_mapping, kv_scale)
+    out = torch.full_like(q, float("nan"))
+    backend.forward(q, k, v, kv_cache, meta, scale, sliding_window=sliding_window,
+                    logit_softcap=logit_softcap, kv_scale=kv_scale, out=out)
+    assert kv_cache.dtype == FP8
+    check_fp8_write(kv_cache, expected, meta.slot_mapping)
+    ref = reference_paged_attention(q.float(), kv_cache, meta, scale, sliding_window,
+                                    logit_softcap, kv_scale)
+    assert not torch.isnan(out).any()
+    err = ((out.float() - ref).norm() / ref.norm()).item()
+    assert err < FP8_TOLERANCE[dtype], f"relative error {err:.2e}"
+
+
+@device_test
+@pytest.mark.parametrize("split_kv", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_fp8_cache_decode(dtype, split_kv):
+    contexts = [700, 0, 2000, 33]
+    step = make_step([1] * len(contexts), contexts, 8, 2, 64, 16, dtype, seed=41)
+    backend = TritonAttentionBackend(split_kv=split_kv)
+    assert (backend.plan(step[0], step[3], step[4]).num_segments > 1) == split_kv
+    check_fp8(backend, *fp8_step(step, 41), dtype)
+
+
+@device_test
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_fp8_cache_mixed_batch(dtype):
+    step = make_step(WINDOW_QUERY, WINDOW_CONTEXT, 8, 2, 64, 16, dtype, seed=42)
+    check_fp8(TritonAttentionBackend(), *fp8_step(step, 42), dtype)
+
+
+@device_test
+@pytest.mark.parametrize("split_kv", [False, True])
+def test_fp8_cache_window_and_softcap(split_kv):
+    step = make_step(WINDOW_QUERY, WINDOW_CONTEXT, 4, 2, 32, 16, torch.float32, seed=43)
+    check_fp8(TritonAttentionBackend(split_kv=split_kv), *fp8_step(step, 43), torch.float32,
+              20, 1.5)
+
+
+@device_test
+def test_fp8_torch_kv_write_option_matches():
+    step = make_step(WINDOW_QUERY, WINDOW_CONTEXT, 8, 2, 64, 16, torch.float16, seed=44)
+    check_fp8(TritonAttentionBackend(triton_kv_write=False), *fp8_step(step, 44), torch.float16)
+
+
+@device_test
+def test_fp8_triton_kv_write_skips_negative_slots():
+    from hifc.layers.triton_kv_write import triton_write_kv_cache
+    _, k, v, kv_cache, meta, kv_scale = fp8_step(
+        make_step([3, 1], [5, 20], 4, 2, 64, 16, torch.float16, seed=45), 45)
+    slots = meta.slot_mapping.clone()
+    slots[1] = -1  # a padding token
+    expected = kv_cache.clone()
+    keep = slots >= 0
+    write_kv_cache(k[keep], v[keep], expected, slots[keep], kv_scale)
+    triton_write_kv_cache(k, v, kv_cache, slots, kv_scale)
+    check_fp8_write(kv_cache, expected, slots[keep])
+
+
+@device_test
+def test_fp8_cache_needs_its_scales():
+    q, k, v, kv_cache, meta, kv_scale = fp8_step(
+        make_step([1], [10], 4, 2, 32, 16, torch.float32, seed=46), 46)
+    with pytest.raises(ValueError, match="float8 KV cache needs kv_scale"):
+        TritonAttentionBackend().forward(q, k, v, kv_cache, meta, 0.1)
+    with pytest.raises(ValueError, match="kv_scale is only for float8"):
+        TritonAttentionBackend().forward(q, k, v, kv_cache.float(), meta, 0.1, kv_scale=kv_scale)

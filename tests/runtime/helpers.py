@@ -13,10 +13,12 @@ class SkipPaddingReference(TorchAttentionBackend):
     """The torch reference backend, except that padding slots (< 0) are not written, as the
     Triton KV write does: lets padded decode batches run on CPU."""
 
-    def forward(self, q, k, v, kv_cache, meta, scale, sliding_window=None, logit_softcap=None):
+    def forward(self, q, k, v, kv_cache, meta, scale, sliding_window=None, logit_softcap=None,
+                kv_scale=None):
         keep = meta.slot_mapping >= 0
-        write_kv_cache(k[keep], v[keep], kv_cache, meta.slot_mapping[keep])
-        return reference_paged_attention(q, kv_cache, meta, scale, sliding_window, logit_softcap)
+        write_kv_cache(k[keep], v[keep], kv_cache, meta.slot_mapping[keep], kv_scale)
+        return reference_paged_attention(q, kv_cache, meta, scale, sliding_window, logit_softcap,
+                                         kv_scale)
 
 
 def decode_work(seq_lens: list[int], block_size: int, seed: int = 0,

@@ -121,3 +121,17 @@ def test_smollm2_graph_equals_eager():
     expected = [o.token_ids for o in eager.generate(texts, params, use_tqdm=False)]
     graphed = LLM("smollm2-135m", **common)
     assert [o.token_ids for o in graphed.generate(texts, params, use_tqdm=False)] == expected
+
+
+@pytest.mark.parametrize("max_num_seqs", [12, 5])
+def test_fp8_kv_graphs_give_the_eager_greedy_outputs(max_num_seqs):
+    """A float8 cache's scales are a device tensor the graphs read at a fixed address."""
+    prompts = random_prompts(11, (1, 300), seed=max_num_seqs)
+    params = staggered(11)
+    common = dict(device="cuda", dtype="bfloat16", block_size=16, num_gpu_blocks=512,
+                  max_num_seqs=max_num_seqs, kv_cache_dtype="fp8")
+    expected = output_tokens(LLM(MODEL, enforce_eager=True, **common), prompts, params)
+    graphed = LLM(MODEL, **common)
+    assert graphed.engine.runner.kv_cache.dtype == torch.float8_e4m3fn
+    assert output_tokens(graphed, prompts, params) == expected
+    assert graphed.stats()["graph_decode_steps"] > 0

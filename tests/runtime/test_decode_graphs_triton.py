@@ -114,6 +114,31 @@ def test_graph_decode_with_window_and_softcap(split):
     assert err < TOLERANCE[torch.float32], f"relative error {err:.2e}"
 
 
+@pytest.mark.parametrize("split", [True, False])
+def test_graph_decode_with_fp8_cache(split):
+    """A padded decode step over a float8 cache with per-head scales: padding rows write nothing
+    and read initialised keys; real rows match the reference reading the same cache."""
+    seq_lens, batch, max_model_len = [5, 130, 999], 4, 1024
+    q, k, v, kv_cache, graph_meta, real_meta = padded_step(
+        seq_lens, batch, max_model_len, 16, 4, 2, 32, torch.float32, seed=8)
+    kv_scale = torch.tensor([[0.02, 0.05], [0.01, 0.03]], device=DEVICE)  # [K/V, Hkv]
+    kv_cache = (kv_cache / kv_scale[:, None, None, :, None]).to(torch.float8_e4m3fn)
+    plan = plan_launch(1, max_model_len, batch, 4, 2, 32, 4, H200_SMS, split_kv=split)
+    before = kv_cache.clone()
+    triton_write_kv_cache(k, v, kv_cache, graph_meta.slot_mapping, kv_scale)
+    by_slot = [c.view(torch.uint8).reshape(2, -1, 2 * 32) for c in (kv_cache, before)]
+    written = (by_slot[0] != by_slot[1]).any(-1).any(0)  # [slots]
+    slots = set(torch.nonzero(written).flatten().tolist())
+    assert slots and slots <= set(real_meta.slot_mapping.tolist()), "padding rows must not write"
+    out = torch.full_like(q, float("nan"))
+    paged_attention(q, kv_cache, graph_meta, 1 / math.sqrt(32), plan, out, kv_scale=kv_scale)
+    assert torch.isfinite(out).all(), "padding rows must read initialised keys only"
+    ref = reference_paged_attention(q[:3], kv_cache, real_meta, 1 / math.sqrt(32),
+                                    kv_scale=kv_scale)
+    err = ((out[:3] - ref).norm() / ref.norm()).item()
+    assert err < TOLERANCE[torch.float32], f"relative error {err:.2e}"
+
+
 def test_graph_plans_depend_only_on_the_batch_size():
     """Split-KV for small batches, fixed by max_model_len: the plan a graph captures."""
     plans = {b: plan_launch(1, 32768, b, 32, 8, 128, 2, H200_SMS) for b in (1, 2, 4, 8, 16)}

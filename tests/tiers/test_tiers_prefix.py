@@ -206,7 +206,7 @@ def test_other_geometry_or_format_reinitialises_the_file(flash, tmp_path):
     with open(path, "r+b") as f:
         page = bytearray(f.read(HEADER_BYTES))
         struct.pack_into("<I", page, 8, 1)
-        body = 8 + 4 * 6 + 32 + 24  # the superblock fields before its crc
+        body = 8 + 4 * 6 + 16 * 2 + 32 + 8 * 3  # the superblock fields before its crc
         struct.pack_into("<I", page, body, crc32c.crc32c(bytes(page[:body])))
         f.seek(0)
         f.write(page)

@@ -8,10 +8,11 @@ from hifc.tiers import KVGeometry, TierConfig, make_tier
 from hifc.tiers.flash.io_base import FileIO, IOPriority
 from hifc.tiers.flash.layout import ALIGN, LAYOUTS
 from hifc.tiers.flash.chunks import ChunkMover
-from tests.tiers.tier_helpers import SMALL, random_kv
+from tests.tiers.tier_helpers import SMALL, SMALL_FP8, random_kv
 
 GEOMETRIES = [
     KVGeometry(2, 2, 32, 16, "float16"),  # 2 KiB slices
+    SMALL_FP8,  # 1 KiB slices, padded
     KVGeometry(3, 1, 5, 3, "bfloat16"),  # 30-byte slices, padded
     KVGeometry(2, 4, 64, 32, "float32"),  # 32 KiB slices
     KVGeometry(1, 2, 64, 64, "bfloat16"),  # 16 KiB slices, one layer

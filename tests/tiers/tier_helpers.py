@@ -5,11 +5,10 @@ import threading
 
 import torch
 
+from hifc.dtypes import torch_dtype
 from hifc.tiers import KVGeometry
 from hifc.tiers.flash.chunks import ChunkMover
 from hifc.tiers.flash.io_base import FileIO, IOPriority
-
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def random_kv(geometry: KVGeometry, num_blocks: int, device="cpu", seed: int = 0) -> torch.Tensor:
@@ -17,10 +16,12 @@ def random_kv(geometry: KVGeometry, num_blocks: int, device="cpu", seed: int = 0
     gen = torch.Generator().manual_seed(seed)
     shape = (geometry.num_layers, 2, num_blocks, geometry.block_size, geometry.num_kv_heads,
              geometry.head_dim)
-    return torch.randn(shape, generator=gen).to(DTYPES[geometry.dtype]).to(device)
+    return torch.randn(shape, generator=gen).to(torch_dtype(geometry.dtype)).to(device)
 
 
 SMALL = KVGeometry(num_layers=2, num_kv_heads=2, head_dim=32, block_size=16, dtype="float16")
+# SMALL's shape in float8, as if quantised with scales of this digest
+SMALL_FP8 = KVGeometry(2, 2, 32, 16, "float8_e4m3fn", scale_digest="5ca1e" * 6 + "00")
 
 
 class GatedIO(FileIO):

@@ -3,8 +3,13 @@
 Superblock (first 4 KiB)::
 
     magic "HIFCKVC1" | format version u32 | num_layers u32 | num_kv_heads u32 | head_dim u32
-    | block_size u32 | dtype 16s | layout 16s | num_blocks u64 | file_bytes u64 | epoch u64
-    | crc32c of the preceding bytes
+    | block_size u32 | dtype 16s | layout 16s | scale digest 32s | num_blocks u64
+    | file_bytes u64 | epoch u64 | crc32c of the preceding bytes
+
+``dtype`` is the KV cache's element type (``float8_e4m3fn`` for an FP8 cache) and ``scale
+digest`` names the scales a float8 cache is quantised with (hex, empty otherwise; see
+``KVGeometry``): both are part of the geometry, so a file written in another dtype or with other
+scales is reinitialised, never read.
 
 Opening (:meth:`CacheFile.open`):
 
@@ -18,8 +23,9 @@ Opening (:meth:`CacheFile.open`):
   *reused*: only a new epoch is written to the superblock, which takes O(1) time whatever the
   size (the paper's fast initialisation) and makes every swap record of earlier runs stale
   (prefix records stay valid: the flash tier indexes them, :mod:`hifc.tiers.flash.scan`);
-* an hifc file of another format version or geometry is reinitialised (emptied, then rebuilt as
-  a new file): nothing of it is found, nothing of it is read;
+* an hifc file of another format version or geometry (dtype and scales included) is
+  reinitialised (emptied, then rebuilt as a new file): nothing of it is found, nothing of it
+  is read;
 * any other non-empty file is refused unless ``force=True``, and left as it was (mode too);
 * the file is locked (``flock``) so two processes cannot share it, and set to mode 0600.
 
@@ -43,8 +49,9 @@ from hifc.tiers.geometry import KVGeometry
 
 GIB = 1 << 30
 SUPER_MAGIC = b"HIFCKVC1"
-FORMAT_VERSION = 2  # 2: record kinds (swap, prefix), salt, hash and log sequence numbers
-_SUPER = struct.Struct("<8sIIIII16s16sQQQ")
+# 2: record kinds (swap, prefix), salt, hash and log sequence numbers; 3: the scale digest
+FORMAT_VERSION = 3
+_SUPER = struct.Struct("<8sIIIII16s16s32sQQQ")
 _SUPER_CRC = struct.Struct("<I")
 
 
@@ -169,8 +176,8 @@ def _open_nofollow(path: str) -> tuple[int, bool]:
 def _pack_superblock(layout: Layout, epoch: int) -> bytes:
     g: KVGeometry = layout.geometry
     body = _SUPER.pack(SUPER_MAGIC, FORMAT_VERSION, g.num_layers, g.num_kv_heads, g.head_dim,
-                       g.block_size, g.dtype.encode(), layout.name.encode(), layout.num_blocks,
-                       layout.file_bytes, epoch)
+                       g.block_size, g.dtype.encode(), layout.name.encode(),
+                       g.scale_digest.encode(), layout.num_blocks, layout.file_bytes, epoch)
     page = body + _SUPER_CRC.pack(crc32c.crc32c(body))
     return page + bytes(SUPERBLOCK_BYTES - len(page))
 
@@ -235,9 +242,9 @@ def read_superblock(path) -> dict:
     fields = _SUPER.unpack_from(page)
     (stored_crc,) = _SUPER_CRC.unpack_from(page, _SUPER.size)
     names = ("magic", "version", "num_layers", "num_kv_heads", "head_dim", "block_size", "dtype",
-             "layout", "num_blocks", "file_bytes", "epoch")
+             "layout", "scale_digest", "num_blocks", "file_bytes", "epoch")
     out = dict(zip(names, fields))
-    out["dtype"] = out["dtype"].rstrip(b"\0").decode()
-    out["layout"] = out["layout"].rstrip(b"\0").decode()
+    for name in ("dtype", "layout", "scale_digest"):
+        out[name] = out[name].rstrip(b"\0").decode()
     out["crc_ok"] = crc32c.crc32c(page[:_SUPER.size]) == stored_crc
     return out

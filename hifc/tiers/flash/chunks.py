@@ -37,7 +37,7 @@ from hifc.tiers.flash.hostcopy import gather_with_crcs, int_view, verify_then_sc
 from hifc.tiers.flash.io_base import FileIO, IOPriority, host_view
 from hifc.tiers.geometry import runs_of
 from hifc.tiers.jobs import IntegrityError, ShortReadError
-from hifc.dtypes import torch_dtype
+from hifc.dtypes import copy_dtype
 from hifc.tiers.flash.layout import HEADER_BYTES, ChunkPlan, Layout
 from hifc.tiers.flash.pipeline import CPU, IO, ChunkTask
 from hifc.tiers.flash.records import PrefixStamp, SwapStamp, slice_crcs, verify_slices
@@ -81,9 +81,10 @@ class ChunkMover:
             self._pools.clear()
 
     def _data_view(self, staging: torch.Tensor, plan: ChunkPlan) -> torch.Tensor:
-        """Staging bytes viewed as ``[L, 2, n, block_size, kv_heads, head_dim]``."""
+        """Staging bytes viewed as ``[L, 2, n, block_size, kv_heads, head_dim]`` of the
+        geometry's ``copy_dtype`` (the dtype of the tier's ``copy_view`` of the KV cache)."""
         g = self.geometry
-        typed = staging.view(torch_dtype(g.dtype))
+        typed = staging.view(copy_dtype(g.dtype))
         it = g.itemsize
         s_l, s_k, s_n = (s // it for s in plan.data_strides)
         size = (g.num_layers, 2, plan.n, g.block_size, g.num_kv_heads, g.head_dim)

@@ -43,7 +43,7 @@ from hifc.tiers.flash.prefix_store import (
 from hifc.tiers.flash.scan import ScanResult, scan_headers
 from hifc.tiers.geometry import KVGeometry
 from hifc.tiers.jobs import PrefixJob, classify
-from hifc.tiers.tier import SWAP_OUT, KVTier, ready_event
+from hifc.tiers.tier import SWAP_OUT, KVTier, copy_view, ready_event
 
 def resolve_backend(backend: str, device) -> str:
     """``auto``: kvikio for GPU caches where GPUDirect Storage works, else POSIX O_DIRECT.
@@ -257,7 +257,7 @@ class FlashTier(KVTier):
             return job
         self.prefix.begin(job)
         try:
-            job._futures = self._launch_prefix(job, kv_cache, ready_event(kv_cache))
+            job._futures = self._launch_prefix(job, copy_view(kv_cache), ready_event(kv_cache))
             for future in job._futures:
                 future.add_done_callback(job.note_io_done)
         except Exception as exc:  # never raise I/O trouble into the engine

@@ -1,0 +1,78 @@
+"""The float8 KV kernels compile for Hopper (sm_90) on a machine without a GPU.
+
+The interpreter runs the kernels' numpy semantics (it broadcasts where the compiler does not,
+and converts float8 in software), so these compile them the way a GPU run would, through PTX and
+ptxas, and check that float8 is converted by the hardware instructions."""
+import importlib.util
+
+import pytest
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                                reason="needs triton")
+
+TARGET = ("cuda", 90, 32)
+
+
+def compile_ptx(fn, signature: dict, constexprs: dict, num_warps: int, num_stages: int = 2):
+    """PTX of ``fn`` for sm_90, pointers and strides taken as 16-byte aligned (as Triton
+    specialises them at launch)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = list(signature) + list(constexprs)
+    aligned = [n for n in signature if signature[n].startswith("*") or n.startswith("stride")]
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    source = ASTSource(fn, {**signature, **{n: "constexpr" for n in constexprs}}, constexprs,
+                       attrs)
+    try:
+        kernel = triton.compile(source, target=GPUTarget(*TARGET),
+                                options={"num_warps": num_warps, "num_stages": num_stages})
+    except RuntimeError as exc:
+        if "ptxas" in str(exc) and "not found" in str(exc):
+            pytest.skip(f"no ptxas: {exc}")
+        raise
+    return kernel.asm["ptx"]
+
+
+def test_fp8_kv_write_compiles_to_saturating_conversions():
+    from hifc.dtypes import FP8_E4M3_MAX
+    from hifc.layers.triton_kv_write import _kv_write_kernel
+
+    pointers = {"k_ptr": "*bf16", "v_ptr": "*bf16", "k_cache_ptr": "*fp8e4nv",
+                "v_cache_ptr": "*fp8e4nv", "slot_mapping_ptr": "*i64", "k_scale_ptr": "*fp32",
+                "v_scale_ptr": "*fp32"}
+    strides = {name: "i32" for name in ("stride_k_t", "stride_k_h", "stride_v_t", "stride_v_h",
+                                        "stride_kc_slot", "stride_kc_head", "stride_vc_slot",
+                                        "stride_vc_head")}
+    ptx = compile_ptx(_kv_write_kernel, {**pointers, **strides},
+                      dict(NUM_KV_HEADS=8, HEAD_DIM=128, BLOCK_H=8, BLOCK_D=128, KV_FP8=True,
+                           FP8_MAX=FP8_E4M3_MAX), num_warps=4)
+    assert "cvt.rn.satfinite.e4m3x2.f32" in ptx  # round to nearest even, as torch does
+    assert "div.rn.f32" in ptx  # IEEE division, as torch divides
+
+
+@pytest.mark.parametrize("max_query_len,num_seqs,split_kv", [(1, 2, True), (512, 1, False)],
+                         ids=["decode-split", "prefill"])
+def test_fp8_paged_attention_compiles_to_hardware_conversions(max_query_len, num_seqs,
+                                                               split_kv):
+    from hifc.layers.triton_attention import _paged_attention_kernel, plan_launch
+
+    plan = plan_launch(max_query_len, 4096, num_seqs, 32, 8, 128, 2, 132, split_kv)
+    assert (plan.num_segments > 1) == split_kv
+    signature = {"out_ptr": "*bf16", "segm_out_ptr": "*fp32", "segm_max_ptr": "*fp32",
+                 "segm_sum_ptr": "*fp32", "q_ptr": "*bf16", "k_cache_ptr": "*fp8e4nv",
+                 "v_cache_ptr": "*fp8e4nv", "block_tables_ptr": "*i32", "seq_lens_ptr": "*i32",
+                 "query_start_loc_ptr": "*i32", "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32",
+                 "qk_scale": "fp32", "softcap_log2": "fp32", "window": "i32", "num_seqs": "i32"}
+    signature.update({name: "i32" for name in (
+        "stride_q_t", "stride_q_h", "stride_o_t", "stride_o_h", "stride_k_blk", "stride_k_off",
+        "stride_k_head", "stride_v_blk", "stride_v_off", "stride_v_head", "stride_bt")})
+    constexprs = dict(NUM_Q_HEADS=32, GROUP=4, HEAD_DIM=128, HEAD_DIM_PAD=128, BLOCK_SIZE=64,
+                      TILE=plan.tile, BLOCK_M=plan.block_m, BLOCK_Q=plan.block_q,
+                      NUM_SEGMENTS=plan.num_segments, SLIDING=True, SOFTCAP=True, KV_FP8=True,
+                      DOT_PRECISION="tf32")
+    ptx = compile_ptx(_paged_attention_kernel, signature, constexprs, plan.num_warps,
+                      plan.num_stages)
+    assert "cvt.rn.f16x2.e4m3x2" in ptx  # float8 pairs converted by the hardware
+    assert "ld.global.v4.b32" in ptx  # K and V read 16 bytes (16 float8 values) at a time
