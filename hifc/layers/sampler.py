@@ -53,8 +53,7 @@ class SamplingBatch:
     top_p: torch.Tensor | None = None  # [B] float32; 1.0 where off
     min_p: torch.Tensor | None = None  # [B] float32; 0.0 where off
     seeded_rows: torch.Tensor | None = None  # [S] long
-    seeds: torch.Tensor | None = None  # [S] int64
-    steps: torch.Tensor | None = None  # [S] int64: tokens generated so far
+    seeded_uniform: torch.Tensor | None = None  # [S] float32: their draws' uniform numbers
     penalties: Penalties | None = None
     bias: TokenEntries | None = None
     banned: TokenEntries | None = None
@@ -140,10 +139,9 @@ def _draw(logits: torch.Tensor, batch: SamplingBatch,
             ops.apply_min_p_to_probs(probs, batch.min_p)
     num_rows = probs.shape[0]
     if batch.seeded_rows is not None and batch.seeded_rows.shape[0] == num_rows:
-        uniform = ops.seeded_uniform(batch.seeds, batch.steps)  # every row seeded, in order
+        uniform = batch.seeded_uniform  # every row seeded, in order
     else:
         uniform = torch.rand(num_rows, device=probs.device, generator=generator)
         if batch.seeded_rows is not None:
-            uniform.index_copy_(0, batch.seeded_rows,
-                                ops.seeded_uniform(batch.seeds, batch.steps))
+            uniform.index_copy_(0, batch.seeded_rows, batch.seeded_uniform)
     return ops.sample_inverse_cdf(probs, uniform)

@@ -162,14 +162,15 @@ class ModelRunner:
 
 
 def _to_output(sampled: SampledTokens) -> SamplerOutput:
-    """The step's results on the host (one transfer for the ids and ranks, one for the
-    logprobs)."""
+    """The step's results on the host, in one transfer: ids, ranks and logprobs side by side
+    as float64 (exact for token ids and ranks, and for float32 logprobs)."""
     if sampled.logprobs is None:
         return SamplerOutput(sampled.token_ids.tolist())
-    ints = torch.cat([sampled.token_ids[:, None], sampled.ranks[:, None], sampled.top_ids],
-                     dim=1).tolist()  # [S, 2 + k]
-    floats = torch.cat([sampled.logprobs[:, None], sampled.top_logprobs], dim=1).tolist()
-    token_ids = [row[0] for row in ints]
+    k = sampled.top_ids.shape[1]
+    rows = torch.cat([sampled.token_ids[:, None], sampled.ranks[:, None], sampled.top_ids,
+                      sampled.logprobs[:, None], sampled.top_logprobs],
+                     dim=1).to(torch.float64).tolist()  # [S, 3 + 2k]
+    token_ids = [int(row[0]) for row in rows]
     return SamplerOutput(token_ids, TopLogprobs(
-        token_ids, [row[0] for row in floats], [row[1] for row in ints],
-        [row[2:] for row in ints], [row[1:] for row in floats]))
+        token_ids, [row[2 + k] for row in rows], [int(row[1]) for row in rows],
+        [[int(t) for t in row[2:2 + k]] for row in rows], [row[3 + k:] for row in rows]))

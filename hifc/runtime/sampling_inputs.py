@@ -17,6 +17,7 @@ import torch
 
 from hifc.core.sequence import Sequence
 from hifc.layers.sampler import Penalties, SamplingBatch, TokenEntries
+from hifc.layers.sampling_ops import seeded_uniform
 
 
 @dataclass
@@ -90,6 +91,7 @@ class PenaltyRows:
         self.counts = torch.zeros(initial_rows, vocab_size, dtype=torch.float32, device=device)
         self.seen = torch.zeros(initial_rows, vocab_size, dtype=torch.bool, device=device)
         self._slots: dict[str, _PenaltySlot] = {}
+        self._ones = torch.ones(256, device=device)  # the increments of update()
         self._free_rows = list(range(initial_rows - 1, -1, -1))
 
     @property
@@ -121,11 +123,13 @@ class PenaltyRows:
         return rows, new_rows, new_tokens
 
     def update(self, new_rows: torch.Tensor, new_tokens: torch.Tensor) -> None:
-        """Count the planned new tokens ([N] long each)."""
-        self.counts.index_put_((new_rows, new_tokens),
-                               torch.ones(new_rows.shape[0], device=self.device),
-                               accumulate=True)
-        self.seen[new_rows, new_tokens] = True
+        """Count the planned new tokens ([N] long each): one atomic add and one store over the
+        flattened pool (small integer counts add exactly, in any order)."""
+        flat = new_rows * self.vocab_size + new_tokens  # [N]
+        if self._ones.shape[0] < flat.shape[0]:
+            self._ones = torch.ones(2 * flat.shape[0], device=self.device)
+        self.counts.view(-1).index_add_(0, flat, self._ones[:flat.shape[0]])
+        self.seen.view(-1)[flat] = True
 
     def _take(self, seq: Sequence) -> _PenaltySlot:
         old = self._slots.pop(seq.request_id, None)
@@ -162,7 +166,7 @@ def build_sampling_batch(seqs: list[Sequence], constraints: StepConstraints | No
         ints["greedy"] = greedy
     if not all_greedy:
         _truncation(params, greedy, vocab_size, ints, floats)
-        _seeds(seqs, params, greedy, ints)
+        _seeds(seqs, params, greedy, ints, floats)
     penalized = [i for i, p in enumerate(params) if p.has_penalties]
     if penalized:
         _penalties(seqs, params, penalized, penalty_rows, ints, floats)
@@ -171,8 +175,8 @@ def build_sampling_batch(seqs: list[Sequence], constraints: StepConstraints | No
     batch = SamplingBatch(
         temperature=t["temperature"], greedy=t["greedy"].bool() if "greedy" in t else None,
         all_greedy=all_greedy, top_k=t.get("top_k"), top_p=t.get("top_p"),
-        min_p=t.get("min_p"), seeded_rows=t.get("seeded_rows"), seeds=t.get("seeds"),
-        steps=t.get("steps"))
+        min_p=t.get("min_p"), seeded_rows=t.get("seeded_rows"),
+        seeded_uniform=t.get("seeded_uniform"))
     if penalized:
         if "new_rows" in t:
             penalty_rows.update(t["new_rows"], t["new_tokens"])
@@ -209,12 +213,13 @@ def _truncation(params, greedy, vocab_size: int, ints: dict, floats: dict) -> No
         floats["min_p"] = min_p
 
 
-def _seeds(seqs, params, greedy, ints: dict) -> None:
+def _seeds(seqs, params, greedy, ints: dict, floats: dict) -> None:
+    """The seeded sampled rows and their uniform numbers (from seed and step, on the host)."""
     rows = [i for i, (p, g) in enumerate(zip(params, greedy)) if p.seed is not None and not g]
     if rows:
         ints["seeded_rows"] = rows
-        ints["seeds"] = [params[i].seed for i in rows]
-        ints["steps"] = [len(seqs[i].output_token_ids) for i in rows]
+        floats["seeded_uniform"] = seeded_uniform(
+            [params[i].seed for i in rows], [len(seqs[i].output_token_ids) for i in rows])
 
 
 def _penalties(seqs, params, rows: list[int], penalty_rows: PenaltyRows, ints: dict,

@@ -7,6 +7,7 @@ import math
 import random
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 
@@ -166,15 +167,29 @@ def test_seeded_rows_do_not_depend_on_their_batch():
 
 
 def test_seeded_uniforms_depend_only_on_seed_and_step():
-    seeds = torch.tensor([0, 0, 1, 2**62 + 5] * 2500)
-    steps = torch.arange(10000) // 4
+    seeds = [0, 0, 1, 2**62 + 5] * 2500
+    steps = [i // 4 for i in range(10000)]
     u = sampling_ops.seeded_uniform(seeds, steps)
-    assert ((u > 0) & (u < 1)).all()
-    assert abs(u.mean().item() - 0.5) < 0.01 and abs(u.var().item() - 1 / 12) < 0.005
-    firsts = sampling_ops.seeded_uniform(torch.tensor([0, 1, 0, 2**62]), torch.tensor([0, 0, 1, 0]))
+    assert u.dtype == np.float32 and ((u > 0) & (u < 1)).all()
+    assert abs(u.mean() - 0.5) < 0.01 and abs(u.var() - 1 / 12) < 0.005
+    firsts = sampling_ops.seeded_uniform([0, 1, 0, 2**62], [0, 0, 1, 0])
     assert len(set(firsts.tolist())) == 4 and firsts.min() > 1e-3  # no fixed point at 0
     again = sampling_ops.seeded_uniform(seeds[2::4][:7], steps[2::4][:7])
-    assert torch.equal(again, u[2::4][:7])
+    assert np.array_equal(again, u[2::4][:7])
+
+
+@pytest.mark.parametrize("vocab", [7, 1024, 2500])
+def test_two_level_inverse_cdf_draws_what_one_full_scan_draws(vocab):
+    gen = torch.Generator().manual_seed(vocab)
+    probs = torch.softmax(3 * torch.randn(16, vocab, generator=gen), dim=-1)
+    probs[probs < 1e-5] = 0.0  # zero-probability tokens inside and between chunks
+    uniform = torch.rand(16, generator=gen).clamp(1e-6, 1 - 1e-6)
+    cdf = probs.cumsum(dim=-1)
+    full_scan = torch.searchsorted(cdf, uniform[:, None] * cdf[:, -1:], right=True).squeeze(1)
+    for chunk in (4, 64, 1024):
+        drawn = sampling_ops.sample_inverse_cdf(probs, uniform, chunk=chunk)
+        assert torch.equal(drawn, full_scan)
+        assert (probs.gather(1, drawn[:, None]) > 0).all()
 
 
 def test_inverse_cdf_never_draws_a_token_of_probability_zero():
@@ -183,6 +198,7 @@ def test_inverse_cdf_never_draws_a_token_of_probability_zero():
     assert sampling_ops.sample_inverse_cdf(probs, uniform).tolist() == [1, 1, 3, 3, 3]
     unnormalized = probs * 3  # draws scale with the total
     assert sampling_ops.sample_inverse_cdf(unnormalized, uniform).tolist() == [1, 1, 3, 3, 3]
+    assert sampling_ops.sample_inverse_cdf(probs, uniform, chunk=2).tolist() == [1, 1, 3, 3, 3]
 
 
 def test_logprobs_are_the_raw_distribution_with_ranks_and_top_k():

@@ -69,7 +69,7 @@ def _reference_run(hf, prompt: list[int], p: SamplingParams, steps: int) -> list
             continue
         probs = torch.softmax(logits / p.temperature, -1)
         probs = torch.where(probs < p.min_p * probs.max(), 0.0, probs)
-        u = seeded_uniform(torch.tensor([p.seed]), torch.tensor([step])).item()
+        u = float(seeded_uniform([p.seed], [step])[0])
         cdf = probs.cumsum(0)
         output.append(int((cdf <= u * cdf[-1]).sum()))  # the first token past u of the mass
     return output
