@@ -58,6 +58,11 @@ class EngineConfig:
         "auto", "auto: triton on CUDA, torch elsewhere", choices=ATTENTION_BACKENDS)
     enforce_eager: bool = option(
         False, "run every step eagerly (no CUDA graphs of decode steps)")
+    async_scheduling: bool = option(
+        True, "schedule and launch step N+1 while the device runs step N, and apply step N's "
+        "tokens (stop checks, detokenizing, outputs) while step N+1 runs; the same outputs, one "
+        "step() later. A step after one that sampled for structured outputs or bad words waits "
+        "for its tokens")
     max_logprobs: int = option(
         20, "most log-probabilities a request may ask for per token (logprobs, prompt_logprobs)")
     enable_prefix_caching: bool = option(
@@ -102,7 +107,8 @@ class EngineConfig:
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
         if self.num_gpu_blocks is not None and self.kv_cache_gib is not None:
             raise ValueError("give either num_gpu_blocks or kv_cache_gib, not both")
-        for name in ("enforce_eager", "enable_prefix_caching", "enable_chunked_prefill"):
+        for name in ("enforce_eager", "async_scheduling", "enable_prefix_caching",
+                     "enable_chunked_prefill"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) \

@@ -102,11 +102,12 @@ class KVCacheManager:
     def cache_blocks(self, seq: Sequence, num_computed_tokens: int) -> None:
         """Cache the sequence's full blocks among its first ``num_computed_tokens`` tokens (their
         K/V is computed, or is being computed in the step being scheduled), so that other
-        sequences can share them."""
+        sequences can share them. A block whose last token is still pending (sampled by a step
+        in flight) is cached later: its hash needs that token."""
         if self.salt is None:
             return
         seq_id = seq.request_id
-        num_full = num_computed_tokens // self.block_size
+        num_full = min(num_computed_tokens, seq.num_tokens) // self.block_size
         start = self._num_cached.get(seq_id, 0)
         if num_full <= start:
             return

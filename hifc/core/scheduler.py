@@ -35,6 +35,15 @@ sequence is reading waits for that read (then finds the block in the GPU cache).
 store level names blocks to write (``SchedulerOutput.prefix_writes``), holding a reference on
 each until its write ends.
 
+Scheduling ahead (asynchronous scheduling). Scheduling a step advances each scheduled
+sequence's ``num_computed_tokens`` at once and counts the token it samples as pending
+(``Sequence.num_pending_tokens``) until ``update`` applies it, so the engine may schedule step
+N+1 while step N runs: a sequence whose token from step N is pending decodes it in step N+1 as
+``PENDING_TOKEN`` (the runner reads it on the device). Such a sequence may turn out to have
+stopped at step N; the token it samples in step N+1 is then dropped. Sequences whose pending
+tokens reach their length limit are not scheduled again. A waiting or swapped sequence with a
+pending token waits for it before it is admitted or swapped in.
+
 The scheduler speaks to the runtime only through ``SchedulerOutput`` and learns of finished
 I/O through ``swap_out_done`` / ``swap_in_done`` / ``prefix_read_done`` /
 ``prefix_write_done``, called by the engine.
@@ -49,7 +58,8 @@ from hifc.core.kv_manager import AllocStatus, KVCacheManager
 from hifc.core.outputs import SamplerOutput
 from hifc.core.preemption import PreemptionPolicy
 from hifc.core.scheduler_output import (  # noqa: F401  (the scheduler's public types)
-    PrefixRead, ScheduledSeq, SchedulerLimits, SchedulerOutput, SwapOrder, TierBlocks,
+    PENDING_TOKEN, PrefixRead, ScheduledSeq, SchedulerLimits, SchedulerOutput, SwapOrder,
+    TierBlocks,
 )
 from hifc.core.sequence import Sequence, SequenceStatus
 from hifc.core.store_level import StoreLevel
@@ -154,9 +164,12 @@ class Scheduler(SwapMixin):
         """Schedule the running sequences (decodes first). Returns the token budget left and
         whether a sequence sat out the step for lack of blocks."""
         budget = self.limits.max_num_batched_tokens
-        queue = ([s for s in self.running if s.num_tokens_to_compute == 1]
-                 + [s for s in self.running if s.num_tokens_to_compute > 1])
-        kept: set[str] = set()
+        max_len = self.limits.max_model_len
+        ending = {s.request_id for s in self.running if s.ends_by_length_with_pending(max_len)}
+        ready = [s for s in self.running if s.request_id not in ending]
+        queue = ([s for s in ready if s.num_tokens_to_compute == 1]
+                 + [s for s in ready if s.num_tokens_to_compute > 1])
+        kept: set[str] = set(ending)  # they finish when their pending tokens arrive
         releasing = sum(len(self._stored[r].positions) for r in self.swapping_out)
         releasing += self.store.num_releasing if self.store is not None else 0
         promised = 0
@@ -184,7 +197,7 @@ class Scheduler(SwapMixin):
                     break
             else:
                 self._allocate(seq, target)
-                out.scheduled.append(self._work(seq, num_new))
+                out.scheduled.append(self._schedule_work(seq, num_new))
                 kept.add(seq.request_id)
                 budget -= num_new
         self.running = [s for s in self.running if s.request_id in kept]
@@ -195,6 +208,8 @@ class Scheduler(SwapMixin):
         while (self.waiting and budget > 0
                and len(self.running) + len(self.loading) < self.limits.max_num_seqs):
             seq = self.waiting[0]
+            if seq.num_pending_tokens:
+                break  # preempted while its last step ran: wait for that step's token
             prefix = self.kv.cached_prefix(seq)
             plan = self._plan_store_read(seq, len(prefix))
             if plan is None:
@@ -218,7 +233,7 @@ class Scheduler(SwapMixin):
                     seq.num_cached_tokens = num_cached
                 seq.status = SequenceStatus.RUNNING
                 self.running.append(seq)
-                out.scheduled.append(self._work(seq, num_new))
+                out.scheduled.append(self._schedule_work(seq, num_new))
                 budget -= num_new
             if self.kv.prefix_caching:
                 self.prefix_cache_queries += seq.num_tokens
@@ -262,12 +277,20 @@ class Scheduler(SwapMixin):
         self.kv.allocate(seq.request_id, num_tokens, prefix)
         self.kv.cache_blocks(seq, num_tokens)
 
-    def _work(self, seq: Sequence, num_new: int) -> ScheduledSeq:
+    def _schedule_work(self, seq: Sequence, num_new: int) -> ScheduledSeq:
+        """The sequence's work in this step: its next ``num_new`` tokens (the pending one as
+        ``PENDING_TOKEN``). Counts them as computed, and the token it samples as pending."""
         start = seq.num_computed_tokens
         end = start + num_new
-        return ScheduledSeq(seq.request_id, seq.token_ids(start, end), start,
+        known_end = min(end, seq.num_tokens)
+        token_ids = seq.token_ids(start, known_end) if start < known_end else []
+        token_ids += [PENDING_TOKEN] * (end - max(start, known_end))
+        samples = end == seq.num_tokens + seq.num_pending_tokens
+        seq.num_computed_tokens = end
+        seq.num_pending_tokens += samples
+        return ScheduledSeq(seq.request_id, token_ids, start,
                             list(self.kv.block_table(seq.request_id)), seq.sampling_params,
-                            samples=end == seq.num_tokens)
+                            samples=samples)
 
     def prefix_read_done(self, request_id: str, blocks_ok: int) -> None:
         """A prefix read ended: its first ``blocks_ok`` blocks hold verified K/V."""
@@ -300,9 +323,12 @@ class Scheduler(SwapMixin):
     # ---- results --------------------------------------------------------------------------
     def update(self, out: SchedulerOutput, sampled: SamplerOutput,
                seqs: dict[str, Sequence]) -> list[Sequence]:
-        """Advance every scheduled sequence by the tokens it computed and append the sampled
-        token of those that sampled; finish those that stop. Returns the sequences that
-        received a token."""
+        """Apply a step's results (``seqs``: the scheduled sequences by id, as they were
+        scheduled): append the sampled token of those that sampled and finish those that stop.
+        A sequence that finished since (aborted, or stopped at the step before under
+        asynchronous scheduling) drops its token; one preempted since keeps it. The blocks the
+        step completed are cached (and offered to the prefix store) for those still running.
+        Returns the sequences that received a token."""
         sampling = out.sampling
         if len(sampled) != len(sampling):
             raise RuntimeError(f"{len(sampled)} sampled tokens for {len(sampling)} sequences "
@@ -312,14 +338,18 @@ class Scheduler(SwapMixin):
         for work in out.scheduled:
             token_id = next(tokens) if work.samples else None
             seq = seqs[work.request_id]
-            if seq.status is not SequenceStatus.RUNNING:
-                continue  # aborted while the step ran
-            seq.num_computed_tokens = work.seq_len
-            if self.store is not None:
-                self._note_computed(seq, work)
+            if token_id is not None:
+                seq.num_pending_tokens -= 1
+            if seq.status.is_finished:
+                continue
+            if token_id is not None:
+                seq.append_token(token_id)
+            if seq.status is SequenceStatus.RUNNING:
+                self.kv.cache_blocks(seq, work.seq_len)  # its last block's tokens are known now
+                if self.store is not None:
+                    self._note_computed(seq, work)
             if token_id is None:
                 continue  # a prompt chunk before the last
-            seq.append_token(token_id)
             stop = seq.stop_reason_after_append(self.limits.max_model_len)
             if stop is not None:
                 self.finish(seq, stop)

@@ -6,6 +6,11 @@ from typing import Protocol
 
 from hifc.sampling_params import SamplingParams
 
+# A token id in ScheduledSeq.token_ids that the host does not know yet: sampled by the step in
+# flight (asynchronous scheduling). The runner takes it from that step's sampled ids on the
+# device; it is always the one token of a decode.
+PENDING_TOKEN = -1
+
 
 class TierBlocks(Protocol):
     """What the scheduler needs of a swap tier's block space."""
@@ -18,8 +23,8 @@ class TierBlocks(Protocol):
 @dataclass(frozen=True)
 class ScheduledSeq:
     """One sequence's work in a step: compute K/V for ``token_ids`` at positions
-    ``start_pos..start_pos+len-1``; if ``samples`` (the chunk ends at the sequence's last known
-    token), sample the next token from the last one."""
+    ``start_pos..start_pos+len-1``; if ``samples`` (the chunk ends at the sequence's last
+    token), sample the next token from the last one. A decode's token may be ``PENDING_TOKEN``."""
 
     request_id: str
     token_ids: list[int]

@@ -38,7 +38,11 @@ class Sequence:
         self.eos_token_ids = eos_token_ids
         self.arrival = arrival
         self.status = SequenceStatus.WAITING
-        self.num_computed_tokens = 0  # tokens whose K/V are in the cache
+        self.num_computed_tokens = 0  # tokens whose K/V are in the cache (or a scheduled step's)
+        # tokens sampled by scheduled steps whose ids the host has not applied yet: the one of
+        # the step being scheduled, and under asynchronous scheduling the one of the step in
+        # flight (the next step computes it from the device, see PENDING_TOKEN)
+        self.num_pending_tokens = 0
         self.num_cached_tokens: int | None = None  # prompt tokens found in the prefix cache
         self.block_hashes: list[bytes] = []  # content hashes of the full blocks (prefix cache)
         self.generation = 0  # bumped at every preemption; tags the sequence's stored KV
@@ -51,8 +55,26 @@ class Sequence:
 
     @property
     def num_tokens_to_compute(self) -> int:
-        """Tokens whose K/V is not computed yet; the last one's logits give the next token."""
-        return self.num_tokens - self.num_computed_tokens
+        """Tokens whose K/V is not computed yet (a pending one included); the last one's logits
+        give the next token."""
+        return self.num_tokens + self.num_pending_tokens - self.num_computed_tokens
+
+    @property
+    def num_generated_before_sample(self) -> int:
+        """Tokens generated before the one the step being launched samples for this sequence
+        (the pending ones of earlier steps included, that step's own excluded): the sampled
+        token's index among the outputs."""
+        return len(self.output_token_ids) + max(0, self.num_pending_tokens - 1)
+
+    def ends_by_length_with_pending(self, max_model_len: int) -> bool:
+        """True when the pending tokens already bring the sequence to ``max_tokens`` or the
+        context limit: it finishes by length once they arrive, so it needs no further step."""
+        if not self.num_pending_tokens:
+            return False
+        max_tokens = self.sampling_params.max_tokens
+        num_output = len(self.output_token_ids) + self.num_pending_tokens
+        return ((max_tokens is not None and num_output >= max_tokens)
+                or self.num_tokens + self.num_pending_tokens >= max_model_len)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -1,4 +1,14 @@
-"""LLMEngine: add requests, step, abort. Single-threaded; the caller drives ``step()``."""
+"""LLMEngine: add requests, step, abort. Single-threaded; the caller drives ``step()``.
+
+Asynchronous scheduling (``async_scheduling``, vLLM V1's): each ``step()`` schedules and launches
+step N+1 while the device still runs step N (the launch queues the work and returns; a decode's
+input token sampled by step N is read on the device), then waits for step N's tokens and applies
+them (scheduler update, stop checks, detokenizing, outputs) while step N+1 runs. So host work
+hides behind device work, and ``step()`` returns step N's outputs: one call late. A sequence
+that stopped at step N computes one extra token in step N+1, dropped. A step after one that
+sampled for a request with a grammar or bad words waits for that step's tokens first (its masks
+depend on them).
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -32,6 +42,7 @@ from hifc.loader import LoadedModel, load_model
 from hifc.parallel.config import replica_config
 from hifc.runtime.kv_cache import allocate_kv_cache, kv_cache_scales, scale_digest
 from hifc.runtime.model_runner import ModelRunner
+from hifc.runtime.step_result import LaunchedStep
 from hifc.runtime.sampling_inputs import StepConstraints
 from hifc.runtime.swapper import KVSwapper
 from hifc.sampling_params import SamplingParams
@@ -61,6 +72,19 @@ def _attention_backend(name: str, device: torch.device, kv_dtype: torch.dtype) -
                              f"{capability[0]}.{capability[1]}); use attention_backend torch")
     from hifc.layers.triton_attention import TritonAttentionBackend
     return TritonAttentionBackend()
+
+
+@dataclasses.dataclass(frozen=True)
+class _InFlight:
+    """A launched step whose tokens the engine has not applied yet: its schedule, its
+    sequences' completions (as scheduled), when its launch began (perf_counter) and whether a
+    sequence with a grammar or bad words samples in it."""
+
+    out: SchedulerOutput
+    completions: list[CompletionState]
+    launched: LaunchedStep
+    launch_time: float
+    constrains_next: bool
 
 
 class LLMEngine:
@@ -122,7 +146,10 @@ class LLMEngine:
         self._eos = frozenset(self.tokenizer.eos_token_ids if self.tokenizer
                               else self.arch.eos_token_ids)
         self._closed = False
+        self._in_flight: _InFlight | None = None  # async_scheduling: launched, not applied
+        self._last_ready = 0.0  # perf_counter when the last applied step's tokens arrived
         self.num_steps = 0
+        self.num_overlapped_steps = 0  # steps applied while the next one ran
         self.num_prompt_tokens = 0
         self.num_generated_tokens = 0
 
@@ -238,7 +265,9 @@ class LLMEngine:
 
     def has_unfinished_requests(self) -> bool:
         """True while a request is unfinished or swap I/O (of aborted requests too) is pending;
-        ``step()`` completes that I/O and releases its blocks."""
+        ``step()`` completes that I/O and releases its blocks. (A step left in flight by
+        asynchronous scheduling then holds only tokens to drop: the next ``step()`` or
+        ``close()`` applies it.)"""
         return bool(self._requests) or bool(self.swaps.num_pending)
 
     def get_num_unfinished_requests(self) -> int:
@@ -248,27 +277,52 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one batch; return an output for every request that advanced or finished.
 
-        Schedule (with the swaps that finished or start now, see ``SwapTracker``), execute the
-        batch on the device, then update the sequences with what was sampled."""
-        out = self.swaps.schedule()
+        Schedule (with the swaps that finished or start now, see ``SwapTracker``), launch the
+        batch on the device, then apply what was sampled. With ``async_scheduling`` the batch
+        launched here is applied by the next call, which returns its outputs: this call
+        applies the one launched by the call before, while the new one runs."""
+        previous, self._in_flight = self._in_flight, None
+        results = []
+        if previous is not None and previous.constrains_next:
+            results, previous = self._apply(previous), None  # its tokens decide the masks
+        step = self._launch(self.swaps.schedule(wait=previous is None))
+        if previous is not None:
+            results = self._apply(previous)
+            self.num_overlapped_steps += step is not None
+        if step is None:
+            return results
+        if self.config.async_scheduling:
+            self._in_flight = step
+            return results
+        return self._apply(step)
+
+    def _launch(self, out: SchedulerOutput) -> _InFlight | None:
+        """Queue the step on the device (None: nothing scheduled)."""
+        t0 = time.perf_counter()
         completions = [self._completions[w.request_id] for w in out.scheduled]
         now = time.time()
         for completion in completions:
             metrics = completion.request.metrics
             if metrics.first_scheduled_time is None:
                 metrics.first_scheduled_time = now
-        sampled = self._execute(out, completions)
-        return self._update(out, completions, sampled)
-
-    def _execute(self, out: SchedulerOutput, completions: list[CompletionState]) -> SamplerOutput:
-        t0 = time.perf_counter()
         sampling = [c for w, c in zip(out.scheduled, completions) if w.samples]
-        sampled = self.runner.execute(out, [c.seq for c in completions],
+        launched = self.runner.launch(out, [c.seq for c in completions],
                                       self._constraints(sampling))
-        if out.num_prefill_tokens:
-            self.preemption.prefill_speed.add(out.num_prefill_tokens, time.perf_counter() - t0)
+        if out.is_empty:
+            return None
         self.num_steps += 1
-        return sampled
+        constrained = any(c.grammar is not None or c.bad_words is not None for c in sampling)
+        return _InFlight(out, completions, launched, t0, constrained)
+
+    def _apply(self, step: _InFlight) -> list[RequestOutput]:
+        """Wait for a launched step's tokens and apply them; its outputs."""
+        sampled = step.launched.result()
+        ready = time.perf_counter()
+        if step.out.num_prefill_tokens:  # the device began it after the step before ended
+            self.preemption.prefill_speed.add(step.out.num_prefill_tokens,
+                                              ready - max(step.launch_time, self._last_ready))
+        self._last_ready = ready
+        return self._update(step.out, step.completions, sampled)
 
     def _constraints(self, sampling: list[CompletionState]) -> StepConstraints | None:
         """This step's bad-word bans and grammar bitmasks, by row of the sequences that
@@ -290,15 +344,17 @@ class LLMEngine:
 
     def _update(self, out: SchedulerOutput, completions: list[CompletionState],
                 sampled: SamplerOutput) -> list[RequestOutput]:
+        """Apply a step's results (``completions``: its sequences' completions as scheduled;
+        those aborted since get nothing)."""
         for row, part in sampled.prompt_logprobs.items():
             completions[row].request.add_prompt_logprobs(part, self._logprobs)
         rows = {w.request_id: row for row, w in enumerate(out.sampling)}  # -> sampled rows
-        updated = self.scheduler.update(out, sampled, {c.seq.request_id: c.seq
-                                                       for c in completions})
+        by_id = {c.seq.request_id: c for c in completions}
+        updated = self.scheduler.update(out, sampled, {i: c.seq for i, c in by_id.items()})
         self.num_generated_tokens += len(updated)
         advanced: dict[str, RequestState] = {}
         for seq in updated:
-            completion = self._completions[seq.request_id]
+            completion = by_id[seq.request_id]
             self._take_token(completion, sampled, rows[seq.request_id])
             advanced[completion.request.request_id] = completion.request
         now = time.time()
@@ -316,13 +372,14 @@ class LLMEngine:
         """Record a sequence's new token; end it at a stop string or a finished grammar."""
         seq = completion.seq
         stop = completion.record(sampled, row)
-        if stop is not None and seq.status in (SequenceStatus.RUNNING,
-                                               SequenceStatus.FINISHED_LENGTH):
+        # not finished: running, or preempted after the step was launched (asynchronous)
+        if stop is not None and (not seq.status.is_finished
+                                 or seq.status is SequenceStatus.FINISHED_LENGTH):
             seq.stop_reason = stop
-            if seq.status is SequenceStatus.RUNNING:
+            if seq.status is SequenceStatus.FINISHED_LENGTH:
+                seq.status = SequenceStatus.FINISHED_STOPPED  # came with the last allowed token
+            else:
                 self.scheduler.finish(seq, SequenceStatus.FINISHED_STOPPED)
-            else:  # the stop string came with the last allowed token: it is still a stop
-                seq.status = SequenceStatus.FINISHED_STOPPED
         elif completion.grammar is not None and completion.grammar.finished \
                 and not seq.status.is_finished:
             self.scheduler.finish(seq, SequenceStatus.FINISHED_STOPPED)
@@ -332,6 +389,9 @@ class LLMEngine:
         flash prefix store lacks (at most ``prefix_store_flush_seconds``), so that the next
         engine on the file starts warm, and release the swap tier."""
         self.abort_request(list(self._requests))
+        if self._in_flight is not None:  # its tokens are dropped: every request is aborted
+            in_flight, self._in_flight = self._in_flight, None
+            self._apply(in_flight)
         self.swaps.drain()
         if self.tier is not None and not self._closed:
             self.swaps.flush(self.config.tier.prefix_store_flush_seconds)
@@ -343,6 +403,7 @@ class LLMEngine:
         sched = self.scheduler
         return {
             "steps": self.num_steps,
+            "overlapped_steps": self.num_overlapped_steps,
             "graph_decode_steps": self.runner.num_graph_decode_steps,
             "prompt_tokens": self.num_prompt_tokens,
             "generation_tokens": self.num_generated_tokens,

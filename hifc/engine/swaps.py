@@ -51,14 +51,16 @@ class SwapTracker:
     def num_pending(self) -> int:
         return self.swapper.num_pending if self.swapper else 0
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, wait: bool = True) -> SchedulerOutput:
+        """The step's schedule, its I/O started. ``wait=False``: return an empty step rather
+        than wait for I/O (a step in flight may free what is missing)."""
         swapper = self.swapper
         if swapper is None:
             return self.scheduler.schedule()
         self._apply(swapper.collect(block=False))
         out = self.scheduler.schedule()
         self._apply(swapper.submit(out))
-        while out.is_empty and swapper.num_pending:
+        while wait and out.is_empty and swapper.num_pending:
             self._apply(swapper.collect(block=True))
             retry = self.scheduler.schedule()
             # keep the ids of requests that ended since the last step

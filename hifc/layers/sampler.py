@@ -119,7 +119,9 @@ def _constrain(logits: torch.Tensor, batch: SamplingBatch) -> None:
     if batch.allowed is not None:
         ops.keep_only(logits, batch.allowed_rows, batch.allowed.rows, batch.allowed.tokens)
     if batch.banned is not None:
-        logits[batch.banned.rows, batch.banned.tokens] = float("-inf")
+        # a device value: ``logits[rows, tokens] = -inf`` copies a host scalar, a sync on CUDA
+        logits.index_put_((batch.banned.rows, batch.banned.tokens),
+                          logits.new_full((1,), float("-inf")))
     if batch.bias is not None:
         logits.index_put_((batch.bias.rows, batch.bias.tokens), batch.bias.values,
                           accumulate=True)

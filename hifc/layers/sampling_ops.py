@@ -62,7 +62,7 @@ def keep_only(logits: torch.Tensor, rows: torch.Tensor, entry_rows: torch.Tensor
     """Forbid every token of ``logits[rows]`` except the listed ones: entry i allows token
     ``entry_tokens[i]`` in row ``rows[entry_rows[i]]`` (entry_rows index into rows)."""
     keep = torch.zeros(rows.shape[0], logits.shape[-1], dtype=torch.bool, device=logits.device)
-    keep[entry_rows, entry_tokens] = True  # [A, V]
+    keep.view(-1).index_fill_(0, entry_rows * keep.shape[1] + entry_tokens, True)  # [A, V]
     sub = logits.index_select(0, rows).masked_fill_(~keep, _NEG_INF)
     logits.index_copy_(0, rows, sub)
 

@@ -2,7 +2,9 @@
 
 A decode-only step of n sequences is padded to the smallest captured size b >= n. Its inputs are
 packed into one pinned host buffer (``hifc.runtime.inputs.write_decode_inputs``), copied to the
-device buffer the graphs were captured over in one transfer, and graph b is replayed; the logits
+device buffer the graphs were captured over in one transfer (then the input ids the previous
+step sampled on the device, where the host does not know them yet, are copied into their rows),
+and graph b is replayed; the logits
 of the n real rows go to the (eager, per-request seeded) sampler. Prefill and mixed steps, and
 decode batches above the largest size, run eagerly.
 
@@ -129,9 +131,12 @@ class DecodeGraphs:
         hidden = self.model(x.input_ids.long(), x.positions.long(), ctx)  # [b, H]
         return self.model.compute_logits(hidden)  # [b, V]: one new token per row
 
-    def _load(self, work: list[ScheduledSeq], batch: int) -> list[int]:
-        """Pack the step (sized by batch_size_for, so known to fit) into the host buffer and
-        start its copy to the device buffer."""
+    def _load(self, work: list[ScheduledSeq], batch: int,
+              pending_rows: torch.Tensor | None = None,
+              pending_ids: torch.Tensor | None = None) -> list[int]:
+        """Pack the step (sized by batch_size_for, so known to fit) into the host buffer, start
+        its copy to the device buffer, then put ``pending_ids`` ([P] long, on the device) into
+        the input ids of ``pending_rows`` ([P] long)."""
         if self._copied is not None:
             self._copied.synchronize()  # the previous step's copy has read the host buffer
         seq_lens = write_decode_inputs(work, batch, self.block_size, self.layout, self._host)
@@ -139,20 +144,26 @@ class DecodeGraphs:
             n = self.layout.prefix_len(batch)
             self.device_buffer[:n].copy_(self.host_buffer[:n], non_blocking=True)
             self._copied.record()
+        if pending_rows is not None:
+            input_ids = decode_input_views(self.device_buffer, self.layout, batch).input_ids
+            input_ids.index_copy_(0, pending_rows, pending_ids.to(torch.int32))
         return seq_lens
 
     @torch.inference_mode()
-    def run(self, work: list[ScheduledSeq]) -> torch.Tensor | None:
+    def run(self, work: list[ScheduledSeq], pending_rows: torch.Tensor | None = None,
+            pending_ids: torch.Tensor | None = None) -> torch.Tensor | None:
         """Logits ([n, V] float32) of a decode step, or None if the step must run eagerly. The
-        result is a view of the graph's output: read it before the next step."""
+        input ids of ``pending_rows`` ([P] long) are ``pending_ids`` ([P] long, on the device:
+        what the previous step sampled). The result is a view of the graph's output: read it
+        before the next step."""
         batch = self.batch_size_for(work)
         if batch is None:
             return None
         if not self.graphs:
-            seq_lens = self._load(work, batch)
+            seq_lens = self._load(work, batch, pending_rows, pending_ids)
             return self._forward(batch, seq_lens + [1] * (batch - len(work)))[:len(work)]
         with torch.cuda.device(self.device):
-            self._load(work, batch)
+            self._load(work, batch, pending_rows, pending_ids)
             self.graphs[batch].replay()
         return self._logits[batch][:len(work)]
 

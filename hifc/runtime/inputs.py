@@ -1,4 +1,8 @@
-"""Builds each input tensor of a step from the scheduler's work list, one function each."""
+"""Builds each input tensor of a step from the scheduler's work list, one function each.
+
+Host values reach a CUDA device through pinned memory without blocking (``to_device``): the host
+can prepare step N+1 while the device still runs step N (asynchronous scheduling).
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -6,24 +10,54 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from hifc.core.scheduler import ScheduledSeq
+from hifc.core.scheduler import PENDING_TOKEN, ScheduledSeq
 from hifc.layers.attention import AttentionMetadata
 
 
+def to_device(values, dtype: torch.dtype, device) -> torch.Tensor:
+    """A tensor of host ``values`` on ``device``. On CUDA the copy goes through pinned memory
+    without blocking the host (a plain copy from pageable memory waits for the device's queue);
+    torch's pinned allocator keeps the staging buffer until the copy has run."""
+    host = torch.tensor(values, dtype=dtype)
+    if torch.device(device).type != "cuda" or not host.numel():
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 def build_input_ids(work: list[ScheduledSeq], device) -> torch.Tensor:
+    """Token ids (``PENDING_TOKEN`` where the runner fills them in on the device)."""
     ids = [t for w in work for t in w.token_ids]
-    return torch.tensor(ids, dtype=torch.long, device=device)  # [T]
+    return to_device(ids, torch.long, device)  # [T]
+
+
+def pending_token_sources(work: list[ScheduledSeq],
+                          sampled_rows: dict[str, int]) -> tuple[list[int], list[int]]:
+    """(index among the step's tokens, row in the previous step's sampled ids) of each
+    ``PENDING_TOKEN`` of the step; ``sampled_rows``: the previous step's row of each sequence
+    that sampled in it. A pending token is always a decode's one token."""
+    index, rows = [], []
+    offset = 0
+    for w in work:
+        if w.token_ids[0] == PENDING_TOKEN:
+            row = sampled_rows.get(w.request_id)
+            if row is None:
+                raise RuntimeError(f"{w.request_id}'s pending token was not sampled by the "
+                                   "previous step")
+            index.append(offset)
+            rows.append(row)
+        offset += len(w.token_ids)
+    return index, rows
 
 
 def build_positions(work: list[ScheduledSeq], device) -> torch.Tensor:
     pos = [p for w in work for p in range(w.start_pos, w.seq_len)]
-    return torch.tensor(pos, dtype=torch.long, device=device)  # [T]
+    return to_device(pos, torch.long, device)  # [T]
 
 
 def build_slot_mapping(work: list[ScheduledSeq], block_size: int, device) -> torch.Tensor:
     slots = [w.block_table[p // block_size] * block_size + p % block_size
              for w in work for p in range(w.start_pos, w.seq_len)]
-    return torch.tensor(slots, dtype=torch.long, device=device)  # [T]
+    return to_device(slots, torch.long, device)  # [T]
 
 
 def build_query_start_loc(work: list[ScheduledSeq]) -> list[int]:
@@ -36,13 +70,13 @@ def build_query_start_loc(work: list[ScheduledSeq]) -> list[int]:
 def build_block_tables(work: list[ScheduledSeq], device) -> torch.Tensor:
     width = max(len(w.block_table) for w in work)
     rows = [w.block_table + [0] * (width - len(w.block_table)) for w in work]
-    return torch.tensor(rows, dtype=torch.int32, device=device)  # [B, max_blocks]
+    return to_device(rows, torch.int32, device)  # [B, max_blocks]
 
 
 def build_logits_indices(work: list[ScheduledSeq], query_start_loc: list[int],
                          device) -> torch.Tensor:
-    return torch.tensor([end - 1 for w, end in zip(work, query_start_loc[1:]) if w.samples],
-                        dtype=torch.long, device=device)  # [S]: last new token of each sampler
+    return to_device([end - 1 for w, end in zip(work, query_start_loc[1:]) if w.samples],
+                     torch.long, device)  # [S]: last new token of each sampler
 
 
 def build_attention_metadata(work: list[ScheduledSeq], block_size: int,
@@ -51,8 +85,8 @@ def build_attention_metadata(work: list[ScheduledSeq], block_size: int,
     seq_lens = [w.seq_len for w in work]
     return AttentionMetadata(
         slot_mapping=build_slot_mapping(work, block_size, device),
-        query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=device),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        query_start_loc=to_device(qsl, torch.int32, device),
+        seq_lens=to_device(seq_lens, torch.int32, device),
         block_tables=build_block_tables(work, device),
         query_start_loc_cpu=qsl,
         seq_lens_cpu=seq_lens,

@@ -1,11 +1,17 @@
-"""Runs one scheduled step on the device: inputs -> model -> logits -> sampled tokens."""
+"""Runs one scheduled step on the device: inputs -> model -> logits -> sampled tokens.
+
+``launch`` queues a step and returns at once (``LaunchedStep``; its ``result()`` waits for the
+sampled ids on the host). A decode's ``PENDING_TOKEN`` is the id the previous launched step
+sampled for that sequence: it is copied into the step's input on the device, so the step can
+be launched before the host has seen the previous step's results (asynchronous scheduling).
+"""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 
-from hifc.core.outputs import PromptLogprobs, SamplerOutput, TopLogprobs
 from hifc.core.scheduler import ScheduledSeq, SchedulerOutput
 from hifc.core.sequence import Sequence
 from hifc.layers import sampling_ops
@@ -15,8 +21,18 @@ from hifc.runtime import inputs
 from hifc.runtime.cuda_graphs import DecodeGraphs, capture_sizes, graphs_unsupported_reason
 from hifc.runtime.sampling_inputs import (PenaltyRows, StepConstraints, StepPacker,
                                           build_sampling_batch)
+from hifc.runtime.step_result import DeviceTokens, LaunchedStep, PromptLogprobsPart
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PendingInputs:
+    """Where a step's pending tokens go (index [P] long among its flattened tokens; for a
+    decode-only step, the row) and their ids (token_ids [P] long), on the device."""
+
+    index: torch.Tensor
+    token_ids: torch.Tensor
 
 
 class ModelRunner:
@@ -38,6 +54,7 @@ class ModelRunner:
         self.step_packer = StepPacker(device)
         self.decode_graphs: DecodeGraphs | None = None
         self.num_padded_decode_steps = 0  # steps run through decode_graphs (replayed or not)
+        self._last_sampled: DeviceTokens | None = None  # the last launched step's ids
 
     def setup_padded_decode(self, max_model_len: int, max_num_seqs: int, capture: bool) -> None:
         """Run decode-only steps padded to the batch sizes of ``capture_sizes`` from persistent
@@ -76,12 +93,15 @@ class ModelRunner:
         hidden, query_start_loc = self.eager_forward(work)
         return self._sampler_logits(work, hidden, query_start_loc)
 
-    def eager_forward(self, work: list[ScheduledSeq]) -> tuple[torch.Tensor, list[int]]:
+    def eager_forward(self, work: list[ScheduledSeq], pending: PendingInputs | None = None,
+                      ) -> tuple[torch.Tensor, list[int]]:
         """Hidden states ([T, H]) of every new token, and where each sequence's start ([B+1])."""
         meta = inputs.build_attention_metadata(work, self.block_size, self.device)
         ctx = AttentionContext(meta, self.kv_caches, self.backend, self.model.attention_layers,
                                self.kv_scales)
         input_ids = inputs.build_input_ids(work, self.device)
+        if pending is not None:
+            input_ids.index_copy_(0, pending.index, pending.token_ids)
         positions = inputs.build_positions(work, self.device)
         return self.model(input_ids, positions, ctx), meta.query_start_loc_cpu
 
@@ -90,57 +110,79 @@ class ModelRunner:
         last = inputs.build_logits_indices(work, query_start_loc, self.device)
         return self.model.compute_logits(hidden.index_select(0, last))  # [S, V]
 
-    def _padded_logits(self, work: list[ScheduledSeq]) -> torch.Tensor | None:
+    def _padded_logits(self, work: list[ScheduledSeq],
+                       pending: PendingInputs | None) -> torch.Tensor | None:
         """Logits ([S, V]) of the samplers of a decode-only step run padded (None: the step
         runs eagerly). A one-token prompt chunk before the last is such a row, not sampled."""
-        logits = self.decode_graphs.run(work) if self.decode_graphs is not None else None
+        graphs = self.decode_graphs
+        logits = (graphs.run(work, None if pending is None else pending.index,
+                             None if pending is None else pending.token_ids)
+                  if graphs is not None else None)
         if logits is None:
             return None
         self.num_padded_decode_steps += 1
         if all(w.samples for w in work):
             return logits  # [B, V]
         rows = [i for i, w in enumerate(work) if w.samples]
-        return logits[torch.tensor(rows, dtype=torch.long, device=logits.device)]
+        return logits[inputs.to_device(rows, torch.long, logits.device)]
+
+    def _pending_inputs(self, work: list[ScheduledSeq],
+                        previous: DeviceTokens | None) -> PendingInputs | None:
+        """The step's pending tokens, gathered from the ids ``previous`` (the last launched
+        step) sampled; None if the step has none."""
+        index, rows = inputs.pending_token_sources(work, previous.rows if previous else {})
+        if not index:
+            return None
+        both = inputs.to_device(index + rows, torch.long, self.device)  # one transfer
+        return PendingInputs(both[:len(index)],
+                             previous.token_ids.index_select(0, both[len(index):]))
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput, seqs: list[Sequence],
-                constraints: StepConstraints | None = None) -> SamplerOutput:
-        """Compute the scheduled tokens' K/V and sample one token per sequence that finishes
-        its known tokens in this step (``ScheduledSeq.samples``). ``seqs``: the scheduled
-        sequences, in ``out.scheduled`` order (their parameters, prompts and accepted tokens);
-        ``constraints``: the engine's bans and grammar masks, by row of ``out.sampling``."""
+    def launch(self, out: SchedulerOutput, seqs: list[Sequence],
+               constraints: StepConstraints | None = None) -> LaunchedStep:
+        """Queue the step: compute the scheduled tokens' K/V and sample one token per sequence
+        that finishes its known tokens in this step (``ScheduledSeq.samples``). ``seqs``: the
+        scheduled sequences, in ``out.scheduled`` order (their parameters, prompts and accepted
+        tokens); ``constraints``: the engine's bans and grammar masks, by row of
+        ``out.sampling``. Pending tokens come from the step launched just before."""
         if self.penalty_rows is not None:
             self.penalty_rows.release(out.finished_request_ids)
+        previous, self._last_sampled = self._last_sampled, None
         work = out.scheduled
         if not work:
-            return SamplerOutput([])
+            return LaunchedStep(self.device)
+        pending = self._pending_inputs(work, previous)
         hidden = query_start_loc = None
-        logits = self._padded_logits(work)
+        logits = self._padded_logits(work, pending)
         if logits is None:
-            hidden, query_start_loc = self.eager_forward(work)
+            hidden, query_start_loc = self.eager_forward(work, pending)
             logits = self._sampler_logits(work, hidden, query_start_loc)  # [S, V]
         sampling = [seq for w, seq in zip(work, seqs) if w.samples]
-        result = (self._sample(logits, sampling, constraints) if sampling
-                  else SamplerOutput([]))
-        if hidden is not None:
-            result.prompt_logprobs = self._prompt_logprobs(work, seqs, hidden, query_start_loc)
-        return result
+        sampled = None
+        if sampling:
+            sampled = self._sample(logits, sampling, constraints, previous)
+            self._last_sampled = DeviceTokens(
+                sampled.token_ids, {w.request_id: row for row, w in enumerate(out.sampling)})
+        prompt_parts = (self._prompt_logprobs(work, seqs, hidden, query_start_loc)
+                        if hidden is not None else [])
+        return LaunchedStep(self.device, sampled, prompt_parts)
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence],
-                constraints: StepConstraints | None) -> SamplerOutput:
+                constraints: StepConstraints | None,
+                previous: DeviceTokens | None) -> SampledTokens:
         vocab = logits.shape[-1]
         if self.penalty_rows is None and any(s.sampling_params.has_penalties for s in seqs):
             self.penalty_rows = PenaltyRows(vocab, self.device)
         batch = build_sampling_batch(seqs, constraints, self.penalty_rows, self.step_packer,
-                                     vocab)
-        return _to_output(self.sampler.sample(logits, batch, self.generator))
+                                     vocab, previous)
+        return self.sampler.sample(logits, batch, self.generator)
 
     def _prompt_logprobs(self, work: list[ScheduledSeq], seqs: list[Sequence],
                          hidden: torch.Tensor, query_start_loc: list[int],
-                         chunk: int = 256) -> dict[int, PromptLogprobs]:
+                         chunk: int = 256) -> list[PromptLogprobsPart]:
         """Prompt log-probabilities of the prompt tokens this step's hidden states predict,
         for the rows that ask for them (``chunk`` positions at a time: [chunk, V] logits)."""
-        results = {}
+        results = []
         for row, (w, seq) in enumerate(zip(work, seqs)):
             k = seq.sampling_params.prompt_logprobs
             last = min(w.seq_len, seq.num_prompt_tokens - 1)  # positions < last predict prompt
@@ -152,25 +194,10 @@ class ModelRunner:
                 end = min(pos + chunk, last)
                 states = hidden[offset + pos:offset + end]  # [C, H]
                 logprobs = torch.log_softmax(self.model.compute_logits(states), dim=-1)
-                targets = torch.tensor(seq.prompt_token_ids[pos + 1:end + 1], device=self.device)
+                targets = inputs.to_device(seq.prompt_token_ids[pos + 1:end + 1], torch.long,
+                                           self.device)
                 parts.append(sampling_ops.top_logprobs(logprobs, targets, k))
-            chosen, ranks, top_ids, top_lp = (torch.cat(t) for t in zip(*parts))
-            values = TopLogprobs(seq.prompt_token_ids[w.start_pos + 1:last + 1], chosen.tolist(),
-                                 ranks.tolist(), top_ids.tolist(), top_lp.tolist())
-            results[row] = PromptLogprobs(w.start_pos + 1, values)
+            results.append(PromptLogprobsPart(
+                row, w.start_pos + 1, seq.prompt_token_ids[w.start_pos + 1:last + 1],
+                tuple(torch.cat(t) for t in zip(*parts))))
         return results
-
-
-def _to_output(sampled: SampledTokens) -> SamplerOutput:
-    """The step's results on the host, in one transfer: ids, ranks and logprobs side by side
-    as float64 (exact for token ids and ranks, and for float32 logprobs)."""
-    if sampled.logprobs is None:
-        return SamplerOutput(sampled.token_ids.tolist())
-    k = sampled.top_ids.shape[1]
-    rows = torch.cat([sampled.token_ids[:, None], sampled.ranks[:, None], sampled.top_ids,
-                      sampled.logprobs[:, None], sampled.top_logprobs],
-                     dim=1).to(torch.float64).tolist()  # [S, 3 + 2k]
-    token_ids = [int(row[0]) for row in rows]
-    return SamplerOutput(token_ids, TopLogprobs(
-        token_ids, [row[2 + k] for row in rows], [int(row[1]) for row in rows],
-        [[int(t) for t in row[2:2 + k]] for row in rows], [row[3 + k:] for row in rows]))

@@ -4,8 +4,13 @@ The step's small vectors (temperatures, top-k, seeds, penalty values, token entr
 gathered on the host in one pass over the rows and reach the device in one transfer per dtype
 (``StepPacker``: a pinned buffer, so the copy does not wait for the work queued before it).
 Per-request state that lives across steps (counts of generated tokens, tokens seen in prompt or
-output) stays on the device in ``PenaltyRows``, updated from the sequences' accepted tokens.
-Features no row uses are left out of the batch.
+output) stays on the device in ``PenaltyRows``, updated from the sequences' accepted tokens and,
+under asynchronous scheduling, from the ids the step before sampled, read on the device. Features
+no row uses are left out of the batch.
+
+A step's sequences may have a pending token (``Sequence.num_pending_tokens``): the one the step
+samples, and under asynchronous scheduling the one the step before sampled, not on the host yet.
+What depends on the number of tokens generated (seeded draws, min_tokens) counts it.
 """
 from __future__ import annotations
 
@@ -18,6 +23,8 @@ import torch
 from hifc.core.sequence import Sequence
 from hifc.layers.sampler import Penalties, SamplingBatch, TokenEntries
 from hifc.layers.sampling_ops import seeded_uniform
+from hifc.runtime.inputs import to_device
+from hifc.runtime.step_result import DeviceTokens
 
 
 @dataclass
@@ -73,6 +80,19 @@ class StepPacker:
 
 
 @dataclass
+class PenaltyPlan:
+    """A step's penalty rows (``rows``: the pool row of each penalized sequence) and the tokens
+    to count before it: (row, token) pairs known on the host, and the pool rows of the tokens
+    the step before sampled, for the sequences ``pending_ids``, read on the device."""
+
+    rows: list[int] = field(default_factory=list)
+    new_rows: list[int] = field(default_factory=list)
+    new_tokens: list[int] = field(default_factory=list)
+    pending_rows: list[int] = field(default_factory=list)
+    pending_ids: list[str] = field(default_factory=list)
+
+
+@dataclass
 class _PenaltySlot:
     seq: Sequence  # the request this slot counts for (a reused request id gets a new slot)
     row: int
@@ -105,10 +125,10 @@ class PenaltyRows:
                 del self._slots[request_id]
                 self._free_rows.append(slot.row)
 
-    def plan(self, seqs: list[Sequence]) -> tuple[list[int], list[int], list[int]]:
-        """The pool rows of these sequences, and the (row, token) pairs of the tokens they
-        accepted since the last step (for :meth:`update`)."""
-        rows, new_rows, new_tokens = [], [], []
+    def plan(self, seqs: list[Sequence]) -> PenaltyPlan:
+        """The pool rows of these sequences (scheduled in the step being launched), and the
+        tokens they generated since the last step (for :meth:`update`)."""
+        plan = PenaltyPlan()
         for seq in seqs:
             slot = self._slots.get(seq.request_id)
             if slot is None or slot.seq is not seq:
@@ -116,11 +136,15 @@ class PenaltyRows:
             out = seq.output_token_ids
             if len(out) > slot.num_counted:
                 fresh = out[slot.num_counted:]
-                new_rows.extend([slot.row] * len(fresh))
-                new_tokens.extend(fresh)
-                slot.num_counted = len(out)
-            rows.append(slot.row)
-        return rows, new_rows, new_tokens
+                plan.new_rows.extend([slot.row] * len(fresh))
+                plan.new_tokens.extend(fresh)
+            generated = seq.num_generated_before_sample
+            if generated > max(len(out), slot.num_counted):  # the step before's token
+                plan.pending_rows.append(slot.row)
+                plan.pending_ids.append(seq.request_id)
+            slot.num_counted = max(slot.num_counted, generated)
+            plan.rows.append(slot.row)
+        return plan
 
     def update(self, new_rows: torch.Tensor, new_tokens: torch.Tensor) -> None:
         """Count the planned new tokens ([N] long each): one atomic add and one store over the
@@ -129,7 +153,7 @@ class PenaltyRows:
         if self._ones.shape[0] < flat.shape[0]:
             self._ones = torch.ones(2 * flat.shape[0], device=self.device)
         self.counts.view(-1).index_add_(0, flat, self._ones[:flat.shape[0]])
-        self.seen.view(-1)[flat] = True
+        self.seen.view(-1).index_fill_(0, flat, True)  # a scalar: no host copy, no sync
 
     def _take(self, seq: Sequence) -> _PenaltySlot:
         old = self._slots.pop(seq.request_id, None)
@@ -140,7 +164,7 @@ class PenaltyRows:
         row = self._free_rows.pop()
         self.counts[row].zero_()
         self.seen[row].zero_()
-        prompt = torch.tensor(seq.prompt_token_ids, dtype=torch.long, device=self.device)
+        prompt = to_device(seq.prompt_token_ids, torch.long, self.device)
         self.seen[row].index_fill_(0, prompt, True)
         slot = self._slots[seq.request_id] = _PenaltySlot(seq, row)
         return slot
@@ -154,8 +178,9 @@ class PenaltyRows:
 
 def build_sampling_batch(seqs: list[Sequence], constraints: StepConstraints | None,
                          penalty_rows: PenaltyRows | None, packer: StepPacker,
-                         vocab_size: int) -> SamplingBatch:
-    """The sampler's input for one step over ``seqs`` (the scheduled order)."""
+                         vocab_size: int, previous: DeviceTokens | None = None) -> SamplingBatch:
+    """The sampler's input for one step over ``seqs`` (the scheduled order); ``previous``: the
+    ids the step launched before sampled (the pending tokens of the penalized sequences)."""
     params = [s.sampling_params for s in seqs]
     greedy = [p.greedy for p in params]
     ints: dict[str, list[int]] = {}
@@ -169,7 +194,7 @@ def build_sampling_batch(seqs: list[Sequence], constraints: StepConstraints | No
         _seeds(seqs, params, greedy, ints, floats)
     penalized = [i for i, p in enumerate(params) if p.has_penalties]
     if penalized:
-        _penalties(seqs, params, penalized, penalty_rows, ints, floats)
+        _penalties(seqs, params, penalized, penalty_rows, previous, ints, floats)
     _token_entries(seqs, params, constraints, ints, floats)
     t = packer.pack(ints, floats)
     batch = SamplingBatch(
@@ -178,8 +203,7 @@ def build_sampling_batch(seqs: list[Sequence], constraints: StepConstraints | No
         min_p=t.get("min_p"), seeded_rows=t.get("seeded_rows"),
         seeded_uniform=t.get("seeded_uniform"))
     if penalized:
-        if "new_rows" in t:
-            penalty_rows.update(t["new_rows"], t["new_tokens"])
+        _count_new_tokens(t, penalty_rows, previous)
         batch.penalties = Penalties(
             rows=None if len(penalized) == len(seqs) else t["penalty_rows"],
             pool_rows=t["pool_rows"], counts=penalty_rows.counts, seen=penalty_rows.seen,
@@ -197,6 +221,21 @@ def build_sampling_batch(seqs: list[Sequence], constraints: StepConstraints | No
     k = [p.logprobs for p in params if p.logprobs is not None]
     batch.logprobs_k = max(k) if k else None
     return batch
+
+
+def _count_new_tokens(t: dict[str, torch.Tensor], penalty_rows: PenaltyRows,
+                      previous: DeviceTokens | None) -> None:
+    """Count the planned tokens: those known on the host, then the step before's pending ones
+    (gathered from its sampled ids on the device)."""
+    rows, tokens = [], []
+    if "new_rows" in t:
+        rows.append(t["new_rows"])
+        tokens.append(t["new_tokens"])
+    if "pending_rows" in t:
+        rows.append(t["pending_rows"])
+        tokens.append(previous.token_ids.index_select(0, t["pending_sources"]))
+    if rows:
+        penalty_rows.update(torch.cat(rows), torch.cat(tokens))
 
 
 def _truncation(params, greedy, vocab_size: int, ints: dict, floats: dict) -> None:
@@ -219,17 +258,20 @@ def _seeds(seqs, params, greedy, ints: dict, floats: dict) -> None:
     if rows:
         ints["seeded_rows"] = rows
         floats["seeded_uniform"] = seeded_uniform(
-            [params[i].seed for i in rows], [len(seqs[i].output_token_ids) for i in rows])
+            [params[i].seed for i in rows], [seqs[i].num_generated_before_sample for i in rows])
 
 
-def _penalties(seqs, params, rows: list[int], penalty_rows: PenaltyRows, ints: dict,
-               floats: dict) -> None:
-    pool_rows, new_rows, new_tokens = penalty_rows.plan([seqs[i] for i in rows])
-    ints["pool_rows"] = pool_rows
+def _penalties(seqs, params, rows: list[int], penalty_rows: PenaltyRows,
+               previous: DeviceTokens | None, ints: dict, floats: dict) -> None:
+    plan = penalty_rows.plan([seqs[i] for i in rows])
+    ints["pool_rows"] = plan.rows
     if len(rows) < len(seqs):
         ints["penalty_rows"] = rows
-    if new_rows:
-        ints["new_rows"], ints["new_tokens"] = new_rows, new_tokens
+    if plan.new_rows:
+        ints["new_rows"], ints["new_tokens"] = plan.new_rows, plan.new_tokens
+    if plan.pending_rows:
+        ints["pending_rows"] = plan.pending_rows
+        ints["pending_sources"] = [previous.rows[rid] for rid in plan.pending_ids]
     floats["presence"] = [params[i].presence_penalty for i in rows]
     floats["frequency"] = [params[i].frequency_penalty for i in rows]
     floats["repetition"] = [params[i].repetition_penalty for i in rows]
@@ -252,7 +294,7 @@ def _token_entries(seqs, params, constraints: StepConstraints | None, ints: dict
             entry_rows.extend([len(allowed_rows)] * len(p.allowed_token_ids))
             entry_tokens.extend(p.allowed_token_ids)
             allowed_rows.append(i)
-        if p.min_tokens and len(seq.output_token_ids) < p.min_tokens:
+        if p.min_tokens and seq.num_generated_before_sample < p.min_tokens:
             stops = seq.stop_token_ids_before_min_tokens()
             banned_rows.extend([i] * len(stops))
             banned_tokens.extend(stops)
