@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import math
 import os
 import random
@@ -193,6 +194,7 @@ def _httpx():
         import httpx
     except ImportError:
         raise ValueError("hifc bench serve needs httpx: pip install 'hifc[bench]'") from None
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
     return httpx
 
 
