@@ -58,11 +58,11 @@ class EngineConfig:
         "auto", "auto: triton on CUDA, torch elsewhere", choices=ATTENTION_BACKENDS)
     enforce_eager: bool = option(
         False, "run every step eagerly (no CUDA graphs of decode steps)")
-    async_scheduling: bool = option(
-        True, "schedule and launch step N+1 while the device runs step N, and apply step N's "
-        "tokens (stop checks, detokenizing, outputs) while step N+1 runs; the same outputs, one "
-        "step() later. A step after one that sampled for structured outputs or bad words waits "
-        "for its tokens")
+    async_scheduling: bool | None = option(
+        None, "schedule and launch step N+1 while the device runs step N, and apply step N's "
+        "tokens (stop checks, detokenizing, outputs) while step N+1 runs: the same outputs, "
+        "host time hidden behind device time (default: on with CUDA, off on the CPU). A step "
+        "after one that sampled for structured outputs or bad words waits for its tokens")
     max_logprobs: int = option(
         20, "most log-probabilities a request may ask for per token (logprobs, prompt_logprobs)")
     enable_prefix_caching: bool = option(
@@ -107,10 +107,12 @@ class EngineConfig:
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
         if self.num_gpu_blocks is not None and self.kv_cache_gib is not None:
             raise ValueError("give either num_gpu_blocks or kv_cache_gib, not both")
-        for name in ("enforce_eager", "async_scheduling", "enable_prefix_caching",
-                     "enable_chunked_prefill"):
+        for name in ("enforce_eager", "enable_prefix_caching", "enable_chunked_prefill"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
+            raise ValueError(f"async_scheduling must be True, False or None (auto), "
+                             f"got {self.async_scheduling!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) \
                 or not 0 <= self.seed < 2**63:
             raise ValueError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")

@@ -146,6 +146,8 @@ class LLMEngine:
         self._eos = frozenset(self.tokenizer.eos_token_ids if self.tokenizer
                               else self.arch.eos_token_ids)
         self._closed = False
+        self.async_scheduling = (config.async_scheduling if config.async_scheduling is not None
+                                 else self.device.type == "cuda")
         self._in_flight: _InFlight | None = None  # async_scheduling: launched, not applied
         self._last_ready = 0.0  # perf_counter when the last applied step's tokens arrived
         self.num_steps = 0
@@ -291,7 +293,7 @@ class LLMEngine:
             self.num_overlapped_steps += step is not None
         if step is None:
             return results
-        if self.config.async_scheduling:
+        if self.async_scheduling:
             self._in_flight = step
             return results
         return self._apply(step)
