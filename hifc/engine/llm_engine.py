@@ -146,6 +146,7 @@ class LLMEngine:
         self._eos = frozenset(self.tokenizer.eos_token_ids if self.tokenizer
                               else self.arch.eos_token_ids)
         self._closed = False
+        # may be switched between step() calls (a benchmark compares both on one engine)
         self.async_scheduling = (config.async_scheduling if config.async_scheduling is not None
                                  else self.device.type == "cuda")
         self._in_flight: _InFlight | None = None  # async_scheduling: launched, not applied
@@ -284,6 +285,8 @@ class LLMEngine:
         launched here is applied by the next call, which returns its outputs: this call
         applies the one launched by the call before, while the new one runs."""
         previous, self._in_flight = self._in_flight, None
+        if previous is not None and not self.async_scheduling:
+            return self._apply(previous)  # switched off since: end the step in flight first
         results = []
         if previous is not None and previous.constrains_next:
             results, previous = self._apply(previous), None  # its tokens decide the masks

@@ -39,42 +39,52 @@ class StepConstraints:
 
 
 class StepPacker:
-    """Moves a step's named host vectors to the device, one transfer per dtype."""
+    """Moves a step's named host vectors to the device, one transfer per dtype.
+
+    On CUDA the values go through pinned host buffers, used in turn (``depth`` sets): a step
+    packs into the set whose copies ended with the step before the one in flight, so packing
+    never waits for the device while it runs that step (asynchronous scheduling)."""
 
     _DTYPES = {torch.int64: np.int64, torch.float32: np.float32}
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, depth: int = 3):
         self.device = device
         self._pinned = device.type == "cuda"
-        self._host: dict[torch.dtype, torch.Tensor] = {}
-        self._copied = torch.cuda.Event() if self._pinned else None  # host buffers free again
+        self._sets: list[dict[torch.dtype, torch.Tensor]] = [{} for _ in range(depth)]
+        # when each set's last copies have read it (recorded on the stream after them)
+        self._copied = [torch.cuda.Event() for _ in range(depth)] if self._pinned else []
+        self._turn = 0
 
     def pack(self, ints: dict[str, list[int]],
              floats: dict[str, list[float]]) -> dict[str, torch.Tensor]:
         """Device tensors (int64 / float32) named as the lists given."""
-        if self._copied is not None:
-            self._copied.synchronize()  # the previous step's copies have read the buffers
+        turn = self._turn
+        self._turn = (turn + 1) % len(self._sets)
+        if self._pinned:
+            self._copied[turn].synchronize()  # that set's copies (steps ago) have read it
         tensors = {}
         for dtype, parts in ((torch.int64, ints), (torch.float32, floats)):
             total = sum(map(len, parts.values()))
             if not total:
                 continue
-            flat = self._transfer(dtype, itertools.chain.from_iterable(parts.values()), total)
+            flat = self._transfer(self._sets[turn], dtype,
+                                  itertools.chain.from_iterable(parts.values()), total)
             offset = 0
             for name, values in parts.items():
                 tensors[name] = flat[offset:offset + len(values)]
                 offset += len(values)
-        if self._copied is not None:
-            self._copied.record()
+        if self._pinned:
+            self._copied[turn].record()
         return tensors
 
-    def _transfer(self, dtype: torch.dtype, values, total: int) -> torch.Tensor:
+    def _transfer(self, buffers: dict[torch.dtype, torch.Tensor], dtype: torch.dtype, values,
+                  total: int) -> torch.Tensor:
         if not self._pinned:
             return torch.tensor(list(values), dtype=dtype, device=self.device)
-        host = self._host.get(dtype)
+        host = buffers.get(dtype)
         if host is None or host.numel() < total:
             size = max(total, 1024, 2 * (0 if host is None else host.numel()))
-            host = self._host[dtype] = torch.empty(size, dtype=dtype, pin_memory=True)
+            host = buffers[dtype] = torch.empty(size, dtype=dtype, pin_memory=True)
         host.numpy()[:total] = np.fromiter(values, self._DTYPES[dtype], count=total)
         return host[:total].to(self.device, non_blocking=True)
 

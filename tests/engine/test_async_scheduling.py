@@ -241,3 +241,24 @@ def test_smollm2_outputs_are_unchanged_with_flash_swaps_chunks_and_features(tmp_
     assert_same(overlapped, sync)
     assert stats["swap_out_blocks"] > 0 and stats["prefix_cache_hits"] > 0
     assert sync[3][0][2:4] == ("stop", "memory that")
+
+
+def test_switching_the_mode_between_steps_keeps_the_outputs():
+    prompts = prompts_with_shared_prefix(4, seed=5)
+    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    expected = [o.token_ids for o in
+                make_llm(False, num_gpu_blocks=32).generate(prompts, params, use_tqdm=False)]
+    engine = LLMEngine.from_options(MODEL, device="cpu", dtype="float32", block_size=16,
+                                    num_gpu_blocks=32, async_scheduling=False)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"r{i}", prompt, params)
+    tokens: dict[str, list[int]] = {}
+    num_steps = 0
+    while engine.has_unfinished_requests():
+        engine.async_scheduling = (num_steps // 3) % 2 == 1  # off, on, off, ... every 3 calls
+        outputs = engine.step()
+        assert len({o.request_id for o in outputs}) == len(outputs)  # one output per request
+        tokens.update({o.request_id: o.outputs[0].token_ids for o in outputs})
+        num_steps += 1
+    assert [tokens[f"r{i}"] for i in range(4)] == expected
+    assert engine.stats()["overlapped_steps"] > 0
