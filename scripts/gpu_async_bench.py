@@ -202,7 +202,7 @@ def identity_checks(engine: LLMEngine, num: int, context: int, steps: int) -> di
         outputs[mode] = _generate(engine, f"id-{mode}", prompts, params)
     mismatched = [i for i, (a, b) in enumerate(zip(outputs["off"], outputs["on"])) if a != b]
     stop_params = [SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True,
-                                  stop_token_ids=[tokens[2 + i % 7]] if i % 3 else [])
+                                  stop_token_ids=[tokens[(2 + i % 7) % len(tokens)]] if i % 3 else [])
                    for i, (tokens, _) in enumerate(outputs["off"])]
     stops = {}
     for mode, on in MODES.items():
