@@ -41,8 +41,9 @@ sequence's ``num_computed_tokens`` at once and counts the token it samples as pe
 N+1 while step N runs: a sequence whose token from step N is pending decodes it in step N+1 as
 ``PENDING_TOKEN`` (the runner reads it on the device). Such a sequence may turn out to have
 stopped at step N; the token it samples in step N+1 is then dropped. Sequences whose pending
-tokens reach their length limit are not scheduled again. A waiting or swapped sequence with a
-pending token waits for it before it is admitted or swapped in.
+tokens reach their length limit are not scheduled again. A sequence preempted while its token is
+pending keeps it (``update``); the engine applies step N before it schedules step N+2, so the
+token is there before the sequence can be admitted or swapped in again.
 
 The scheduler speaks to the runtime only through ``SchedulerOutput`` and learns of finished
 I/O through ``swap_out_done`` / ``swap_in_done`` / ``prefix_read_done`` /
@@ -208,8 +209,6 @@ class Scheduler(SwapMixin):
         while (self.waiting and budget > 0
                and len(self.running) + len(self.loading) < self.limits.max_num_seqs):
             seq = self.waiting[0]
-            if seq.num_pending_tokens:
-                break  # preempted while its last step ran: wait for that step's token
             prefix = self.kv.cached_prefix(seq)
             plan = self._plan_store_read(seq, len(prefix))
             if plan is None:

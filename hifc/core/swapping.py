@@ -57,8 +57,6 @@ class SwapMixin:
     def _start_swap_ins(self, out: SchedulerOutput) -> None:
         while self.swapped:
             seq = self.swapped[0]
-            if seq.num_pending_tokens:
-                break  # preempted while its last step ran: wait for that step's token
             rid = seq.request_id
             stored = self._stored[rid]
             hashes = seq.block_hashes

@@ -34,18 +34,18 @@ def pending_token_sources(work: list[ScheduledSeq],
                           sampled_rows: dict[str, int]) -> tuple[list[int], list[int]]:
     """(index among the step's tokens, row in the previous step's sampled ids) of each
     ``PENDING_TOKEN`` of the step; ``sampled_rows``: the previous step's row of each sequence
-    that sampled in it. A pending token is always a decode's one token."""
+    that sampled in it. A pending token is the last of its sequence's chunk (a decode's one)."""
     index, rows = [], []
     offset = 0
     for w in work:
-        if w.token_ids[0] == PENDING_TOKEN:
+        offset += len(w.token_ids)
+        if w.token_ids[-1] == PENDING_TOKEN:
             row = sampled_rows.get(w.request_id)
             if row is None:
                 raise RuntimeError(f"{w.request_id}'s pending token was not sampled by the "
                                    "previous step")
-            index.append(offset)
+            index.append(offset - 1)
             rows.append(row)
-        offset += len(w.token_ids)
     return index, rows
 
 

@@ -145,3 +145,14 @@ def test_enforce_eager_option_and_flag():
     add_engine_args(parser)
     assert engine_config_from_args(parser.parse_args(["--enforce-eager"])).enforce_eager is True
     assert engine_config_from_args(parser.parse_args([])).enforce_eager is False
+
+
+def test_pending_tokens_are_found_in_the_previous_steps_sampled_rows():
+    from hifc.core.scheduler import PENDING_TOKEN, ScheduledSeq
+    from hifc.sampling_params import SamplingParams
+    work = [ScheduledSeq("a", [PENDING_TOKEN], 9, [0], SamplingParams()),
+            ScheduledSeq("b", [5, 6, 7], 0, [1], SamplingParams()),
+            ScheduledSeq("c", [PENDING_TOKEN], 20, [2, 3], SamplingParams())]
+    assert inputs.pending_token_sources(work, {"c": 0, "a": 2, "x": 1}) == ([0, 4], [2, 0])
+    with pytest.raises(RuntimeError, match="c's pending token was not sampled"):
+        inputs.pending_token_sources(work, {"a": 0})
