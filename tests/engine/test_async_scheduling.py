@@ -209,8 +209,8 @@ def test_steps_after_bad_words_wait_for_the_tokens_and_keep_the_outputs(tiny_hf)
 
 def test_structured_outputs_wait_for_the_tokens_and_keep_the_outputs(tiny_hf):
     pytest.importorskip("xgrammar")
-    params = [SamplingParams(temperature=1.0, seed=s, max_tokens=20,
-                             structured_outputs=StructuredOutputsParams(regex=r"[a-c]{2,4}-[0-9]{2}"))
+    code = StructuredOutputsParams(regex=r"[a-c]{2,4}-[0-9]{2}")
+    params = [SamplingParams(temperature=1.0, seed=s, max_tokens=20, structured_outputs=code)
               for s in range(3)]
     params.append(SamplingParams(temperature=0, max_tokens=15, ignore_eos=True))
     prompts = ["Say", "a code:", "now", "free text"]

@@ -7,12 +7,14 @@ import torch
 
 from hifc.config import EngineConfig
 from hifc.config import add_engine_args, engine_config_from_args
+from hifc.core.scheduler import PENDING_TOKEN, ScheduledSeq
 from hifc.layers.attention import TorchAttentionBackend
 from hifc.runtime import inputs
 from hifc.runtime.cuda_graphs import (DecodeGraphs, capture_sizes, graphs_unsupported_reason,
                                       padded_batch_size)
 from hifc.runtime.inputs import (PAD_SLOT, DecodeInputLayout, decode_input_views,
                                  fill_decode_inputs, fits_decode_layout)
+from hifc.sampling_params import SamplingParams
 from tests.runtime.helpers import decode_work
 
 BLOCK = 16
@@ -148,8 +150,6 @@ def test_enforce_eager_option_and_flag():
 
 
 def test_pending_tokens_are_found_in_the_previous_steps_sampled_rows():
-    from hifc.core.scheduler import PENDING_TOKEN, ScheduledSeq
-    from hifc.sampling_params import SamplingParams
     work = [ScheduledSeq("a", [PENDING_TOKEN], 9, [0], SamplingParams()),
             ScheduledSeq("b", [5, 6, 7], 0, [1], SamplingParams()),
             ScheduledSeq("c", [PENDING_TOKEN], 20, [2, 3], SamplingParams())]
