@@ -4,11 +4,13 @@ prefix caching, preemption (recompute, DRAM, flash), the padded decode path, sto
 of a batch, aborts and sampling features; steps after bad-words or structured sampling wait."""
 from __future__ import annotations
 
+import argparse
 import random
 
 import pytest
 
 from hifc import LLM, LLMEngine, SamplingParams
+from hifc.config import add_engine_args, engine_config_from_args
 from hifc.sampling_params import StructuredOutputsParams
 from tests.fixtures import make_tiny_hf_model
 from tests.runtime.helpers import SkipPaddingReference
@@ -87,6 +89,11 @@ def test_the_option_defaults_to_off_on_the_cpu_and_rejects_non_booleans():
     assert make_llm(True).engine.async_scheduling is True
     with pytest.raises(ValueError, match="async_scheduling must be True, False or None"):
         make_llm("yes")
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    for argv, value in (([], None), (["--async-scheduling"], True),
+                        (["--no-async-scheduling"], False)):
+        assert engine_config_from_args(parser.parse_args(argv)).async_scheduling is value
 
 
 @pytest.mark.parametrize("options", [
