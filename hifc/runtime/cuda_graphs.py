@@ -34,8 +34,8 @@ import torch
 
 from hifc.core.scheduler import ScheduledSeq
 from hifc.layers.attention import AttentionBackend, AttentionContext, AttentionMetadata
-from hifc.runtime.inputs import (DecodeInputLayout, decode_input_views, fits_decode_layout,
-                                 write_decode_inputs)
+from hifc.runtime.inputs import (DecodeInputLayout, PendingInputs, decode_input_views,
+                                 fits_decode_layout, write_decode_inputs)
 
 logger = logging.getLogger(__name__)
 
@@ -132,11 +132,10 @@ class DecodeGraphs:
         return self.model.compute_logits(hidden)  # [b, V]: one new token per row
 
     def _load(self, work: list[ScheduledSeq], batch: int,
-              pending_rows: torch.Tensor | None = None,
-              pending_ids: torch.Tensor | None = None) -> list[int]:
+              pending: PendingInputs | None = None) -> list[int]:
         """Pack the step (sized by batch_size_for, so known to fit) into the host buffer, start
-        its copy to the device buffer, then put ``pending_ids`` ([P] long, on the device) into
-        the input ids of ``pending_rows`` ([P] long)."""
+        its copy to the device buffer, then put the ``pending`` ids (on the device) into their
+        rows' input ids."""
         if self._copied is not None:
             self._copied.synchronize()  # the previous step's copy has read the host buffer
         seq_lens = write_decode_inputs(work, batch, self.block_size, self.layout, self._host)
@@ -144,26 +143,25 @@ class DecodeGraphs:
             n = self.layout.prefix_len(batch)
             self.device_buffer[:n].copy_(self.host_buffer[:n], non_blocking=True)
             self._copied.record()
-        if pending_rows is not None:
+        if pending is not None:
             input_ids = decode_input_views(self.device_buffer, self.layout, batch).input_ids
-            input_ids.index_copy_(0, pending_rows, pending_ids.to(torch.int32))
+            input_ids.index_copy_(0, pending.index, pending.token_ids.to(torch.int32))
         return seq_lens
 
     @torch.inference_mode()
-    def run(self, work: list[ScheduledSeq], pending_rows: torch.Tensor | None = None,
-            pending_ids: torch.Tensor | None = None) -> torch.Tensor | None:
-        """Logits ([n, V] float32) of a decode step, or None if the step must run eagerly. The
-        input ids of ``pending_rows`` ([P] long) are ``pending_ids`` ([P] long, on the device:
-        what the previous step sampled). The result is a view of the graph's output: read it
-        before the next step."""
+    def run(self, work: list[ScheduledSeq],
+            pending: PendingInputs | None = None) -> torch.Tensor | None:
+        """Logits ([n, V] float32) of a decode step, or None if the step must run eagerly.
+        ``pending``: the rows whose input id is one the previous step sampled, on the device.
+        The result is a view of the graph's output: read it before the next step."""
         batch = self.batch_size_for(work)
         if batch is None:
             return None
         if not self.graphs:
-            seq_lens = self._load(work, batch, pending_rows, pending_ids)
+            seq_lens = self._load(work, batch, pending)
             return self._forward(batch, seq_lens + [1] * (batch - len(work)))[:len(work)]
         with torch.cuda.device(self.device):
-            self._load(work, batch, pending_rows, pending_ids)
+            self._load(work, batch, pending)
             self.graphs[batch].replay()
         return self._logits[batch][:len(work)]
 

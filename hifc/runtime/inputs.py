@@ -30,6 +30,15 @@ def build_input_ids(work: list[ScheduledSeq], device) -> torch.Tensor:
     return to_device(ids, torch.long, device)  # [T]
 
 
+@dataclass(frozen=True)
+class PendingInputs:
+    """Where a step's pending tokens go (index [P] long among its flattened tokens; in a
+    decode-only step, the row) and their ids (token_ids [P] long), on the device."""
+
+    index: torch.Tensor
+    token_ids: torch.Tensor
+
+
 def pending_token_sources(work: list[ScheduledSeq],
                           sampled_rows: dict[str, int]) -> tuple[list[int], list[int]]:
     """(index among the step's tokens, row in the previous step's sampled ids) of each

@@ -8,7 +8,6 @@ be launched before the host has seen the previous step's results (asynchronous s
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import torch
 
@@ -24,15 +23,6 @@ from hifc.runtime.sampling_inputs import (PenaltyRows, StepConstraints, StepPack
 from hifc.runtime.step_result import DeviceTokens, LaunchedStep, PromptLogprobsPart
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class PendingInputs:
-    """Where a step's pending tokens go (index [P] long among its flattened tokens; for a
-    decode-only step, the row) and their ids (token_ids [P] long), on the device."""
-
-    index: torch.Tensor
-    token_ids: torch.Tensor
 
 
 class ModelRunner:
@@ -93,9 +83,10 @@ class ModelRunner:
         hidden, query_start_loc = self.eager_forward(work)
         return self._sampler_logits(work, hidden, query_start_loc)
 
-    def eager_forward(self, work: list[ScheduledSeq], pending: PendingInputs | None = None,
+    def eager_forward(self, work: list[ScheduledSeq], pending: inputs.PendingInputs | None = None
                       ) -> tuple[torch.Tensor, list[int]]:
-        """Hidden states ([T, H]) of every new token, and where each sequence's start ([B+1])."""
+        """Hidden states ([T, H]) of every new token, and where each sequence's start ([B+1]);
+        ``pending``: input ids the previous step sampled, on the device."""
         meta = inputs.build_attention_metadata(work, self.block_size, self.device)
         ctx = AttentionContext(meta, self.kv_caches, self.backend, self.model.attention_layers,
                                self.kv_scales)
@@ -111,13 +102,11 @@ class ModelRunner:
         return self.model.compute_logits(hidden.index_select(0, last))  # [S, V]
 
     def _padded_logits(self, work: list[ScheduledSeq],
-                       pending: PendingInputs | None) -> torch.Tensor | None:
+                       pending: inputs.PendingInputs | None) -> torch.Tensor | None:
         """Logits ([S, V]) of the samplers of a decode-only step run padded (None: the step
         runs eagerly). A one-token prompt chunk before the last is such a row, not sampled."""
         graphs = self.decode_graphs
-        logits = (graphs.run(work, None if pending is None else pending.index,
-                             None if pending is None else pending.token_ids)
-                  if graphs is not None else None)
+        logits = graphs.run(work, pending) if graphs is not None else None
         if logits is None:
             return None
         self.num_padded_decode_steps += 1
@@ -127,14 +116,14 @@ class ModelRunner:
         return logits[inputs.to_device(rows, torch.long, logits.device)]
 
     def _pending_inputs(self, work: list[ScheduledSeq],
-                        previous: DeviceTokens | None) -> PendingInputs | None:
+                        previous: DeviceTokens | None) -> inputs.PendingInputs | None:
         """The step's pending tokens, gathered from the ids ``previous`` (the last launched
         step) sampled; None if the step has none."""
         index, rows = inputs.pending_token_sources(work, previous.rows if previous else {})
         if not index:
             return None
         both = inputs.to_device(index + rows, torch.long, self.device)  # one transfer
-        return PendingInputs(both[:len(index)],
+        return inputs.PendingInputs(both[:len(index)],
                              previous.token_ids.index_select(0, both[len(index):]))
 
     @torch.inference_mode()
