@@ -66,8 +66,12 @@ class LaunchedStep:
 
 
 def _to_host(tensor: torch.Tensor | None) -> torch.Tensor | None:
-    """Start copying ``tensor`` into pinned host memory (valid once the step's event is)."""
-    return None if tensor is None else tensor.to("cpu", non_blocking=True)
+    """Start copying ``tensor`` into pinned host memory (valid once the step's event is): into
+    pageable memory the copy would make the host wait for the device."""
+    if tensor is None:
+        return None
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    return host.copy_(tensor, non_blocking=True)
 
 
 def _pack(sampled: SampledTokens) -> torch.Tensor:
