@@ -275,6 +275,10 @@ def main() -> int:
     print(f"{'':>5} {'':<9} {'':>9} {'/step':>8} {'':>9} {'/step':>8} {'on/off':>7} "
           f"{'off ms':>8} {'on ms':>8} {'on ms':>8}")
     rows = throughput(engine, timers, batches, context, args.warmup, steps, repeats)
+    low = min(rows, key=lambda r: r["speedup"])
+    high = max(rows, key=lambda r: r["speedup"])
+    print(f"async on: {low['speedup']:.3f}x (batch {low['batch']}, {low['variant']}) to "
+          f"{high['speedup']:.3f}x (batch {high['batch']}, {high['variant']}) of off")
     check = identity_checks(engine, num_check, context, steps)
     print(f"identity off vs on, {check['requests']} greedy + seeded-features requests (tokens "
           f"and logprobs): {'PASS' if check['ok'] else 'FAIL'}"
