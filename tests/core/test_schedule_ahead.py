@@ -4,6 +4,7 @@ from hifc.core.outputs import SamplerOutput
 from hifc.core.scheduler import PENDING_TOKEN
 from hifc.core.sequence import SequenceStatus
 from tests.core.helpers import make_scheduler, make_seq, run_step
+from tests.core.test_prefix_cache import Fuzz
 
 
 def apply(sched, out, seqs, token=5):
@@ -116,3 +117,59 @@ def test_a_sequence_preempted_while_its_token_is_pending_resumes_with_that_token
     resumed = sched.schedule()
     assert [(w.request_id, w.start_pos, w.token_ids) for w in resumed.scheduled] == [
         ("r1", 0, r1.token_ids())]  # recomputed, with the token that arrived
+
+
+class FuzzAhead(Fuzz):
+    """The prefix-cache fuzz (random shared prefixes, tight pool, random swap outcomes, aborts)
+    driven one step ahead, with EOS now and then: a token is applied after the next step is
+    scheduled. Also checks that no cached block holds a token still pending."""
+
+    def __init__(self, seed, mode):
+        super().__init__(seed, mode)
+        self.launched = None
+
+    def step(self):
+        self.complete_some_swaps()
+        out = self.sched.schedule()
+        self.in_flight += [("out", o.request_id) for o in out.swap_out]
+        self.in_flight += [("in", o.request_id) for o in out.swap_in]
+        if self.launched is not None:
+            tokens = [self.rng.randrange(0, 50) for _ in self.launched.sampling]  # 0: EOS
+            self.sched.update(self.launched, SamplerOutput(tokens), self.seqs)
+        self.launched = None if out.is_empty else out
+        if self.seqs and self.rng.random() < 0.1:
+            victim = self.rng.choice(list(self.seqs.values()))
+            self.sched.finish(victim, SequenceStatus.FINISHED_ABORTED)
+        self.check()
+
+    def check(self):
+        super().check()
+        kv = self.kv
+        for seq in self.sched.running:
+            hashes = kv.block_hashes(seq)  # of the blocks whose tokens are all known
+            for position, block in enumerate(kv.block_table(seq.request_id)):
+                cached = kv.pool.block_hash(block)
+                assert cached is None or (position < len(hashes)
+                                          and cached == hashes[position])
+
+    def drain(self):
+        while self.launched is not None or self.in_flight or self.sched.running \
+                or self.sched.waiting or self.sched.swapped:
+            self.step()
+
+
+def test_no_block_leaks_or_stale_hashes_when_scheduling_ahead():
+    for seed in range(12):
+        fuzz = FuzzAhead(seed, mode="swap" if seed % 3 else "recompute")
+        for i in range(30):
+            fuzz.add(i)
+            for _ in range(fuzz.rng.randint(0, 3)):
+                fuzz.step()
+        fuzz.drain()
+        sched, kv = fuzz.sched, fuzz.kv
+        assert sched.num_preemptions > 0 and sched.prefix_cache_hits > 0
+        assert kv.num_free_blocks == kv.num_total_blocks
+        assert len(fuzz.tier.free_ids) == fuzz.tier.num_blocks and sched.tier_blocks_used == 0
+        assert not any(sched.is_tracking(rid) for rid in fuzz.seqs)
+        assert all(s.num_pending_tokens == 0 for s in fuzz.seqs.values())
+        assert any(s.status is SequenceStatus.FINISHED_STOPPED for s in fuzz.seqs.values())
