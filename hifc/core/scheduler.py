@@ -208,8 +208,9 @@ class Scheduler(SwapMixin):
                 num_new = self._chunk(seq.num_tokens - num_cached, budget)
                 if num_new == 0:
                     break
+                reserve = self._readmit_reserve(seq, num_cached + num_new)
                 if self.kv.can_allocate(seq.request_id, num_cached + num_new, use_watermark=True,
-                                        prefix=prefix) is not AllocStatus.OK:
+                                        prefix=prefix, reserve=reserve) is not AllocStatus.OK:
                     break
                 self.waiting.popleft()
                 self._allocate(seq, num_cached + num_new, prefix)
@@ -243,8 +244,9 @@ class Scheduler(SwapMixin):
         """Give the sequence its GPU hit and blocks for ``hashes``, and order their read."""
         rid = seq.request_id
         num_tokens = (len(prefix) + len(hashes)) * self.kv.block_size
-        if self.kv.can_allocate(rid, num_tokens, use_watermark=True,
-                                prefix=prefix) is not AllocStatus.OK:
+        if self.kv.can_allocate(rid, num_tokens, use_watermark=True, prefix=prefix,
+                                reserve=self._readmit_reserve(seq, num_tokens)) \
+                is not AllocStatus.OK:
             return False
         self.waiting.popleft()
         new_blocks = self.kv.allocate(rid, num_tokens, prefix)  # cached once read
@@ -254,6 +256,14 @@ class Scheduler(SwapMixin):
         self._loading_hashes.update(hashes)
         out.prefix_reads.append(PrefixRead(rid, list(zip(hashes, new_blocks))))
         return True
+
+    def _readmit_reserve(self, seq: Sequence, num_tokens: int) -> int:
+        """The growth reserve (``_resume_reserve``) of a preempted sequence readmitted to
+        recompute, given blocks for ``num_tokens`` tokens now; none for a new sequence or
+        when nothing else runs."""
+        if not seq.num_preemptions or not self._busy():
+            return 0
+        return self._resume_reserve(seq, self.kv.num_blocks_for(num_tokens))
 
     def _allocate(self, seq: Sequence, num_tokens: int, prefix: list[int] = ()) -> None:
         """Give the sequence blocks for ``num_tokens`` tokens, which this step computes, and

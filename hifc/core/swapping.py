@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 
 from hifc.core.kv_manager import AllocStatus, KVCacheManager
 from hifc.core.preemption import PreemptionMode, PreemptionPolicy
-from hifc.core.scheduler_output import PrefixRead, SchedulerOutput, SwapOrder, TierBlocks
+from hifc.core.scheduler_output import (
+    PrefixRead, SchedulerLimits, SchedulerOutput, SwapOrder, TierBlocks,
+)
 from hifc.core.sequence import Sequence, SequenceStatus
 from hifc.core.store_level import StoreLevel
 
@@ -42,6 +44,7 @@ class TierCopy:
 
 
 class SwapMixin:
+    limits: SchedulerLimits
     kv: KVCacheManager
     policy: PreemptionPolicy
     tier: TierBlocks | None
@@ -69,9 +72,10 @@ class SwapMixin:
                 self.kv.free(rid)
                 self._requeue_for_recompute(seq)
                 continue
-            busy = bool(self.running or self.swapping_in or self.loading)
-            if self.kv.can_fill_holes(rid, list(reused.values()),
-                                      use_watermark=busy) is not AllocStatus.OK:
+            busy = self._busy()
+            reserve = self._resume_reserve(seq, len(self.kv.block_table(rid))) if busy else 0
+            if self.kv.can_fill_holes(rid, list(reused.values()), use_watermark=busy,
+                                      reserve=reserve) is not AllocStatus.OK:
                 break
             self.swapped.pop(0)
             new_blocks = self.kv.fill_holes(rid, reused)
@@ -89,6 +93,36 @@ class SwapMixin:
                                                          for p in missing]))
             if not stored.parts:  # every block was still in the GPU cache
                 self._end_swap_in(rid)
+
+    def _busy(self) -> bool:
+        """Whether other sequences hold or are taking GPU blocks to run."""
+        return bool(self.running or self.swapping_in or self.loading)
+
+    # ---- growth-aware resumption ------------------------------------------------------------
+    def _resume_reserve(self, seq: Sequence, num_blocks: int) -> int:
+        """Blocks to keep free when ``seq`` resumes holding ``num_blocks`` blocks: what it and
+        every sequence running (or swapping in, or loading) beside it add over its next ``N``
+        decode steps, ``N = min(block_size, tokens it has left)``. Without them the newest
+        sequence, often the one resumed, would be preempted again within those steps."""
+        steps = min(self.kv.block_size, self._tokens_left(seq))
+        reserve = self._growth(seq, num_blocks, steps)
+        for other in (*self.running, *self.swapping_in.values(), *self.loading.values()):
+            reserve += self._growth(other, len(self.kv.block_table(other.request_id)), steps)
+        return reserve
+
+    def _tokens_left(self, seq: Sequence) -> int:
+        """Tokens the sequence may still generate (max_tokens, the context length)."""
+        left = self.limits.max_model_len - seq.num_tokens
+        max_tokens = seq.sampling_params.max_tokens
+        if max_tokens is not None:
+            left = min(left, max_tokens - len(seq.output_token_ids))
+        return max(0, left)
+
+    def _growth(self, seq: Sequence, num_blocks: int, steps: int) -> int:
+        """Blocks beyond ``num_blocks`` that the sequence's K/V needs after ``steps`` more
+        decode steps (each computes one token's K/V; a prompt's rest included)."""
+        num_kv_tokens = seq.num_tokens - 1 + min(steps, self._tokens_left(seq))
+        return max(0, self.kv.num_blocks_for(num_kv_tokens) - num_blocks)
 
     def _all_stored(self, hashes: list[bytes]) -> bool:
         """Whether the flash prefix store holds every one of ``hashes`` now."""
