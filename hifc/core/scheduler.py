@@ -89,6 +89,7 @@ class Scheduler(SwapMixin):
         self.num_recomputed_sequences = 0
         self.num_swap_failures = 0
         self.swap_out_blocks = 0
+        self.swap_out_blocks_freed_staged = 0  # GPU blocks freed before their write ended
         self.swap_in_blocks = 0
         self.prefix_cache_queries = 0  # tokens of the sequences admitted with prefix caching on
         self.prefix_cache_hits = 0  # of them, tokens found in the GPU prefix cache
@@ -157,7 +158,7 @@ class Scheduler(SwapMixin):
         queue = ([s for s in self.running if s.num_tokens_to_compute == 1]
                  + [s for s in self.running if s.num_tokens_to_compute > 1])
         kept: set[str] = set()
-        releasing = sum(len(self._stored[r].positions) for r in self.swapping_out)
+        releasing = self._num_releasing()
         releasing += self.store.num_releasing if self.store is not None else 0
         promised = 0
         starved = False

@@ -4,8 +4,9 @@
 Preemption with shared blocks. A victim either drops all its blocks for recompute (each loses
 one reference: blocks others share stay with them, its cached blocks stay cached), or swaps:
 only the blocks it alone references and the flash prefix store lacks are written to the tier
-(and freed when the write ends); its references to blocks other sequences share are dropped at
-once, leaving holes in its table, and so are its blocks that the store holds (their records
+(and freed as soon as the tier has staged them in its own memory, before the write ends: if
+the write then fails, the sequence recomputes, as after any tier failure); its references to
+blocks other sequences share are dropped at once, leaving holes in its table, and so are its blocks that the store holds (their records
 are held: never overwritten meanwhile). At swap-in the holes are filled by looking those
 hashes up again: in the GPU cache, else read from the store (a prefix read beside the swap-in
 of the written blocks); if one is in neither, the sequence is recomputed instead (its tier copy
@@ -38,6 +39,8 @@ class TierCopy:
     positions: list[int]
     by_hash: list[int]
     held: list[int] = field(default_factory=list)
+    released: set[int] = field(default_factory=set)  # indices of positions whose GPU blocks
+    # were freed once staged, before the swap-out's write ended
     parts: int = 0  # swap-in jobs (swap records, prefix reads) not finished yet
     parts_ok: bool = True
     num_read: int = 0  # blocks of the swap-in read from the prefix store
@@ -198,6 +201,21 @@ class SwapMixin:
                 self.store.store.release(stored.held)
 
     # ---- swap completions (told by the engine) --------------------------------------------
+    def _num_releasing(self) -> int:
+        """GPU blocks that swap-outs in flight still hold (free once staged or written)."""
+        return sum(len(stored.positions) - len(stored.released)
+                   for stored in (self._stored[rid] for rid in self.swapping_out))
+
+    def swap_out_staged(self, request_id: str, indices: list[int]) -> None:
+        """The tier has copied the blocks of the swap-out order's pairs at ``indices`` into
+        its own memory, and goes on writing them: their GPU blocks are free now. The sequence
+        stays SWAPPING_OUT until ``swap_out_done``; if the write then fails, it recomputes."""
+        stored = self._stored[request_id]
+        new = [i for i in indices if i not in stored.released]
+        stored.released.update(new)
+        self.kv.release(request_id, [stored.positions[i] for i in new])
+        self.swap_out_blocks_freed_staged += len(new)
+
     def swap_out_done(self, request_id: str, ok: bool) -> None:
         seq = self.swapping_out.pop(request_id)
         if seq.status.is_finished or not ok:
@@ -208,7 +226,9 @@ class SwapMixin:
                 self._requeue_for_recompute(seq)
             return
         stored = self._stored[request_id]
-        self.kv.release(request_id, stored.positions)  # the write is over: GPU copy not needed
+        # the write is over: the GPU copy of the blocks not freed when staged is not needed
+        self.kv.release(request_id, [p for i, p in enumerate(stored.positions)
+                                     if i not in stored.released])
         self.swap_out_blocks += len(stored.tier_blocks)
         seq.status = SequenceStatus.SWAPPED
         bisect.insort(self.swapped, seq, key=lambda s: s.arrival)

@@ -258,8 +258,7 @@ class FlashTier(KVTier):
         self.prefix.begin(job)
         try:
             job._futures = self._launch_prefix(job, copy_view(kv_cache), ready_event(kv_cache))
-            for future in job._futures:
-                future.add_done_callback(job.note_io_done)
+            self._watch(job)
         except Exception as exc:  # never raise I/O trouble into the engine
             job.fail(*classify(exc))
         return job
@@ -289,12 +288,15 @@ class FlashTier(KVTier):
         self.prefix.close()
         super().close()
 
-    def _launch(self, op, kv_cache, pairs, owner, ready) -> list[cf.Future]:
+    def _launch(self, op, kv_cache, pairs, owner, ready, staged) -> list[cf.Future]:
         mover = self.mover
         limit = mover.max_chunk_blocks
-        if op == SWAP_OUT:
-            tasks = [mover.swap_out(kv_cache, [s for s, _ in chunk], chunk[0][1], owner, ready)
-                     for chunk in split_chunks(pairs, 1, limit)]
+        if op == SWAP_OUT:  # each chunk reports its blocks staged once gathered
+            tasks, first = [], 0
+            for chunk in split_chunks(pairs, 1, limit):
+                tasks.append(mover.swap_out(kv_cache, [s for s, _ in chunk], chunk[0][1], owner,
+                                            ready, functools.partial(staged, first, len(chunk))))
+                first += len(chunk)
         else:
             tasks = [mover.swap_in(kv_cache, chunk[0][0], [d for _, d in chunk], owner, ready)
                      for chunk in split_chunks(pairs, 0, limit)]
