@@ -10,6 +10,13 @@ I/O on the tier's ``flash_io_threads`` threads, its gather, checksums and scatte
 ``flash_prep_threads`` others), so a job is a batch of chunk futures whose completion ``poll``
 checks. Staging memory: one chunk buffer set per I/O thread and per prep thread.
 
+A swap-out reports each chunk's pairs staged (``take_staged``) once they are gathered into its
+staging buffers: the engine reuses those GPU blocks while the chunk's write goes on, the
+buffers holding the only copy until it ends. As staging is bounded, a swap-out larger than it
+stages, and so frees, chunk by chunk as earlier writes give their buffer sets back. Freeing only
+once the whole swap-out is staged would hold every block of a large one until all but its last
+few chunks are on disk: nearly as long as the write itself.
+
 The same log holds the prefix store (:mod:`hifc.tiers.flash.prefix_store`): ``lookup_prefix``,
 ``submit_prefix_write`` and ``submit_prefix_read`` keep full KV blocks by content hash, across
 restarts (a reopened file's index is rebuilt from its record headers,
