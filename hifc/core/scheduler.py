@@ -141,8 +141,8 @@ class Scheduler(SwapMixin):
         budget, starved = self._schedule_running(out)
         if not (out.preempted_request_ids or starved):
             self._start_swap_ins(out)
-            if not self.swapped:
-                self._admit_waiting(out, budget)
+            if not (self.swapped or self.swapping_out):  # no new request takes blocks freed
+                self._admit_waiting(out, budget)  # by a swap-out before its sequence is back
         return out
 
     def _chunk(self, num_to_compute: int, budget: int) -> int:

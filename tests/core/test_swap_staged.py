@@ -3,7 +3,7 @@ write ends); the sequence stays SWAPPING_OUT until the write's outcome, and a fa
 makes it recompute."""
 from hifc.core.outputs import SamplerOutput
 from hifc.core.sequence import SequenceStatus
-from tests.core.helpers import FakeTier
+from tests.core.helpers import FakeTier, make_seq
 from tests.core.test_resume_growth import crowded_pair, run_with_swaps
 
 
@@ -48,3 +48,22 @@ def test_a_swap_out_staged_in_part_then_written_swaps_back_in():
     assert all(s.status is SequenceStatus.FINISHED_LENGTH for s in seqs.values())
     assert sched.swap_in_blocks == sched.swap_out_blocks == 2 and sched.num_swap_failures == 0
     assert kv.num_free_blocks == 5 and len(tier.free_ids) == 16
+
+
+def test_no_new_request_takes_the_blocks_a_swap_out_freed():
+    """Freed when staged, b's blocks go to the running sequences' growth; a new request waits
+    until b is back, as it waits while b is swapped."""
+    tier = FakeTier(16)
+    sched, kv, seqs = crowded_pair("swap", tier)
+    preempt_b(sched, seqs)
+    sched.swap_out_staged("b", [0, 1])
+    seqs["c"] = make_seq("c", 8, max_tokens=4, arrival=2)
+    sched.add(seqs["c"])
+    out = sched.schedule()
+    assert [w.request_id for w in out.scheduled] == ["a"]
+    assert seqs["c"].status is SequenceStatus.WAITING
+    sched.update(out, SamplerOutput([5] * len(out.sampling)), seqs)
+    sched.swap_out_done("b", True)
+    run_with_swaps(sched, seqs, 80)
+    assert all(s.status is SequenceStatus.FINISHED_LENGTH for s in seqs.values())
+    assert sched.num_preemptions == 1 and kv.num_free_blocks == 5 and len(tier.free_ids) == 16

@@ -22,13 +22,19 @@ def engine_with_held_writes(tmp_path, faults=False):
     return engine, io
 
 
+def freed_victims(engine) -> list[str]:
+    """The sequences swapping out that hold no GPU block."""
+    sched = engine.scheduler
+    return [rid for rid in sched.swapping_out
+            if not any(block >= 0 for block in sched.kv.block_table(rid))]
+
+
 def step_until_staged(engine) -> dict:
-    """Step until a swap-out has freed GPU blocks (its write held at the gate)."""
+    """Step until a sequence swapping out (its write held at the gate) holds no GPU block."""
     for _ in range(60):
         engine.step()
-        stats = engine.stats()
-        if stats["swap_out_blocks_freed_staged"]:
-            return stats
+        if freed_victims(engine):
+            return engine.stats()
     raise AssertionError("no swap-out freed its blocks when staged")
 
 
@@ -57,13 +63,9 @@ def test_gpu_blocks_are_free_before_the_write_ends(faults, tmp_path):
         engine.tier.faults.arm("write", "eio", times=1000)
     try:
         stats = step_until_staged(engine)
-        sched = engine.scheduler
         assert not io.gate.is_set() and stats["swap_jobs_pending"] > 0
         assert stats["swap_out_blocks"] == 0  # no write has ended
-        # the victims hold no GPU block while their writes wait
-        freed = [rid for rid in sched.swapping_out if not any(
-            b >= 0 for b in sched.kv.block_table(rid))]
-        assert freed
+        assert stats["swap_out_blocks_freed_staged"] > 0
     finally:
         io.gate.set()
     assert run_to_end(engine) == reference(BLOCK_SIZE)
@@ -82,8 +84,7 @@ def test_abort_after_staging_frees_everything(tmp_path):
     engine, io = engine_with_held_writes(tmp_path)
     try:
         step_until_staged(engine)
-        victims = list(engine.scheduler.swapping_out)
-        engine.abort_request(victims)
+        engine.abort_request(freed_victims(engine))
     finally:
         io.gate.set()
     while engine.has_unfinished_requests():
