@@ -5,9 +5,9 @@ swap-outs have staged (telling the scheduler, which frees staged GPU blocks at o
 the measured tier bandwidth to the preemption policy and the read bandwidth to the prefix cost
 rule), asks the scheduler for the step, and starts the I/O it ordered: swaps, and with the
 flash prefix store, prefix reads and writes. When the step has nothing to run until a job
-completes or stages blocks, it waits for that (counted as stall time) and schedules again. Without a tier it
-only schedules. :meth:`flush` writes, at a clean shutdown, the cached GPU blocks the prefix
-store lacks, for a bounded time.
+completes or stages blocks, it waits for that (counted as stall time) and schedules again.
+Without a tier it only schedules. :meth:`flush` writes, at a clean shutdown, the cached GPU
+blocks the prefix store lacks, for a bounded time.
 """
 from __future__ import annotations
 

@@ -101,8 +101,8 @@ class KVSwapper:
         shared device's arbiter serves this engine's I/O first); the wait counts as stall time
         (the engine blocks only when nothing else can run), and as swap-out stall when the
         oldest job is a swap-out: sequences then wait for GPU blocks it has not staged yet, or
-        for its write to end, rather than for a swapped sequence to come back. A wait while the oldest job is a
-        prefix write is counted apart."""
+        for its write to end, rather than for a swapped sequence to come back. A wait while the
+        oldest job is a prefix write is counted apart."""
         finished = self.tier.poll()
         staged = self._take_staged()
         if block and not finished and not staged and self._jobs:
