@@ -7,11 +7,11 @@ only the blocks it alone references and the flash prefix store lacks are written
 (and freed as soon as the tier has staged them in its own memory, before the write ends: if
 the write then fails, the sequence recomputes, as after any tier failure); its references to
 blocks other sequences share are dropped at once, leaving holes in its table, and so are its
-blocks that the store holds (their records are held: never overwritten meanwhile). At swap-in the holes are filled by looking those
-hashes up again: in the GPU cache, else read from the store (a prefix read beside the swap-in
-of the written blocks); if one is in neither, the sequence is recomputed instead (its tier copy
-is freed). So a swapped sequence holds no GPU block, and no shared block is ever written or
-freed as if it were owned.
+blocks that the store holds (their records are held: never overwritten meanwhile). At swap-in
+the holes are filled by looking those hashes up again: in the GPU cache, else read from the
+store (a prefix read beside the swap-in of the written blocks); if one is in neither, the
+sequence is recomputed instead (its tier copy is freed). So a swapped sequence holds no GPU
+block, and no shared block is ever written or freed as if it were owned.
 """
 from __future__ import annotations
 
