@@ -48,6 +48,7 @@ FLASH_TIER_VARIANTS = ("flash", "auto")
 # engine.stats() counters reported per variant (deltas over the timed run)
 COUNTERS = ("preemptions", "swap_out_blocks", "swap_in_blocks", "tier_bytes_written",
             "tier_bytes_read", "swap_io_seconds", "swap_stall_seconds", "swap_out_stall_seconds",
+            "swap_out_blocks_freed_staged",
             "recomputed_sequences", "swap_failures", "prefix_cache_queries", "prefix_cache_hits",
             "prefix_store_queries", "prefix_store_hits", "prefix_store_recomputed",
             "prefix_store_bytes_read", "prefix_store_bytes_written", "steps")

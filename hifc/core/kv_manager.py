@@ -118,17 +118,18 @@ class KVCacheManager:
 
     # ---- allocation -----------------------------------------------------------------------
     def can_allocate(self, seq_id: str, num_tokens: int, use_watermark: bool = False,
-                     prefix: list[int] = ()) -> AllocStatus:
+                     prefix: list[int] = (), reserve: int = 0) -> AllocStatus:
         """Whether the sequence can hold ``num_tokens`` tokens in total, starting (if it holds
-        no block yet) from the cached ``prefix`` blocks."""
+        no block yet) from the cached ``prefix`` blocks, and leave ``reserve`` blocks free
+        (beyond the watermark, if used)."""
         if self.num_blocks_for(num_tokens) > self.pool.num_blocks:
             return AllocStatus.NEVER
         need = self.num_new_blocks(seq_id, num_tokens) - len(prefix)
-        return self._fits(need + self.pool.num_unreferenced(prefix), use_watermark)
+        return self._fits(need + self.pool.num_unreferenced(prefix), use_watermark, reserve)
 
-    def _fits(self, num_blocks: int, use_watermark: bool) -> AllocStatus:
-        reserve = self.watermark_blocks if use_watermark else 0
-        ok = self.pool.num_free_blocks - num_blocks >= reserve
+    def _fits(self, num_blocks: int, use_watermark: bool, reserve: int = 0) -> AllocStatus:
+        keep = reserve + (self.watermark_blocks if use_watermark else 0)
+        ok = self.pool.num_free_blocks - num_blocks >= keep
         return AllocStatus.OK if ok else AllocStatus.LATER
 
     def allocate(self, seq_id: str, num_tokens: int, prefix: list[int] = ()) -> list[int]:
@@ -172,11 +173,12 @@ class KVCacheManager:
         self._num_holes[seq_id] = self._num_holes.get(seq_id, 0) + len(positions)
         self._num_cached[seq_id] = min(self._num_cached.get(seq_id, 0), min(positions))
 
-    def can_fill_holes(self, seq_id: str, reused: list[int], use_watermark: bool) -> AllocStatus:
+    def can_fill_holes(self, seq_id: str, reused: list[int], use_watermark: bool,
+                       reserve: int = 0) -> AllocStatus:
         """Whether the holes can be filled: ``reused`` cached blocks for some, new ones for the
-        rest."""
+        rest (leaving ``reserve`` blocks free beyond the watermark, if used)."""
         need = self._num_holes.get(seq_id, 0) - len(reused)
-        return self._fits(need + self.pool.num_unreferenced(reused), use_watermark)
+        return self._fits(need + self.pool.num_unreferenced(reused), use_watermark, reserve)
 
     def fill_holes(self, seq_id: str, reused: dict[int, int]) -> list[int]:
         """Put the cached block ``reused[pos]`` at each of those positions and a new block in

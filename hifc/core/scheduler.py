@@ -100,6 +100,7 @@ class Scheduler(SwapMixin):
         self.num_recomputed_sequences = 0
         self.num_swap_failures = 0
         self.swap_out_blocks = 0
+        self.swap_out_blocks_freed_staged = 0  # GPU blocks freed before their write ended
         self.swap_in_blocks = 0
         self.prefix_cache_queries = 0  # tokens of the sequences admitted with prefix caching on
         self.prefix_cache_hits = 0  # of them, tokens found in the GPU prefix cache
@@ -151,8 +152,8 @@ class Scheduler(SwapMixin):
         budget, starved = self._schedule_running(out)
         if not (out.preempted_request_ids or starved):
             self._start_swap_ins(out)
-            if not self.swapped:
-                self._admit_waiting(out, budget)
+            if not (self.swapped or self.swapping_out):  # no new request takes blocks freed
+                self._admit_waiting(out, budget)  # by a swap-out before its sequence is back
         return out
 
     def _chunk(self, num_to_compute: int, budget: int) -> int:
@@ -171,7 +172,7 @@ class Scheduler(SwapMixin):
         queue = ([s for s in ready if s.num_tokens_to_compute == 1]
                  + [s for s in ready if s.num_tokens_to_compute > 1])
         kept: set[str] = set(ending)  # they finish when their pending tokens arrive
-        releasing = sum(len(self._stored[r].positions) for r in self.swapping_out)
+        releasing = self._num_releasing()
         releasing += self.store.num_releasing if self.store is not None else 0
         promised = 0
         starved = False
@@ -222,8 +223,9 @@ class Scheduler(SwapMixin):
                 num_new = self._chunk(seq.num_tokens - num_cached, budget)
                 if num_new == 0:
                     break
+                reserve = self._readmit_reserve(seq, num_cached + num_new)
                 if self.kv.can_allocate(seq.request_id, num_cached + num_new, use_watermark=True,
-                                        prefix=prefix) is not AllocStatus.OK:
+                                        prefix=prefix, reserve=reserve) is not AllocStatus.OK:
                     break
                 self.waiting.popleft()
                 self._allocate(seq, num_cached + num_new, prefix)
@@ -257,8 +259,9 @@ class Scheduler(SwapMixin):
         """Give the sequence its GPU hit and blocks for ``hashes``, and order their read."""
         rid = seq.request_id
         num_tokens = (len(prefix) + len(hashes)) * self.kv.block_size
-        if self.kv.can_allocate(rid, num_tokens, use_watermark=True,
-                                prefix=prefix) is not AllocStatus.OK:
+        if self.kv.can_allocate(rid, num_tokens, use_watermark=True, prefix=prefix,
+                                reserve=self._readmit_reserve(seq, num_tokens)) \
+                is not AllocStatus.OK:
             return False
         self.waiting.popleft()
         new_blocks = self.kv.allocate(rid, num_tokens, prefix)  # cached once read
@@ -268,6 +271,14 @@ class Scheduler(SwapMixin):
         self._loading_hashes.update(hashes)
         out.prefix_reads.append(PrefixRead(rid, list(zip(hashes, new_blocks))))
         return True
+
+    def _readmit_reserve(self, seq: Sequence, num_tokens: int) -> int:
+        """The growth reserve (``_resume_reserve``) of a preempted sequence readmitted to
+        recompute, given blocks for ``num_tokens`` tokens now; none for a new sequence or
+        when nothing else runs."""
+        if not seq.num_preemptions or not self._busy():
+            return 0
+        return self._resume_reserve(seq, self.kv.num_blocks_for(num_tokens))
 
     def _allocate(self, seq: Sequence, num_tokens: int, prefix: list[int] = ()) -> None:
         """Give the sequence blocks for ``num_tokens`` tokens, which this step computes, and

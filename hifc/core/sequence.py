@@ -9,7 +9,7 @@ from hifc.sampling_params import SamplingParams
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
-    SWAPPING_OUT = "swapping_out"  # KV being written to the tier; GPU blocks still held
+    SWAPPING_OUT = "swapping_out"  # KV being written to the tier; GPU blocks held until staged
     SWAPPED = "swapped"  # KV only in the tier
     SWAPPING_IN = "swapping_in"  # KV being read back into freshly allocated GPU blocks
     LOADING = "loading_prefix"  # cached prefix blocks being read from the flash prefix store

@@ -4,13 +4,14 @@
 Preemption with shared blocks. A victim either drops all its blocks for recompute (each loses
 one reference: blocks others share stay with them, its cached blocks stay cached), or swaps:
 only the blocks it alone references and the flash prefix store lacks are written to the tier
-(and freed when the write ends); its references to blocks other sequences share are dropped at
-once, leaving holes in its table, and so are its blocks that the store holds (their records
-are held: never overwritten meanwhile). At swap-in the holes are filled by looking those
-hashes up again: in the GPU cache, else read from the store (a prefix read beside the swap-in
-of the written blocks); if one is in neither, the sequence is recomputed instead (its tier copy
-is freed). So a swapped sequence holds no GPU block, and no shared block is ever written or
-freed as if it were owned.
+(and freed as soon as the tier has staged them in its own memory, before the write ends: if
+the write then fails, the sequence recomputes, as after any tier failure); its references to
+blocks other sequences share are dropped at once, leaving holes in its table, and so are its
+blocks that the store holds (their records are held: never overwritten meanwhile). At swap-in
+the holes are filled by looking those hashes up again: in the GPU cache, else read from the
+store (a prefix read beside the swap-in of the written blocks); if one is in neither, the
+sequence is recomputed instead (its tier copy is freed). So a swapped sequence holds no GPU
+block, and no shared block is ever written or freed as if it were owned.
 """
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ from dataclasses import dataclass, field
 
 from hifc.core.kv_manager import AllocStatus, KVCacheManager
 from hifc.core.preemption import PreemptionMode, PreemptionPolicy
-from hifc.core.scheduler_output import PrefixRead, SchedulerOutput, SwapOrder, TierBlocks
+from hifc.core.scheduler_output import (
+    PrefixRead, SchedulerLimits, SchedulerOutput, SwapOrder, TierBlocks,
+)
 from hifc.core.sequence import Sequence, SequenceStatus
 from hifc.core.store_level import StoreLevel
 
@@ -36,12 +39,15 @@ class TierCopy:
     positions: list[int]
     by_hash: list[int]
     held: list[int] = field(default_factory=list)
+    released: set[int] = field(default_factory=set)  # indices of positions whose GPU blocks
+    # were freed once staged, before the swap-out's write ended
     parts: int = 0  # swap-in jobs (swap records, prefix reads) not finished yet
     parts_ok: bool = True
     num_read: int = 0  # blocks of the swap-in read from the prefix store
 
 
 class SwapMixin:
+    limits: SchedulerLimits
     kv: KVCacheManager
     policy: PreemptionPolicy
     tier: TierBlocks | None
@@ -69,9 +75,10 @@ class SwapMixin:
                 self.kv.free(rid)
                 self._requeue_for_recompute(seq)
                 continue
-            busy = bool(self.running or self.swapping_in or self.loading)
-            if self.kv.can_fill_holes(rid, list(reused.values()),
-                                      use_watermark=busy) is not AllocStatus.OK:
+            busy = self._busy()
+            reserve = self._resume_reserve(seq, len(self.kv.block_table(rid))) if busy else 0
+            if self.kv.can_fill_holes(rid, list(reused.values()), use_watermark=busy,
+                                      reserve=reserve) is not AllocStatus.OK:
                 break
             self.swapped.pop(0)
             new_blocks = self.kv.fill_holes(rid, reused)
@@ -89,6 +96,36 @@ class SwapMixin:
                                                          for p in missing]))
             if not stored.parts:  # every block was still in the GPU cache
                 self._end_swap_in(rid)
+
+    def _busy(self) -> bool:
+        """Whether other sequences hold or are taking GPU blocks to run."""
+        return bool(self.running or self.swapping_in or self.loading)
+
+    # ---- growth-aware resumption ------------------------------------------------------------
+    def _resume_reserve(self, seq: Sequence, num_blocks: int) -> int:
+        """Blocks to keep free when ``seq`` resumes holding ``num_blocks`` blocks: what it and
+        every sequence running (or swapping in, or loading) beside it add over its next ``N``
+        decode steps, ``N = min(block_size, tokens it has left)``. Without them the newest
+        sequence, often the one resumed, would be preempted again within those steps."""
+        steps = min(self.kv.block_size, self._tokens_left(seq))
+        reserve = self._growth(seq, num_blocks, steps)
+        for other in (*self.running, *self.swapping_in.values(), *self.loading.values()):
+            reserve += self._growth(other, len(self.kv.block_table(other.request_id)), steps)
+        return reserve
+
+    def _tokens_left(self, seq: Sequence) -> int:
+        """Tokens the sequence may still generate (max_tokens, the context length)."""
+        left = self.limits.max_model_len - seq.num_tokens
+        max_tokens = seq.sampling_params.max_tokens
+        if max_tokens is not None:
+            left = min(left, max_tokens - len(seq.output_token_ids))
+        return max(0, left)
+
+    def _growth(self, seq: Sequence, num_blocks: int, steps: int) -> int:
+        """Blocks beyond ``num_blocks`` that the sequence's K/V needs after ``steps`` more
+        decode steps (each computes one token's K/V; a prompt's rest included)."""
+        num_kv_tokens = seq.num_tokens - 1 + min(steps, self._tokens_left(seq))
+        return max(0, self.kv.num_blocks_for(num_kv_tokens) - num_blocks)
 
     def _all_stored(self, hashes: list[bytes]) -> bool:
         """Whether the flash prefix store holds every one of ``hashes`` now."""
@@ -164,6 +201,21 @@ class SwapMixin:
                 self.store.store.release(stored.held)
 
     # ---- swap completions (told by the engine) --------------------------------------------
+    def _num_releasing(self) -> int:
+        """GPU blocks that swap-outs in flight still hold (free once staged or written)."""
+        return sum(len(stored.positions) - len(stored.released)
+                   for stored in (self._stored[rid] for rid in self.swapping_out))
+
+    def swap_out_staged(self, request_id: str, indices: list[int]) -> None:
+        """The tier has copied the blocks of the swap-out order's pairs at ``indices`` into
+        its own memory, and goes on writing them: their GPU blocks are free now. The sequence
+        stays SWAPPING_OUT until ``swap_out_done``; if the write then fails, it recomputes."""
+        stored = self._stored[request_id]
+        new = [i for i in indices if i not in stored.released]
+        stored.released.update(new)
+        self.kv.release(request_id, [stored.positions[i] for i in new])
+        self.swap_out_blocks_freed_staged += len(new)
+
     def swap_out_done(self, request_id: str, ok: bool) -> None:
         seq = self.swapping_out.pop(request_id)
         if seq.status.is_finished or not ok:
@@ -174,7 +226,9 @@ class SwapMixin:
                 self._requeue_for_recompute(seq)
             return
         stored = self._stored[request_id]
-        self.kv.release(request_id, stored.positions)  # the write is over: GPU copy not needed
+        # the write is over: the GPU copy of the blocks not freed when staged is not needed
+        self.kv.release(request_id, [p for i, p in enumerate(stored.positions)
+                                     if i not in stored.released])
         self.swap_out_blocks += len(stored.tier_blocks)
         seq.status = SequenceStatus.SWAPPED
         bisect.insort(self.swapped, seq, key=lambda s: s.arrival)

@@ -1,12 +1,13 @@
 """The engine's tier bookkeeping: I/O orders out to the tier, outcomes back to the scheduler.
 
-Each step, :meth:`SwapTracker.schedule` collects the jobs that finished (telling the scheduler,
-and feeding the measured tier bandwidth to the preemption policy and the read bandwidth to the
-prefix cost rule), asks the scheduler for the step, and starts the I/O it ordered: swaps, and
-with the flash prefix store, prefix reads and writes. When the step has nothing to run until a
-job completes, it waits for one (counted as stall time) and schedules again. Without a tier it
-only schedules. :meth:`flush` writes, at a clean shutdown, the cached GPU blocks the prefix
-store lacks, for a bounded time.
+Each step, :meth:`SwapTracker.schedule` collects the jobs that finished and the blocks that
+swap-outs have staged (telling the scheduler, which frees staged GPU blocks at once, and feeding
+the measured tier bandwidth to the preemption policy and the read bandwidth to the prefix cost
+rule), asks the scheduler for the step, and starts the I/O it ordered: swaps, and with the
+flash prefix store, prefix reads and writes. When the step has nothing to run until a job
+completes or stages blocks, it waits for that (counted as stall time) and schedules again.
+Without a tier it only schedules. :meth:`flush` writes, at a clean shutdown, the cached GPU
+blocks the prefix store lacks, for a bounded time.
 """
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ import time
 
 from hifc.core.preemption import PreemptionPolicy, RateMeter
 from hifc.core.scheduler import Scheduler, SchedulerOutput
-from hifc.runtime.swapper import PREFIX_READ, PREFIX_WRITE, KVSwapper, SwapResult
+from hifc.runtime.swapper import (
+    PREFIX_READ, PREFIX_WRITE, SWAP_OUT_STAGED, KVSwapper, SwapResult,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +111,9 @@ class SwapTracker:
 
     def _apply(self, results: list[SwapResult]) -> None:
         for r in results:
+            if r.op == SWAP_OUT_STAGED:
+                self.scheduler.swap_out_staged(r.request_id, list(r.staged))
+                continue
             if r.op == PREFIX_WRITE:
                 self.scheduler.prefix_write_done(list(r.write_pairs), r.ok)
                 continue
@@ -134,6 +140,7 @@ class SwapTracker:
             "swap_io_seconds": s.io_seconds if s else 0.0,
             "swap_stall_seconds": s.stall_seconds if s else 0.0,
             "swap_out_stall_seconds": s.swap_out_stall_seconds if s else 0.0,
+            "swap_out_blocks_freed_staged": self.scheduler.swap_out_blocks_freed_staged,
             "prefix_write_wait_seconds": s.prefix_write_wait_seconds if s else 0.0,
             "swap_jobs_pending": self.num_pending,
             "prefix_store_flush_seconds": self.flush_seconds,

@@ -2,7 +2,8 @@
 
 Swap-outs, swap-ins and, with the flash prefix store, prefix reads and writes. Jobs run on the
 tier's own threads while the engine keeps stepping; ``collect`` polls them (or, when the engine
-has nothing else to run, blocks for the next one).
+has nothing else to run, blocks for the next one), and reports the blocks a swap-out has
+staged in the tier's memory before its write ends (the GPU blocks are free from then on).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from hifc.tiers.tier import KVTier
 
 PREFIX_READ = "prefix_read"
 PREFIX_WRITE = "prefix_write"
+SWAP_OUT_STAGED = "swap_out_staged"  # part of a swap-out left the KV cache; its write goes on
 SWAP_OPS = ("swap_out", "swap_in")
 
 
@@ -30,6 +32,7 @@ class SwapResult:
     error: str | None
     blocks_ok: int = 0  # prefix read: leading blocks that hold verified K/V
     write_pairs: tuple[tuple[int, bytes], ...] = ()  # prefix write: (GPU block, hash)
+    staged: tuple[int, ...] = ()  # swap_out_staged: indices into the order's pairs
 
 
 @dataclass(frozen=True)
@@ -92,18 +95,23 @@ class KVSwapper:
         self._jobs[job.job_id] = _Tracked(request_id, job, write_pairs)
 
     def collect(self, block: bool, timeout: float | None = None) -> list[SwapResult]:
-        """Finished jobs. With ``block``, waits for the oldest job if none has finished (at most
-        ``timeout`` seconds, inside ``tier.stalled()``: a shared device's arbiter serves this
-        engine's I/O first); the wait counts as stall time (the engine blocks only when nothing
-        else can run), and as swap-out stall when that job is a swap-out: sequences then wait
-        for the GPU blocks its write still holds, rather than for a swapped sequence to come
-        back. A wait for a prefix write is counted apart."""
+        """Swap-outs' newly staged blocks (``SWAP_OUT_STAGED`` results: their GPU blocks are
+        free while the write goes on), then finished jobs. With ``block``, when there are
+        neither, waits for the next (at most ``timeout`` seconds, inside ``tier.stalled()``: a
+        shared device's arbiter serves this engine's I/O first); the wait counts as stall time
+        (the engine blocks only when nothing else can run), and as swap-out stall when the
+        oldest job is a swap-out: sequences then wait for GPU blocks it has not staged yet, or
+        for its write to end, rather than for a swapped sequence to come back. A wait while the
+        oldest job is a prefix write is counted apart."""
         finished = self.tier.poll()
-        if block and not finished and self._jobs:
+        staged = self._take_staged()
+        if block and not finished and not staged and self._jobs:
             t0 = time.perf_counter()
             oldest = next(iter(self._jobs.values())).job
             with self.tier.stalled():
-                finished = [self.tier.wait(oldest, timeout)] + self.tier.poll()
+                self.tier.wait_progress(timeout)
+            finished = self.tier.poll()
+            staged = self._take_staged()
             waited = time.perf_counter() - t0
             if oldest.op == PREFIX_WRITE:
                 self.prefix_write_wait_seconds += waited
@@ -111,7 +119,17 @@ class KVSwapper:
                 self.stall_seconds += waited
             if oldest.op == "swap_out":
                 self.swap_out_stall_seconds += waited
-        return [self._result(job) for job in finished if job.done and job.job_id in self._jobs]
+        return staged + [self._result(job) for job in finished if job.job_id in self._jobs]
+
+    def _take_staged(self) -> list[SwapResult]:
+        """The blocks that swap-outs still writing have copied out of the KV cache since the
+        last call, one result per job."""
+        results = []
+        for tracked in self._jobs.values():
+            if tracked.job.op == "swap_out" and (staged := self.tier.take_staged(tracked.job)):
+                results.append(SwapResult(tracked.request_id, SWAP_OUT_STAGED, True, 0, 0.0,
+                                          None, staged=tuple(staged)))
+        return results
 
     def collect_closed(self) -> list[SwapResult]:
         """After the tier closed (every job has ended): the results not collected yet."""

@@ -70,7 +70,8 @@ class DramTier(KVTier):
             stream.synchronize()
         return len(pairs) * self.geometry.block_bytes
 
-    def _launch(self, op, kv_cache, pairs, owner, ready) -> list[cf.Future]:
+    def _launch(self, op, kv_cache, pairs, owner, ready, staged) -> list[cf.Future]:
+        # the copy into the pool ends the job: nothing is staged before it
         return [self._pool.submit(self._copy, op, kv_cache, pairs, ready)]
 
     def _extra_stats(self) -> dict:

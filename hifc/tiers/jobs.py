@@ -76,6 +76,9 @@ class Job:
     io_done_at: float | None = None  # when its last piece of I/O completed (worker clock)
     _futures: list[Future] = field(default_factory=list, repr=False)
     _pinned: tuple[int, ...] = field(default=(), repr=False)  # tier blocks held in flight
+    # swap-out: indices of pairs whose source blocks the workers have copied out of the KV
+    # cache and the engine has not taken yet (``KVTier.take_staged``)
+    _staged: list[int] = field(default_factory=list, repr=False)
 
     @property
     def done(self) -> bool:

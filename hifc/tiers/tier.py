@@ -9,11 +9,14 @@ threads.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import functools
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections import Counter
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict
+from typing import Callable
 
 import torch
 
@@ -57,6 +60,8 @@ class KVTier(ABC):
         self._next_job_id = 0
         self._counts: Counter[str] = Counter()
         self._closed = False
+        # notified by the workers when a piece of a job ends or a swap-out stages blocks
+        self._progress = threading.Condition()
 
     # -- capacity ----------------------------------------------------------------------------
     @property
@@ -144,12 +149,29 @@ class KVTier(ABC):
         self._inflight.update(tier_ids)
         job._pinned = tuple(tier_ids)
         try:
-            job._futures = self._launch(op, copy_view(kv_cache), list(pairs), owner, ready)
-            for future in job._futures:
-                future.add_done_callback(job.note_io_done)
+            job._futures = self._launch(op, copy_view(kv_cache), list(pairs), owner, ready,
+                                        functools.partial(self._note_staged, job))
+            self._watch(job)
         except Exception as exc:  # never raise I/O trouble into the engine
             job.fail(*classify(exc))
         return job
+
+    def _watch(self, job: Job) -> None:
+        """Note when each piece of ``job`` ends (its I/O time, ``wait_progress``)."""
+        for future in job._futures:
+            future.add_done_callback(job.note_io_done)
+            future.add_done_callback(self._notify)
+
+    def _notify(self, _future: cf.Future | None = None) -> None:
+        with self._progress:
+            self._progress.notify_all()
+
+    def _note_staged(self, job: Job, first: int, count: int) -> None:
+        """(A worker thread) pairs ``first ... first + count - 1`` of the swap-out ``job``
+        have left the KV cache: their data is in the tier's memory, on its way to the tier."""
+        with self._progress:
+            job._staged.extend(range(first, first + count))
+            self._progress.notify_all()
 
     def _check_pairs(self, op: str, kv: torch.Tensor, pairs) -> list[tuple[int, int]]:
         self._check_kv(kv)
@@ -207,6 +229,26 @@ class KVTier(ABC):
             if all(f.done() for f in job._futures):
                 self._finish(job)
         return job
+
+    def take_staged(self, job: Job) -> list[int]:
+        """Indices into ``job.pairs`` of a pending swap-out whose KV cache blocks the tier has
+        copied into its own memory since the last call, while the job goes on writing them:
+        the caller may reuse those blocks now. Empty for other jobs and once the job is done
+        (then all its KV cache blocks are free, whether it succeeded or not)."""
+        with self._progress:
+            if job.done:
+                return []
+            staged, job._staged = job._staged, []
+        return staged
+
+    def wait_progress(self, timeout: float | None = None) -> None:
+        """Block until a pending job's I/O has ended or a swap-out has staged blocks not
+        taken yet (or ``timeout`` seconds pass); ``poll`` and ``take_staged`` then tell which."""
+        with self._progress:
+            self._progress.wait_for(self._has_progress, timeout)
+
+    def _has_progress(self) -> bool:
+        return any(job._staged or all(f.done() for f in job._futures) for job in self._pending)
 
     def stalled(self) -> AbstractContextManager:
         """Entered while the engine waits for this tier's I/O with nothing else to run; a tier
@@ -280,9 +322,13 @@ class KVTier(ABC):
 
     @abstractmethod
     def _launch(self, op: str, kv_cache: torch.Tensor, pairs: list[tuple[int, int]],
-                owner: tuple[int, int], ready) -> list[cf.Future]:
+                owner: tuple[int, int], ready,
+                staged: Callable[[int, int], None]) -> list[cf.Future]:
         """Start moving the data; one future per independent piece of work. ``kv_cache`` is
-        the ``copy_view`` of the caller's cache."""
+        the ``copy_view`` of the caller's cache. A swap-out whose data waits in the tier's
+        memory before it is stored calls ``staged(first, count)`` (a worker thread) once
+        ``pairs[first:first + count]`` are copied out of ``kv_cache``; a tier whose copy ends
+        the job need not."""
 
     def _shutdown(self) -> None:
         pass

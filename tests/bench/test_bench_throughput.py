@@ -16,7 +16,7 @@ VARIANT_KEYS = {
     "step_ms_percentiles", "tier_backend", "swap_out_stall_seconds", "fraction_of_ideal",
     "prefix_cache_queries", "prefix_cache_hits", "prefix_store_queries", "prefix_store_hits",
     "prefix_store_recomputed", "prefix_store_bytes_read", "prefix_store_bytes_written",
-    "per_replica", "flash_devices"}
+    "per_replica", "flash_devices", "swap_out_blocks_freed_staged"}
 
 
 def test_compare_all_variants_then_analysis_tools(hifc, tiers, tmp_path):
@@ -52,6 +52,9 @@ def test_compare_all_variants_then_analysis_tools(hifc, tiers, tmp_path):
         assert by[name]["swap_in_blocks"] == by[name]["swap_out_blocks"]
         assert by[name]["tier_bytes_written"] == by[name]["swap_out_blocks"] * 8192
     assert by["recompute"]["recomputed_sequences"] > 0 and by["recompute"]["swap_out_blocks"] == 0
+    # flash swap-outs free their GPU blocks when staged; the DRAM copy ends its job at once
+    assert 0 < by["flash"]["swap_out_blocks_freed_staged"] <= by["flash"]["swap_out_blocks"]
+    assert by["dram"]["swap_out_blocks_freed_staged"] == 0
     assert by["flash"]["tier_allocator"]["blocks_written"] == by["flash"]["swap_out_blocks"]
     assert by["flash"]["tier_backend"] == "posix"  # auto on a CPU cache
     assert by["dram"]["tier_backend"] is None and by["none"]["tier_backend"] is None

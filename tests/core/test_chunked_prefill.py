@@ -62,9 +62,11 @@ def test_recompute_after_preemption_is_chunked_too():
         out = run_step(sched, seqs)
         chunks += [(w.start_pos, len(w.token_ids), w.samples) for w in out.scheduled
                    if w.request_id == "r1"]
-    # re-prefilled over prompt + generated tokens in chunks of what r0's decode leaves of the
-    # budget; short of blocks for its second chunk, r1 (the newest) waits, keeping the first
-    assert n_tokens == 31 and chunks == [(0, 15, False), (15, 16, True)]
+    # re-prefilled over prompt + generated tokens in chunks of the budget, once r0 has ended:
+    # beside r0, the free blocks never held r1's tokens and both sequences' next growth
+    # (readmitted sooner, r1 would be the victim again when r0 needs a block)
+    assert n_tokens == 31 and chunks == [(0, 16, False), (16, 15, True)]
+    assert seqs["r0"].status is SequenceStatus.FINISHED_LENGTH
     assert sched.num_preemptions == 1
 
 

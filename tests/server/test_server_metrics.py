@@ -16,7 +16,7 @@ VLLM_COUNTERS = ("vllm:prompt_tokens", "vllm:generation_tokens", "vllm:num_preem
                  "vllm:request_success")
 HIFC_COUNTERS = ("hifc_swap_out_blocks", "hifc_swap_in_blocks", "hifc_tier_bytes_written",
                  "hifc_tier_bytes_read", "hifc_recomputed_sequences", "hifc_swap_stall_seconds",
-                 "hifc_swap_out_stall_seconds")
+                 "hifc_swap_out_stall_seconds", "hifc_swap_out_blocks_freed_staged")
 HISTOGRAMS = ("vllm:time_to_first_token_seconds", "vllm:time_per_output_token_seconds",
               "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
               "vllm:request_prompt_tokens", "vllm:request_generation_tokens",

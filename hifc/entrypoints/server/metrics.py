@@ -62,7 +62,9 @@ _COUNTERS = (
     ("swap_io_seconds", f"{HIFC}swap_io_seconds", "Seconds spent in swap I/O"),
     ("swap_stall_seconds", f"{HIFC}swap_stall_seconds", "Seconds steps waited for swap I/O"),
     ("swap_out_stall_seconds", f"{HIFC}swap_out_stall_seconds",
-     "Of the swap stall, seconds waited for GPU blocks held by swap-out writes"),
+     "Of the swap stall, seconds waited while the oldest swap job was a swap-out"),
+    ("swap_out_blocks_freed_staged", f"{HIFC}swap_out_blocks_freed_staged",
+     "GPU KV blocks that swap-outs freed once staged in host memory, before their write ended"),
     ("prefix_store_queries", f"{HIFC}prefix_store_queries",
      "Tokens of the admitted sequences after their GPU prefix hit, looked up in the flash "
      "prefix store"),

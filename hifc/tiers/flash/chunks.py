@@ -125,20 +125,25 @@ class ChunkMover:
 
     # -- writes ------------------------------------------------------------------------------
     def swap_out(self, kv: torch.Tensor, src_ids: list[int], first_block: int, owner,
-                 ready: torch.cuda.Event | None) -> ChunkTask:
-        return self.write(kv, src_ids, first_block, SwapStamp(self.epoch, tuple(owner)), ready)
+                 ready: torch.cuda.Event | None,
+                 on_staged: Callable[[], None] | None = None) -> ChunkTask:
+        return self.write(kv, src_ids, first_block, SwapStamp(self.epoch, tuple(owner)), ready,
+                          on_staged=on_staged)
 
     def write(self, kv: torch.Tensor, src_ids: list[int], first_block: int, stamp: Stamp,
               ready: torch.cuda.Event | None,
               on_written: Callable[[], None] | None = None,
-              priority: IOPriority = IOPriority.SWAP_OUT) -> ChunkTask:
+              priority: IOPriority = IOPriority.SWAP_OUT,
+              on_staged: Callable[[], None] | None = None) -> ChunkTask:
         """Blocks ``kv[:, :, src_ids]`` as records at tier blocks ``first_block...``;
-        ``on_written()`` (a worker thread) once they are all on the file. ``priority``: who
-        waits for the write (a shared device's arbiter admits it in that order)."""
+        ``on_staged()`` (a worker thread) once their bytes are all copied out of ``kv`` into
+        staging (``kv``'s blocks may change from then on), ``on_written()`` once they are all
+        on the file. ``priority``: who waits for the write (a shared device's arbiter admits
+        it in that order)."""
         plan = self.layout.chunk_plan(first_block, len(src_ids))
         first_lsn, self.next_lsn = self.next_lsn, self.next_lsn + plan.n
         prepare = functools.partial(self._prepare_out, kv, src_ids, first_block, stamp,
-                                    first_lsn, ready, plan)
+                                    first_lsn, ready, plan, on_staged)
 
         def write(buffers: StagingBuffers) -> None:
             self._write(plan, buffers, priority)
@@ -149,19 +154,23 @@ class ChunkMover:
                          plan.n * self.geometry.block_bytes)
 
     def _prepare_out(self, kv, src_ids, first_block, stamp: Stamp, first_lsn: int, ready, plan,
-                     buffers: StagingBuffers) -> None:
+                     on_staged: Callable[[], None] | None, buffers: StagingBuffers) -> None:
         nbytes = plan.staging_bytes
         g = self.geometry
         host = host_view(buffers.host[:nbytes])
         if not kv.is_cuda:  # copy and checksum layer by layer, in cache (hostcopy)
             data = int_view(self._data_view(buffers.host[:nbytes], plan))
             crcs = gather_with_crcs(int_view(kv), src_ids, data, host, plan, g.slice_bytes)
+            if on_staged is not None:
+                on_staged()
         else:
             with buffers.context():
                 if ready is not None:
                     buffers.stream.wait_event(ready)
                 self._gather(kv, src_ids, self._data_view(buffers.work[:nbytes], plan))
-            buffers.copy(buffers.host, buffers.work, nbytes)  # D2H
+            buffers.copy(buffers.host, buffers.work, nbytes)  # D2H, then the stream is synced
+            if on_staged is not None:  # the gather has read the KV cache blocks
+                on_staged()
             crcs = [slice_crcs(host, self._slice_offsets(plan, i), g.slice_bytes)
                     for i in range(plan.n)]
         for i in range(plan.n):

@@ -10,6 +10,13 @@ I/O on the tier's ``flash_io_threads`` threads, its gather, checksums and scatte
 ``flash_prep_threads`` others), so a job is a batch of chunk futures whose completion ``poll``
 checks. Staging memory: one chunk buffer set per I/O thread and per prep thread.
 
+A swap-out reports each chunk's pairs staged (``take_staged``) once they are gathered into its
+staging buffers: the engine reuses those GPU blocks while the chunk's write goes on, the
+buffers holding the only copy until it ends. As staging is bounded, a swap-out larger than it
+stages, and so frees, chunk by chunk as earlier writes give their buffer sets back. Freeing only
+once the whole swap-out is staged would hold every block of a large one until all but its last
+few chunks are on disk: nearly as long as the write itself.
+
 The same log holds the prefix store (:mod:`hifc.tiers.flash.prefix_store`): ``lookup_prefix``,
 ``submit_prefix_write`` and ``submit_prefix_read`` keep full KV blocks by content hash, across
 restarts (a reopened file's index is rebuilt from its record headers,
@@ -258,8 +265,7 @@ class FlashTier(KVTier):
         self.prefix.begin(job)
         try:
             job._futures = self._launch_prefix(job, copy_view(kv_cache), ready_event(kv_cache))
-            for future in job._futures:
-                future.add_done_callback(job.note_io_done)
+            self._watch(job)
         except Exception as exc:  # never raise I/O trouble into the engine
             job.fail(*classify(exc))
         return job
@@ -289,12 +295,15 @@ class FlashTier(KVTier):
         self.prefix.close()
         super().close()
 
-    def _launch(self, op, kv_cache, pairs, owner, ready) -> list[cf.Future]:
+    def _launch(self, op, kv_cache, pairs, owner, ready, staged) -> list[cf.Future]:
         mover = self.mover
         limit = mover.max_chunk_blocks
-        if op == SWAP_OUT:
-            tasks = [mover.swap_out(kv_cache, [s for s, _ in chunk], chunk[0][1], owner, ready)
-                     for chunk in split_chunks(pairs, 1, limit)]
+        if op == SWAP_OUT:  # each chunk reports its blocks staged once gathered
+            tasks, first = [], 0
+            for chunk in split_chunks(pairs, 1, limit):
+                tasks.append(mover.swap_out(kv_cache, [s for s, _ in chunk], chunk[0][1], owner,
+                                            ready, functools.partial(staged, first, len(chunk))))
+                first += len(chunk)
         else:
             tasks = [mover.swap_in(kv_cache, chunk[0][0], [d for _, d in chunk], owner, ready)
                      for chunk in split_chunks(pairs, 0, limit)]
