@@ -3,16 +3,21 @@
 Requests arrive as a Poisson process (``--request-rate`` per second; ``inf`` sends them all at
 once), at most ``--max-concurrency`` in flight, each streamed from ``/v1/completions`` with
 token-id prompts so the input lengths are exact. Prompts come from a LongBench-like profile,
-fixed lengths, or ShareGPT conversations (``hifc.bench.workloads``). Per request it measures the
-time to first token (TTFT), time per output token after the first (TPOT) and the gaps between
-streamed chunks (inter-token latency, ITL); it reports their percentiles and the request and
-token throughput, and the achieved request rate as a ratio to the offered one.
+fixed lengths, or ShareGPT conversations (``hifc.bench.workloads``). Requests ask for vLLM's
+``return_token_ids``, so each chunk says which tokens it brings, text or not (a model without a
+tokenizer streams empty text). Per request it measures the time to first token (TTFT: the first
+chunk carrying tokens), time per output token after the first (TPOT, from the usage's token
+count) and the inter-token latency (ITL: the gap between token chunks, split evenly among the
+tokens of a chunk that brings several); it reports their percentiles and the request and token
+throughput, and the achieved request rate as a ratio to the offered one. A server that sends no
+``token_ids`` is timed by its chunks with text, one token each.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import logging
 import math
 import os
 import random
@@ -116,40 +121,71 @@ def arrival_offsets(n: int, rate: float, seed: int) -> list[float]:
 
 
 # ---- client -----------------------------------------------------------------------------------
+def chunk_tokens(event: dict) -> int:
+    """Tokens a completions stream chunk brings: its choices' ``token_ids``, or, from a server
+    that does not send them, one per choice with text."""
+    count = 0
+    for choice in event.get("choices") or ():
+        token_ids = choice.get("token_ids")
+        if isinstance(token_ids, list):
+            count += len(token_ids)
+        elif choice.get("text"):
+            count += 1
+    return count
+
+
+class StreamTimer:
+    """Fills one request's result from its server-sent event lines as they arrive: TTFT at the
+    first chunk carrying tokens, an ITL per token after it (a chunk's gap split evenly among
+    its tokens), the output token count from the usage, errors; ``ok`` at ``[DONE]``."""
+
+    def __init__(self, result: RequestResult, start: float):
+        self.result = result
+        self.start = start  # perf_counter() when the request was sent
+        self.last_token_time: float | None = None
+
+    def on_line(self, line: str, now: float) -> bool:
+        """Take one line received at ``now``; True once the stream is done."""
+        if not line.startswith("data: "):
+            return False
+        if line == "data: [DONE]":
+            self.result.ok = self.result.error is None
+            return True
+        event = json.loads(line[6:])
+        if "error" in event:
+            self.result.error = event["error"].get("message", str(event["error"]))
+            return False
+        if event.get("usage"):
+            self.result.output_tokens = event["usage"]["completion_tokens"]
+        tokens = chunk_tokens(event)
+        if tokens:
+            if self.last_token_time is None:
+                self.result.ttft_s = now - self.start
+            else:
+                gap = (now - self.last_token_time) / tokens
+                self.result.itl_s.extend([gap] * tokens)
+            self.last_token_time = now
+        return False
+
+
 async def send_request(http, model: str, req: BenchRequest, args) -> RequestResult:
+    """Stream one request through ``http`` (an httpx.AsyncClient on the server)."""
     body = {"model": model, "prompt": req.prompt_token_ids, "max_tokens": req.output_tokens,
             "temperature": args.temperature, "ignore_eos": args.ignore_eos, "stream": True,
-            "stream_options": {"include_usage": True}}
+            "stream_options": {"include_usage": True}, "return_token_ids": True}
     result = RequestResult(ok=False, prompt_tokens=len(req.prompt_token_ids))
-    start = time.perf_counter()
-    last = None
+    timer = StreamTimer(result, time.perf_counter())
     try:
         async with http.stream("POST", "/v1/completions", json=body) as resp:
             if resp.status_code != 200:
                 result.error = f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}"
                 return result
             async for line in resp.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                if line == "data: [DONE]":
-                    result.ok = result.error is None
+                if timer.on_line(line, time.perf_counter()):
                     break
-                event = json.loads(line[6:])
-                if "error" in event:
-                    result.error = event["error"].get("message", str(event["error"]))
-                    continue
-                now = time.perf_counter()
-                if event.get("usage"):
-                    result.output_tokens = event["usage"]["completion_tokens"]
-                if event.get("choices") and event["choices"][0].get("text"):
-                    if last is None:
-                        result.ttft_s = now - start
-                    else:
-                        result.itl_s.append(now - last)
-                    last = now
     except Exception as exc:  # transport errors, timeouts: the request failed, the run goes on
         result.error = f"{type(exc).__name__}: {exc}"
-    result.e2e_s = time.perf_counter() - start
+    result.e2e_s = time.perf_counter() - timer.start
     return result
 
 
@@ -158,6 +194,7 @@ def _httpx():
         import httpx
     except ImportError:
         raise ValueError("hifc bench serve needs httpx: pip install 'hifc[bench]'") from None
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
     return httpx
 
 

@@ -1,12 +1,19 @@
-"""``hifc bench serve`` end to end against the test server, a handful of requests each."""
+"""``hifc bench serve`` end to end against the test server, a handful of requests each; its
+stream timing on a model without a tokenizer (the app in-process); its reading of chunks."""
 from __future__ import annotations
 
+import argparse
+import asyncio
 import json
 
+import httpx
 import pytest
 
+from hifc.bench.serve import RequestResult, StreamTimer, send_request, summarize
+from hifc.bench.workloads import BenchRequest
+from hifc.engine.llm_engine import LLMEngine
 from hifc.entrypoints.cli import main
-from tests.server.helpers import MAX_MODEL_LEN, wait_until_idle
+from tests.server.helpers import MAX_MODEL_LEN, app_client, wait_until_idle
 
 
 def _bench(server, tmp_path, *args: str) -> dict:
@@ -56,3 +63,63 @@ def test_unreachable_server_is_a_clear_error(capsys):
     rc = main(["bench", "serve", "--base-url", "http://127.0.0.1:9", "--num-prompts", "1"])
     assert rc == 2
     assert "cannot reach the server" in capsys.readouterr().err
+
+
+def _event(choices: list[dict], usage: dict | None = None) -> str:
+    return "data: " + json.dumps({"object": "text_completion", "choices": choices,
+                                  "usage": usage})
+
+
+def test_stream_timer_times_token_chunks_and_splits_a_chunks_gap_among_its_tokens():
+    result = RequestResult(ok=False, prompt_tokens=4)
+    timer = StreamTimer(result, start=10.0)
+    lines = [(": keep-alive", 10.1),
+             (_event([{"index": 0, "text": "", "token_ids": [], "prompt_token_ids": [1]}]), 10.2),
+             (_event([{"index": 0, "text": "", "token_ids": [7]}]), 10.5),
+             (_event([{"index": 0, "text": "", "token_ids": [8, 9, 5]}]), 11.1),
+             (_event([{"index": 0, "text": "", "token_ids": [], "finish_reason": "length"}]),
+              11.2),
+             (_event([], {"prompt_tokens": 4, "completion_tokens": 4}), 11.3)]
+    assert not any(timer.on_line(line, now) for line, now in lines)
+    assert result.ttft_s == pytest.approx(0.5)  # the first chunk with tokens, not the first
+    assert result.itl_s == pytest.approx([0.2, 0.2, 0.2])  # 0.6 s over three tokens
+    assert result.output_tokens == 4 and not result.ok
+    assert timer.on_line("data: [DONE]", 11.4) and result.ok
+    result.e2e_s = 1.5
+    assert result.tpot_s == pytest.approx((1.5 - 0.5) / 3)
+
+
+def test_stream_timer_without_token_ids_counts_chunks_with_text_and_records_errors():
+    result = RequestResult(ok=False, prompt_tokens=2)
+    timer = StreamTimer(result, start=0.0)
+    for line, now in [(_event([{"index": 0, "text": ""}]), 0.1),
+                      (_event([{"index": 0, "text": "Hel"}]), 0.3),
+                      (_event([{"index": 0, "text": "lo"}]), 0.4),
+                      ('data: {"error": {"message": "engine died", "code": 503}}', 0.5)]:
+        timer.on_line(line, now)
+    assert result.ttft_s == pytest.approx(0.3) and result.itl_s == pytest.approx([0.1])
+    assert timer.on_line("data: [DONE]", 0.6) and not result.ok
+    assert result.error == "engine died"
+
+
+def test_model_without_tokenizer_is_timed_by_its_token_chunks():
+    """A random-weight preset streams empty text; TTFT, TPOT and ITL come from token_ids."""
+    engine = LLMEngine.from_options("random:tiny-llama", device="cpu", block_size=16,
+                                    max_model_len=128, num_gpu_blocks=16)
+    args = argparse.Namespace(temperature=0.0, ignore_eos=True)
+    requests = [BenchRequest(list(range(5, 5 + n)), 6) for n in (8, 12, 16)]
+
+    async def run_all(app) -> list[RequestResult]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://hifc", timeout=60) as http:
+            return list(await asyncio.gather(*[send_request(http, "m", r, args)
+                                               for r in requests]))
+
+    with app_client(engine) as client:
+        results = asyncio.run(run_all(client.app))
+    assert all(r.ok and r.output_tokens == 6 and r.ttft_s is not None for r in results), results
+    # one per token after the first chunk's (which may bring several, outputs coalesce)
+    assert all(len(r.itl_s) <= 5 for r in results)
+    summary = summarize(results, duration_s=1.0, offered_rate=float("inf"), peak_in_flight=3)
+    for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+        assert summary[key]["mean"] is not None and summary[key]["p99"] is not None, key

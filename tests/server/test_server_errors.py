@@ -31,6 +31,7 @@ def _field_cases() -> list[tuple[str, dict, int, str]]:
         "stream": ["yes", 1, "false"], "stop": [5, [1, 2], {"a": 1}],
         "stop_token_ids": ["1", [1.5], ["a"]], "ignore_eos": ["true", 0],
         "stream_options": ["usage", 1], "logit_bias": ["x"], "user": [5],
+        "return_token_ids": ["yes", 1, [True]],
     }
     for name, values in wrong_types.items():
         for v in values:

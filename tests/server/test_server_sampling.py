@@ -1,7 +1,10 @@
 """vLLM's sampling fields through the official openai client against a real server: n,
 logprobs, echo, penalties, min_tokens, stop reasons, batched prompts, guided choice, streaming
-and not; unknown fields ignored with a logged warning; /tokenize, /detokenize, /version."""
+and not; return_token_ids; unknown fields ignored with a logged warning; /tokenize,
+/detokenize, /version."""
 from __future__ import annotations
+
+import json
 
 import httpx
 import openai
@@ -105,6 +108,51 @@ def test_streamed_batch_of_prompts_finishes_every_choice(client):
         if c.choices:
             texts[c.choices[0].index] = texts.get(c.choices[0].index, "") + c.choices[0].text
     assert texts[0] == texts[1] and texts[2] == texts[3]  # greedy: n copies agree
+
+
+def _stream_events(http: httpx.Client, path: str, body: dict) -> list[dict]:
+    with http.stream("POST", path, json={**body, "stream": True}) as resp:
+        assert resp.status_code == 200
+        return [json.loads(line[6:]) for line in resp.iter_lines()
+                if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+def test_completion_return_token_ids_streamed_and_whole(server, client):
+    free = client.completions.create(model=MODEL_NAME, prompt="Hello", max_tokens=8,
+                                     temperature=0, extra_body=GREEDY).choices[0].text
+    body = {"model": MODEL_NAME, "prompt": "Hello", "max_tokens": 8, "temperature": 0,
+            "stop": [free[3:5]], **GREEDY}  # a stop string: text is held back, ids are not
+    with server.client() as http:
+        whole = http.post("/v1/completions", json={**body, "return_token_ids": True}).json()
+        events = _stream_events(http, "/v1/completions", {**body, "return_token_ids": True})
+        plain = _stream_events(http, "/v1/completions", body)
+    choice = whole["choices"][0]
+    assert len(choice["token_ids"]) == whole["usage"]["completion_tokens"]
+    assert len(choice["prompt_token_ids"]) == whole["usage"]["prompt_tokens"]
+    chunks = [e["choices"][0] for e in events]
+    assert all(isinstance(c["token_ids"], list) for c in chunks)
+    assert [c.get("prompt_token_ids") for c in chunks] == \
+        [choice["prompt_token_ids"]] + [None] * (len(chunks) - 1)  # first chunk only
+    assert sum((c["token_ids"] for c in chunks), []) == choice["token_ids"]
+    assert "".join(c["text"] for c in chunks) == choice["text"] == \
+        "".join(e["choices"][0]["text"] for e in plain)
+    assert not any("token_ids" in e["choices"][0] for e in plain)  # only when asked
+
+
+def test_chat_return_token_ids_streamed_and_whole(server):
+    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 6, "temperature": 0, "return_token_ids": True, **GREEDY}
+    with server.client() as http:
+        whole = http.post("/v1/chat/completions", json=body).json()
+        events = _stream_events(http, "/v1/chat/completions", body)
+    assert len(whole["prompt_token_ids"]) == whole["usage"]["prompt_tokens"]
+    assert len(whole["choices"][0]["token_ids"]) == 6
+    assert events[0]["prompt_token_ids"] == whole["prompt_token_ids"]
+    assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert sum((e["choices"][0]["token_ids"] for e in events), []) == \
+        whole["choices"][0]["token_ids"]
+    assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events) == \
+        whole["choices"][0]["message"]["content"]
 
 
 def test_unknown_fields_are_ignored_with_a_warning(client, server):

@@ -77,6 +77,10 @@ class _GenerationRequest(_Strict):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     structured_outputs: dict[str, Any] | None = None  # vLLM's newer form of the same
+    # vLLM extra: each choice carries its generated ``token_ids`` (a stream chunk: the new ones,
+    # sent as soon as they are generated, even when their text is still empty) and the
+    # ``prompt_token_ids`` (chat: at the response's top level; streams: in the first chunk)
+    return_token_ids: bool | None = None
 
     @field_validator("stop", mode="before")
     @classmethod

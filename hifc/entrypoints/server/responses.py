@@ -65,23 +65,39 @@ def _chat_entry(text: str, logprob: float) -> dict:
 
 
 def completion_choice(index: int, text: str, logprobs: dict | None, finish_reason: str | None,
-                      stop_reason: int | str | None, prompt_logprobs: list | None = None) -> dict:
+                      stop_reason: int | str | None, prompt_logprobs: list | None = None,
+                      token_ids: list[int] | None = None,
+                      prompt_token_ids: list[int] | None = None) -> dict:
+    """``token_ids`` (the generated ids, or a stream chunk's new ones) and
+    ``prompt_token_ids``: vLLM's ``return_token_ids`` extras, present when not None."""
     choice = {"index": index, "text": text, "logprobs": logprobs,
               "finish_reason": finish_reason, "stop_reason": stop_reason}
     if prompt_logprobs is not None:  # vLLM's extra, when asked for
         choice["prompt_logprobs"] = prompt_logprobs
-    return choice
+    return _with_token_ids(choice, token_ids, prompt_token_ids)
 
 
 def chat_choice(index: int, text: str | None, logprobs: dict | None, finish_reason: str | None,
-                stop_reason: int | str | None, delta: bool, role: bool = False) -> dict:
+                stop_reason: int | str | None, delta: bool, role: bool = False,
+                token_ids: list[int] | None = None) -> dict:
     """A chat choice: ``message`` (whole response) or ``delta`` (a stream chunk; ``role``
-    only in a choice's first chunk)."""
+    only in a choice's first chunk). ``token_ids``: as in :func:`completion_choice` (a chat
+    response carries ``prompt_token_ids`` at its top level)."""
     message = {} if text is None else {"content": text}
     if role or not delta:
         message["role"] = "assistant"
-    return {"index": index, "delta" if delta else "message": message, "logprobs": logprobs,
-            "finish_reason": finish_reason, "stop_reason": stop_reason}
+    choice = {"index": index, "delta" if delta else "message": message, "logprobs": logprobs,
+              "finish_reason": finish_reason, "stop_reason": stop_reason}
+    return _with_token_ids(choice, token_ids, None)
+
+
+def _with_token_ids(choice: dict, token_ids: list[int] | None,
+                    prompt_token_ids: list[int] | None) -> dict:
+    if prompt_token_ids is not None:
+        choice["prompt_token_ids"] = list(prompt_token_ids)
+    if token_ids is not None:
+        choice["token_ids"] = list(token_ids)
+    return choice
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:

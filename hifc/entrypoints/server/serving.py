@@ -10,7 +10,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import AsyncIterator, Sequence
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
@@ -36,6 +36,7 @@ class _Call:
     n: int
     logprobs: int | None  # top log-probabilities per token in the response (None: none)
     echo: bool = False  # completions: the prompt precedes each choice's text
+    return_token_ids: bool = False  # vLLM's extra: choices carry token_ids, prompt_token_ids
 
 
 async def create_completion(engine: AsyncEngine, body: CompletionRequest, request: Request):
@@ -85,7 +86,8 @@ def _new_call(body, params: SamplingParams, chat: bool, logprobs: int | None,
     holdback = 0 if params.include_stop_str_in_output else max(map(len, params.stop),
                                                                 default=1) - 1
     return _Call(chat, f"{prefix}-{uuid.uuid4().hex}", body.model, int(time.time()),
-                 body.include_usage, holdback, params.n, logprobs, echo)
+                 body.include_usage, holdback, params.n, logprobs, echo,
+                 bool(body.return_token_ids))
 
 
 async def _submit(engine: AsyncEngine, requests: list[GenerateRequest]) -> list[RequestStream]:
@@ -110,6 +112,8 @@ async def _respond(engine: AsyncEngine, streams: list[RequestStream], call: _Cal
     body = {**_envelope(call, choices, chunk=False), "usage": _usage(finals)}
     if call.chat and finals[0].prompt_logprobs is not None:  # vLLM's extra, when asked for
         body["prompt_logprobs"] = responses.prompt_logprobs(finals[0].prompt_logprobs)
+    if call.chat and call.return_token_ids:
+        body["prompt_token_ids"] = list(finals[0].prompt_token_ids)
     return JSONResponse(body)
 
 
@@ -119,7 +123,8 @@ def _final_choice(engine: AsyncEngine, call: _Call, out: RequestOutput,
         logprobs = (None if call.logprobs is None else responses.chat_logprobs(
             completion.token_ids, completion.logprobs, engine.token_text, call.logprobs))
         return responses.chat_choice(index, completion.text, logprobs, completion.finish_reason,
-                                     completion.stop_reason, delta=False)
+                                     completion.stop_reason, delta=False,
+                                     token_ids=_if_asked(call, completion.token_ids))
     token_ids, positions, text = completion.token_ids, completion.logprobs, completion.text
     if call.echo:
         text = _prompt_text(engine, out) + text
@@ -131,7 +136,14 @@ def _final_choice(engine: AsyncEngine, call: _Call, out: RequestOutput,
                 responses.completion_logprobs(token_ids, positions, engine.token_text))
     return responses.completion_choice(index, text, logprobs, completion.finish_reason,
                                        completion.stop_reason,
-                                       responses.prompt_logprobs(out.prompt_logprobs))
+                                       responses.prompt_logprobs(out.prompt_logprobs),
+                                       token_ids=_if_asked(call, completion.token_ids),
+                                       prompt_token_ids=_if_asked(call, out.prompt_token_ids))
+
+
+def _if_asked(call: _Call, token_ids: Sequence[int]) -> list[int] | None:
+    """``token_ids`` if the request asked for ids (``return_token_ids``), else None."""
+    return list(token_ids) if call.return_token_ids else None
 
 
 def _prompt_text(engine: AsyncEngine, out: RequestOutput) -> str:
@@ -210,7 +222,7 @@ class _AbortingStreamingResponse(StreamingResponse):
 class _Sent:
     """How much of one choice has been streamed."""
     chars: int = 0
-    tokens: int = 0
+    tokens: int = 0  # token ids (and their logprobs) sent
     started: bool = False
     finished: bool = False
 
@@ -277,10 +289,13 @@ def _event(payload: dict) -> str:
 
 def _deltas(engine: AsyncEngine, call: _Call, out: RequestOutput, completion: CompletionOutput,
             index: int, sent: _Sent) -> list[dict]:
-    """The chunks that bring one choice's stream up to date with ``completion``."""
+    """The chunks that bring one choice's stream up to date with ``completion``. With
+    ``return_token_ids`` new tokens make a chunk even while their text is empty (a model
+    without a tokenizer, a stop string's holdback, an incomplete character)."""
     if sent.finished:
         return []
     chunks = []
+    first_of_choice = not sent.started
     if not sent.started:
         sent.started = True
         first = _first_chunk(engine, call, out, index)
@@ -288,19 +303,28 @@ def _deltas(engine: AsyncEngine, call: _Call, out: RequestOutput, completion: Co
             chunks.append(first)
     text, finished = completion.text, completion.finish_reason is not None
     upto = len(text) if finished else max(sent.chars, len(text) - call.holdback)
+    new_ids = completion.token_ids[sent.tokens:]
     new_positions = (completion.logprobs or [])[sent.tokens:] if call.logprobs is not None \
         else []
-    if upto > sent.chars or new_positions:
-        new_ids = completion.token_ids[sent.tokens:]
+    if upto > sent.chars or new_positions or (call.return_token_ids and new_ids):
         chunks.append(_chunk(call, index, text[sent.chars:upto],
-                             _logprobs(engine, call, new_ids, new_positions, sent.chars)))
+                             _logprobs(engine, call, new_ids, new_positions, sent.chars),
+                             token_ids=new_ids))
         sent.chars = upto
         sent.tokens = len(completion.token_ids)
     if finished:
         sent.finished = True
         chunks.append(_chunk(call, index, None if call.chat else "", None,
                              completion.finish_reason, completion.stop_reason))
+    if call.return_token_ids and first_of_choice and chunks:
+        _add_prompt_token_ids(call, chunks[0], out.prompt_token_ids)
     return chunks
+
+
+def _add_prompt_token_ids(call: _Call, chunk: dict, prompt_token_ids: list[int]) -> None:
+    """vLLM's place for the prompt ids in a stream: the first chunk of each choice (chat: at
+    the chunk's top level)."""
+    (chunk if call.chat else chunk["choices"][0])["prompt_token_ids"] = list(prompt_token_ids)
 
 
 def _first_chunk(engine: AsyncEngine, call: _Call, out: RequestOutput, index: int) -> dict | None:
@@ -328,13 +352,16 @@ def _logprobs(engine: AsyncEngine, call: _Call, token_ids: list[int], positions:
 
 def _chunk(call: _Call, index: int, text: str | None, logprobs: dict | None,
            finish_reason: str | None = None, stop_reason: int | str | None = None,
-           role: bool = False) -> dict:
+           role: bool = False, token_ids: Sequence[int] = ()) -> dict:
+    """One choice's chunk; ``token_ids``: the ids it brings (sent, as a list, in every chunk
+    when the request asked for them)."""
+    ids = _if_asked(call, token_ids)
     if call.chat:
         choice = responses.chat_choice(index, text, logprobs, finish_reason, stop_reason,
-                                       delta=True, role=role)
+                                       delta=True, role=role, token_ids=ids)
     else:
         choice = responses.completion_choice(index, text or "", logprobs, finish_reason,
-                                             stop_reason)
+                                             stop_reason, token_ids=ids)
     payload = _envelope(call, [choice], chunk=True)
     if call.include_usage:
         payload["usage"] = None
