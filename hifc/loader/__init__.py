@@ -121,3 +121,20 @@ def load_model(model: str, dtype: torch.dtype, device: torch.device | str,
 
 
 __all__ = ["ALIASES", "LoadedModel", "Tokenizer", "load_model", "smollm2_gguf_path"]
+
+
+def model_arch(model: str) -> ModelArchConfig:
+    """The architecture ``model`` (as ``load_model`` names it) declares, without its weights."""
+    if model.startswith(RANDOM_PREFIX):
+        preset = model[len(RANDOM_PREFIX):]
+        if preset not in PRESETS:
+            raise _unknown_model(model)
+        return preset_arch(preset)
+    path = ALIASES[model]() if model in ALIASES else Path(model).expanduser()
+    if path.is_dir():
+        return read_hf_arch(path)
+    if path.is_file() and path.suffix == ".gguf":
+        from hifc.loader.gguf_file import gguf_arch, open_gguf
+        return gguf_arch(open_gguf(path), path)
+    raise _unknown_model(model)
+
