@@ -1,9 +1,15 @@
 """Tensor parallelism on the CPU (gloo): TP=2 gives TP=1's greedy outputs, swapping to flash
 too (each rank its own file); models or launches that do not split are refused."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from hifc import LLM, SamplingParams
-from hifc.parallel.tp_launch import rank_flash_path
+from hifc.parallel.tp_launch import local_rendezvous, rank_flash_path
 from hifc.tiers.flash.cache_file import read_superblock
 from tests.fixtures import make_tiny_hf_model
 
@@ -24,18 +30,34 @@ def reference(llama_dir):
         return [o.token_ids for o in llm.generate(PROMPTS, PARAMS, use_tqdm=False)]
 
 
+LOGPROB_PARAMS = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True,
+                                prompt_logprobs=2, logprobs=1)
+
+
 def test_tp2_matches_tp1(llama_dir, reference):
+    with LLM(llama_dir, device="cpu", num_gpu_blocks=32, block_size=16) as llm:
+        expected = llm.generate([PROMPTS[0]], LOGPROB_PARAMS, use_tqdm=False)[0]
     with LLM(llama_dir, device="cpu", num_gpu_blocks=32, block_size=16,
              tensor_parallel_size=2) as llm:
         outputs = [o.token_ids for o in llm.generate(PROMPTS, PARAMS, use_tqdm=False)]
+        with_logprobs = llm.generate([PROMPTS[0]], LOGPROB_PARAMS, use_tqdm=False)[0]
     assert outputs == reference
+    # prompt logprobs: rank 0 computes extra logits, which the worker joins (gathered vocab)
+    assert with_logprobs.token_ids == expected.token_ids
+    assert len(with_logprobs.prompt_logprobs) == len(PROMPTS[0])
+    for got, want in zip(with_logprobs.prompt_logprobs[1:], expected.prompt_logprobs[1:]):
+        assert got.keys() == want.keys()
+        assert all(abs(got[t].logprob - want[t].logprob) < 1e-4 for t in got)
 
 
-def test_tp2_swapping_to_flash_matches_tp1(llama_dir, reference, tmp_path):
+@pytest.mark.parametrize("kind", ["flash", "dram"])
+def test_tp2_swapping_matches_tp1(llama_dir, reference, tmp_path, kind):
     path = tmp_path / "kv.hifc"
-    # 5 sequences x 2 blocks do not fit in 7 blocks: forces preemption, swapped to flash
+    tier = (dict(kv_offload="flash", flash_path=str(path), flash_size_gib=0.01)
+            if kind == "flash" else dict(kv_offload="dram", swap_space=0.01))
+    # 5 sequences x 2 blocks do not fit in 7 blocks: forces preemption, swapped out
     with LLM(llama_dir, device="cpu", num_gpu_blocks=7, block_size=16, tensor_parallel_size=2,
-             kv_offload="flash", flash_path=str(path), flash_size_gib=0.01) as llm:
+             **tier) as llm:
         outputs = [o.token_ids for o in llm.generate(PROMPTS, PARAMS, use_tqdm=False)]
         stats = llm.stats()
         tier = llm.engine.tier
@@ -48,7 +70,7 @@ def test_tp2_swapping_to_flash_matches_tp1(llama_dir, reference, tmp_path):
     assert stats["gpu_blocks_free"] == stats["gpu_blocks_total"]
     # each rank wrote its own shard (half the bytes) into its own file, which says whose it is
     assert stats["tier_bytes_written"] == stats["swap_out_blocks"] * tier.block_bytes
-    for rank in (0, 1):
+    for rank in (0, 1) if kind == "flash" else ():
         superblock = read_superblock(rank_flash_path(str(path), rank))
         assert (superblock["tp_rank"], superblock["tp_size"]) == (rank, 2)
 
@@ -72,3 +94,19 @@ def test_each_rank_has_its_own_flash_file():
     assert [rank_flash_path("/nvme/kv.hifc", r) for r in range(3)] == [
         "/nvme/kv.hifc", "/nvme/kv.hifc.rank1", "/nvme/kv.hifc.rank2"]
     assert rank_flash_path("/nvme/kv-{rank}.hifc", 1) == "/nvme/kv-1.hifc"
+
+
+def test_tp2_under_a_launcher_matches_tp1(llama_dir):
+    """torchrun starts both ranks; rank 1 becomes rank 0's worker at the same LLM(...) call."""
+    with LLM(llama_dir, device="cpu", num_gpu_blocks=16, block_size=16) as llm:
+        expected = [o.token_ids for o in llm.generate([[1, 5, 9, 13]], SamplingParams(
+            max_tokens=6, temperature=0.0, ignore_eos=True), use_tqdm=False)]
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--master-port", str(local_rendezvous(2).init_method.rsplit(":", 1)[1]),
+         str(root / "tests" / "parallel" / "tp_launched_main.py"), llama_dir],
+        env=env, cwd=root, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == expected
