@@ -32,7 +32,8 @@ from hifc.loader import LoadedModel, load_model
 from hifc.layers.tensor_parallel import SINGLE
 from hifc.parallel.config import replica_config
 from hifc.parallel.tensor_parallel import start_tensor_parallel
-from hifc.parallel.tp_driver import TPDriver, WorkerSetup
+from hifc.parallel.tp_control import WorkerSetup
+from hifc.parallel.tp_driver import TPDriver
 from hifc.parallel.tp_launch import shard_arch, shard_scales
 from hifc.runtime.kv_cache import allocate_kv_cache, kv_cache_scales, scale_digest
 from hifc.runtime.model_runner import ModelRunner

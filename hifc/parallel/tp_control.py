@@ -1,6 +1,7 @@
 """The scheduler's messages to the tensor-parallel workers, over ``torch.distributed`` (gloo).
 
-Rank 0 (the engine) is the only sender: each :class:`Command` is broadcast to every rank
+Rank 0 (the engine) is the only sender: first the :class:`WorkerSetup` (or a stop, when rank 0
+failed before it), then :class:`Command` s. Each is broadcast to every rank
 (``broadcast_object_list``); a command with ``reply`` set is answered by every worker with the
 tier job outcomes it has (``gather_object``), the others are not answered. A step's command
 carries the step's scheduled work, which the workers run through their part of the model in the
@@ -14,6 +15,15 @@ import torch.distributed as dist
 
 from hifc.core.scheduler import ScheduledSeq
 from hifc.tiers.jobs import IOOrder, RankOutcome
+
+
+@dataclass(frozen=True)
+class WorkerSetup:
+    """What rank 0 resolved that every rank must use: KV blocks and the model length (which
+    sizes the decode graphs)."""
+
+    num_gpu_blocks: int
+    max_model_len: int
 
 
 @dataclass(frozen=True)
@@ -50,18 +60,18 @@ class ControlChannel:
         self.size = size
         self.group = group
 
-    def send(self, command: Command) -> list[list[RankOutcome]]:
+    def send(self, command: Command | WorkerSetup) -> list[list[RankOutcome]]:
         """Rank 0: broadcast ``command``; with ``reply``, every worker's outcomes (by rank,
         rank 0's list empty)."""
         dist.broadcast_object_list([command], src=0, group=self.group)
-        if not command.reply:
+        if isinstance(command, WorkerSetup) or not command.reply:
             return []
         replies: list = [None] * self.size
         dist.gather_object([], replies, dst=0, group=self.group)
         return replies
 
-    def receive(self) -> Command:
-        """A worker: the next command."""
+    def receive(self) -> Command | WorkerSetup:
+        """A worker: the next message (the setup first, then commands)."""
         box: list = [None]
         dist.broadcast_object_list(box, src=0, group=self.group)
         return box[0]

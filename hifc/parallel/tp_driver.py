@@ -18,20 +18,11 @@ import torch.multiprocessing as torch_mp
 from hifc.config import EngineConfig
 from hifc.core.scheduler import ScheduledSeq
 from hifc.layers.tensor_parallel import TPShard
-from hifc.parallel.tp_control import Command, ControlChannel, StepWork
+from hifc.parallel.tp_control import Command, ControlChannel, StepWork, WorkerSetup
 from hifc.parallel.tp_launch import Rendezvous, join_group, launched_rank, local_rendezvous
 from hifc.tiers.jobs import IOOrder, RankOutcome
 
 logger = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class WorkerSetup:
-    """What rank 0 resolved that every rank must use: KV blocks and the model length (which
-    sizes the decode graphs)."""
-
-    num_gpu_blocks: int
-    max_model_len: int
 
 
 class TPDriver:
@@ -74,7 +65,7 @@ class TPDriver:
 
     def setup(self, setup: WorkerSetup) -> None:
         """Tell every worker the sizes rank 0 resolved (they build their KV cache next)."""
-        dist.broadcast_object_list([setup], src=0, group=self.channel.group)
+        self.channel.send(setup)
 
     # -- steps ---------------------------------------------------------------------------------
     def announce(self, scheduled: list[ScheduledSeq],

@@ -16,7 +16,7 @@ from hifc.config import EngineConfig
 from hifc.engine.limits import resolve_dtype, resolve_kv_dtype
 from hifc.engine.threads import apply_cpu_threads
 from hifc.loader import load_model
-from hifc.parallel.tp_control import Command, ControlChannel
+from hifc.parallel.tp_control import Command, ControlChannel, WorkerSetup
 from hifc.parallel.tp_launch import (Rendezvous, join_group, rank_device, rank_tier_config,
                                      shard_arch, shard_scales)
 from hifc.runtime.kv_cache import allocate_kv_cache, kv_cache_scales, scale_digest
@@ -38,9 +38,9 @@ def run_worker(config: EngineConfig, rank: int, rendezvous: Rendezvous,
     channel = ControlChannel(rank, shard.size, dist.new_group(backend="gloo"))
     try:
         loaded = load_model(config.model, dtype, device, config.seed, shard)
-        box: list = [None]
-        dist.broadcast_object_list(box, src=0, group=channel.group)
-        setup = box[0]
+        setup = channel.receive()
+        if not isinstance(setup, WorkerSetup):
+            return  # rank 0 stopped before it was built (its error is reported there)
         kv_dtype = resolve_kv_dtype(config, dtype)
         kv_arch = shard_arch(loaded.arch, shard.size)
         kv_cache = allocate_kv_cache(kv_arch, setup.num_gpu_blocks, config.block_size,
@@ -77,7 +77,7 @@ def _follow(channel: ControlChannel, runner: ModelRunner, jobs: RankJobs | None)
             jobs.mover.cancel_queued()
         if command.reply:
             channel.answer(jobs.finished() if jobs is not None else [])
-        if command.close_tier and jobs is not None:
+        if (command.close_tier or command.stop) and jobs is not None:
             jobs.close()
             jobs = None
         if command.stop:
