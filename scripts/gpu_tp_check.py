@@ -19,7 +19,6 @@ import gc
 import json
 import os
 import sys
-import tempfile
 import time
 
 import torch
@@ -44,7 +43,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--steps", type=int, help="timed decode steps (default 16 cuda, 3 cpu)")
     p.add_argument("--parity-tokens", type=int, help="greedy tokens per parity prompt "
                                                       "(default 32 cuda, 8 cpu)")
-    p.add_argument("--flash-dir", default=tempfile.gettempdir(),
+    p.add_argument("--flash-dir", default=os.getcwd(),
                    help="where the swap run's cache files go (one per rank)")
     p.add_argument("--json", dest="json_out", help="write the results as JSON here")
     args = p.parse_args()

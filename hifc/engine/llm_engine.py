@@ -124,7 +124,7 @@ class LLMEngine:
         self.tier = _build_tier(config, self.kv_geometry, kv_cache.device, device_share,
                                 self.tp)
         self.preemption = PreemptionPolicy(config.preemption_mode,
-                                           self.tier.geometry.block_bytes if self.tier else 0)
+                                           self.tier.block_bytes if self.tier else 0)
         store = self._store_level() if self._uses_prefix_store() else None
         self.scheduler = Scheduler(
             SchedulerLimits(config.max_num_seqs, self.limits.max_num_batched_tokens,
@@ -155,7 +155,7 @@ class LLMEngine:
 
     def _store_level(self) -> StoreLevel:
         config = self.config
-        policy = PrefixReadPolicy(config.tier.prefix_store_read, self.tier.geometry.block_bytes,
+        policy = PrefixReadPolicy(config.tier.prefix_store_read, self.tier.block_bytes,
                                   config.block_size, self.preemption.prefill_speed)
         # 'evicted' keeps written the cached blocks that the next step could evict
         lookahead = self.limits.max_num_batched_tokens // config.block_size + 1

@@ -7,9 +7,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from hifc import LLM, SamplingParams
-from hifc.parallel.tp_launch import local_rendezvous, rank_flash_path
+from hifc.layers.tensor_parallel import TPShard
+from hifc.parallel.tp_launch import local_rendezvous, rank_flash_path, shard_scales
 from hifc.tiers.flash.cache_file import read_superblock
 from tests.fixtures import make_tiny_hf_model
 
@@ -110,3 +112,29 @@ def test_tp2_under_a_launcher_matches_tp1(llama_dir):
         env=env, cwd=root, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert json.loads(run.stdout.strip().splitlines()[-1]) == expected
+
+
+def test_tp2_prefix_store_is_found_again_after_a_restart(llama_dir, tmp_path):
+    """Every rank writes its shard of each stored block into its own file; a new TP=2 engine
+    on the same files reads them back (rank 0's index, every rank's records verified)."""
+    prompts = [list(range(5, 45)), list(range(5, 37)) + list(range(100, 110))]  # 2 full blocks
+    with LLM(llama_dir, device="cpu", num_gpu_blocks=32, block_size=16) as llm:
+        expected = [o.token_ids for o in llm.generate(prompts, PARAMS, use_tqdm=False)]
+    options = dict(device="cpu", num_gpu_blocks=32, block_size=16, tensor_parallel_size=2,
+                   kv_offload="flash", flash_path=str(tmp_path / "kv.hifc"),
+                   flash_size_gib=0.01, prefix_store_read="always")
+    with LLM(llama_dir, **options) as llm:  # closing writes the cached blocks to the store
+        assert [o.token_ids for o in llm.generate(prompts, PARAMS, use_tqdm=False)] == expected
+    with LLM(llama_dir, **options) as llm:
+        outputs = [o.token_ids for o in llm.generate(prompts, PARAMS, use_tqdm=False)]
+        stats = llm.stats()
+    assert outputs == expected
+    assert stats["prefix_store_hits"] >= 32 and stats["prefix_store_read_failures"] == 0
+    assert stats["prefix_store_read_tokens"] == stats["prefix_store_hits"]
+
+
+def test_each_rank_keeps_the_kv_scales_of_its_heads():
+    scales = torch.arange(2 * 2 * 4, dtype=torch.float32).view(2, 2, 4)  # [L, K/V, Hkv]
+    assert torch.equal(shard_scales(scales, TPShard(1, 2)), scales[:, :, 2:])
+    assert shard_scales(scales, TPShard(0, 1)) is scales and shard_scales(None, TPShard(1, 2)) \
+        is None
