@@ -25,7 +25,8 @@ import torch
 
 from hifc import LLM, SamplingParams
 from hifc.analysis.common import int_list
-from hifc.bench.kernels import add_floor, decode_max_tokens, measure_decode, sized_options
+from hifc.bench.kernels import (add_floor, decode_max_tokens, measure_decode,
+                                 sized_options)
 from hifc.bench.probes import copy_gbps
 from hifc.engine.llm_engine import LLMEngine
 
@@ -143,6 +144,7 @@ def run_decode(args, tp: int, copy_rate: float) -> list[dict]:
 
 
 def main() -> int:
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off (shared GPU hosts)
     args = parse_args()
     t0 = time.perf_counter()
     print(f"model {args.model}  device {args.device}  torch {torch.__version__}")
