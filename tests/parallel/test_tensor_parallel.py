@@ -36,6 +36,7 @@ LOGPROB_PARAMS = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True,
                                 prompt_logprobs=2, logprobs=1)
 
 
+@pytest.mark.slow  # starts a worker process (~3-5 s on the CPU VM)
 def test_tp2_matches_tp1(llama_dir, reference):
     with LLM(llama_dir, device="cpu", num_gpu_blocks=32, block_size=16) as llm:
         expected = llm.generate([PROMPTS[0]], LOGPROB_PARAMS, use_tqdm=False)[0]
@@ -52,6 +53,7 @@ def test_tp2_matches_tp1(llama_dir, reference):
         assert all(abs(got[t].logprob - want[t].logprob) < 1e-4 for t in got)
 
 
+@pytest.mark.slow  # starts a worker process (~3-5 s on the CPU VM)
 @pytest.mark.parametrize("kind", ["flash", "dram"])
 def test_tp2_swapping_matches_tp1(llama_dir, reference, tmp_path, kind):
     path = tmp_path / "kv.hifc"
@@ -98,6 +100,7 @@ def test_each_rank_has_its_own_flash_file():
     assert rank_flash_path("/nvme/kv-{rank}.hifc", 1) == "/nvme/kv-1.hifc"
 
 
+@pytest.mark.slow  # starts a worker process (~3-5 s on the CPU VM)
 def test_tp2_under_a_launcher_matches_tp1(llama_dir):
     """torchrun starts both ranks; rank 1 becomes rank 0's worker at the same LLM(...) call."""
     with LLM(llama_dir, device="cpu", num_gpu_blocks=16, block_size=16) as llm:
@@ -114,6 +117,7 @@ def test_tp2_under_a_launcher_matches_tp1(llama_dir):
     assert json.loads(run.stdout.strip().splitlines()[-1]) == expected
 
 
+@pytest.mark.slow  # starts a worker process (~3-5 s on the CPU VM)
 def test_tp2_prefix_store_is_found_again_after_a_restart(llama_dir, tmp_path):
     """Every rank writes its shard of each stored block into its own file; a new TP=2 engine
     on the same files reads them back (rank 0's index, every rank's records verified)."""
