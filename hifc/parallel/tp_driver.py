@@ -19,8 +19,8 @@ from hifc.config import EngineConfig
 from hifc.core.scheduler import ScheduledSeq
 from hifc.layers.tensor_parallel import TPShard
 from hifc.parallel.tp_control import Command, ControlChannel, StepWork, WorkerSetup
-from hifc.parallel.tp_launch import (Rendezvous, join_group, launched_rank, local_rendezvous,
-                                     rank_device)
+from hifc.parallel.tp_launch import (Rendezvous, control_group, join_group, launched_rank,
+                                     local_rendezvous, rank_device)
 from hifc.tiers.jobs import IOOrder, RankOutcome
 
 logger = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ class TPDriver:
             rendezvous = Rendezvous("env://", size)
         try:
             shard = join_group(rendezvous, 0, rank_device(device, 0, launched is not None))
-            channel = ControlChannel(0, size, dist.new_group(backend="gloo"))
+            channel = ControlChannel(0, size, control_group())
         except BaseException:
             _stop(processes)
             raise

@@ -31,6 +31,9 @@ from hifc.tiers.config import TierConfig
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 RANK_FIELD = "{rank}"
 TIMEOUT = datetime.timedelta(minutes=10)  # a rank that does not answer fails its peers then
+# the workers wait for rank 0's next command as long as the engine idles (a dead rank 0 closes
+# the connection, which ends the wait at once)
+CONTROL_TIMEOUT = datetime.timedelta(days=365)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +86,12 @@ def join_group(rendezvous: Rendezvous, rank: int, device: torch.device) -> TPSha
     dist.init_process_group(backend, init_method=rendezvous.init_method, rank=rank,
                             world_size=rendezvous.size, timeout=TIMEOUT)
     return TPShard(rank, rendezvous.size)
+
+
+def control_group() -> dist.ProcessGroup:
+    """The gloo group of every rank that carries rank 0's messages (every rank calls this
+    right after ``join_group``)."""
+    return dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
 
 
 def shard_arch(arch: ModelArchConfig, size: int) -> ModelArchConfig:

@@ -17,8 +17,8 @@ from hifc.engine.limits import resolve_dtype, resolve_kv_dtype
 from hifc.engine.threads import apply_cpu_threads
 from hifc.loader import load_model
 from hifc.parallel.tp_control import Command, ControlChannel, WorkerSetup
-from hifc.parallel.tp_launch import (Rendezvous, join_group, rank_device, rank_tier_config,
-                                     shard_arch, shard_scales)
+from hifc.parallel.tp_launch import (Rendezvous, control_group, join_group, rank_device,
+                                     rank_tier_config, shard_arch, shard_scales)
 from hifc.runtime.kv_cache import allocate_kv_cache, kv_cache_scales, scale_digest
 from hifc.runtime.model_runner import ModelRunner
 from hifc.tiers.factory import geometry_of, make_mover
@@ -35,7 +35,7 @@ def run_worker(config: EngineConfig, rank: int, rendezvous: Rendezvous,
     apply_cpu_threads(config.cpu_threads, device)
     torch.manual_seed(config.seed)
     shard = join_group(rendezvous, rank, device)
-    channel = ControlChannel(rank, shard.size, dist.new_group(backend="gloo"))
+    channel = ControlChannel(rank, shard.size, control_group())
     try:
         loaded = load_model(config.model, dtype, device, config.seed, shard)
         setup = channel.receive()
