@@ -79,6 +79,23 @@ def test_tp2_swapping_matches_tp1(llama_dir, reference, tmp_path, kind):
         assert (superblock["tp_rank"], superblock["tp_size"]) == (rank, 2)
 
 
+@pytest.mark.slow  # starts a worker process (~3-5 s on the CPU VM)
+def test_a_failed_rank_part_turns_the_swap_into_a_recompute(llama_dir, reference, tmp_path):
+    """Rank 0's reads fail (rank 1's succeed): the swap-ins fail as a whole, those sequences
+    are recomputed on both ranks, the outputs do not change and every block is released."""
+    with LLM(llama_dir, device="cpu", num_gpu_blocks=7, block_size=16, tensor_parallel_size=2,
+             kv_offload="flash", flash_path=str(tmp_path / "kv.hifc"), flash_size_gib=0.01,
+             tier_fault_injection=True) as llm:
+        llm.engine.tier.faults.arm("read", "eio", times=3)
+        outputs = [o.token_ids for o in llm.generate(PROMPTS, PARAMS, use_tqdm=False)]
+        stats = llm.stats()
+        tier = llm.engine.tier
+        assert tier.num_free_blocks == tier.num_blocks
+    assert outputs == reference
+    assert stats["swap_failures"] > 0 and stats["recomputed_sequences"] > 0
+    assert stats["gpu_blocks_free"] == stats["gpu_blocks_total"]
+
+
 def test_heads_that_do_not_divide_are_refused():
     # SmolLM2-135M: 9 query heads, 3 KV heads
     with pytest.raises(ValueError, match="tensor_parallel_size=2 must divide the model's 9 "
