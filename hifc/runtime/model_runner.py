@@ -1,7 +1,12 @@
-"""Runs one scheduled step on the device: inputs -> model -> logits -> sampled tokens."""
+"""Runs one scheduled step on the device: inputs -> model -> logits -> sampled tokens.
+
+With tensor parallelism the engine's runner (rank 0) announces each step to the other ranks'
+runners (``followers``) before computing it; they run the same forward pass and logits
+(``follow``: the model's collectives pair up) and sample nothing."""
 from __future__ import annotations
 
 import logging
+from typing import Protocol
 
 import torch
 
@@ -19,10 +24,18 @@ from hifc.runtime.sampling_inputs import (PenaltyRows, StepConstraints, StepPack
 logger = logging.getLogger(__name__)
 
 
+class StepFollowers(Protocol):
+    """The other tensor-parallel ranks' runners, as rank 0 drives them."""
+
+    def announce(self, scheduled: list[ScheduledSeq],
+                 logprob_spans: list[tuple[int, int, int]]) -> None:
+        """Send them a step: they ``follow`` it while this rank computes it."""
+
+
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv_cache: torch.Tensor, backend: AttentionBackend,
                  block_size: int, device: torch.device, seed: int,
-                 kv_scales: torch.Tensor | None = None):
+                 kv_scales: torch.Tensor | None = None, followers: StepFollowers | None = None):
         self.model = model  # with attention_layers: each layer's LayerAttention
         self.kv_cache = kv_cache  # [L, 2, NB, BS, Hkv, D]
         self.kv_caches = list(kv_cache.unbind(0))  # per layer [2, NB, BS, Hkv, D]
@@ -38,6 +51,7 @@ class ModelRunner:
         self.step_packer = StepPacker(device)
         self.decode_graphs: DecodeGraphs | None = None
         self.num_padded_decode_steps = 0  # steps run through decode_graphs (replayed or not)
+        self.followers = followers  # the other tensor-parallel ranks (None: one rank)
 
     def setup_padded_decode(self, max_model_len: int, max_num_seqs: int, capture: bool) -> None:
         """Run decode-only steps padded to the batch sizes of ``capture_sizes`` from persistent
@@ -114,6 +128,9 @@ class ModelRunner:
         work = out.scheduled
         if not work:
             return SamplerOutput([])
+        spans = prompt_logprob_spans(work, seqs)
+        if self.followers is not None:
+            self.followers.announce(work, spans)
         hidden = query_start_loc = None
         logits = self._padded_logits(work)
         if logits is None:
@@ -123,8 +140,23 @@ class ModelRunner:
         result = (self._sample(logits, sampling, constraints) if sampling
                   else SamplerOutput([]))
         if hidden is not None:
-            result.prompt_logprobs = self._prompt_logprobs(work, seqs, hidden, query_start_loc)
+            result.prompt_logprobs = self._prompt_logprobs(work, seqs, spans, hidden,
+                                                           query_start_loc)
         return result
+
+    @torch.inference_mode()
+    def follow(self, work: list[ScheduledSeq], spans: list[tuple[int, int, int]]) -> None:
+        """A tensor-parallel rank other than 0: compute this rank's part of a step rank 0
+        announced (its K/V, and the logits rank 0 computes, which gather over the ranks)."""
+        if not work:
+            return
+        if self._padded_logits(work) is not None:
+            return
+        hidden, query_start_loc = self.eager_forward(work)
+        self._sampler_logits(work, hidden, query_start_loc)
+        for row, first, end in spans:
+            offset = query_start_loc[row] - work[row].start_pos
+            self.model.compute_logits(hidden[offset + first:offset + end])
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence],
                 constraints: StepConstraints | None) -> SamplerOutput:
@@ -136,29 +168,41 @@ class ModelRunner:
         return _to_output(self.sampler.sample(logits, batch, self.generator))
 
     def _prompt_logprobs(self, work: list[ScheduledSeq], seqs: list[Sequence],
-                         hidden: torch.Tensor, query_start_loc: list[int],
-                         chunk: int = 256) -> dict[int, PromptLogprobs]:
+                         spans: list[tuple[int, int, int]], hidden: torch.Tensor,
+                         query_start_loc: list[int]) -> dict[int, PromptLogprobs]:
         """Prompt log-probabilities of the prompt tokens this step's hidden states predict,
-        for the rows that ask for them (``chunk`` positions at a time: [chunk, V] logits)."""
+        for the rows that ask for them, one ``spans`` entry at a time ([chunk, V] logits)."""
+        parts_by_row: dict[int, list] = {}
+        for row, first, end in spans:
+            seq = seqs[row]
+            offset = query_start_loc[row] - work[row].start_pos
+            states = hidden[offset + first:offset + end]  # [C, H]
+            logprobs = torch.log_softmax(self.model.compute_logits(states), dim=-1)
+            targets = torch.tensor(seq.prompt_token_ids[first + 1:end + 1], device=self.device)
+            parts_by_row.setdefault(row, []).append(sampling_ops.top_logprobs(
+                logprobs, targets, seq.sampling_params.prompt_logprobs))
         results = {}
-        for row, (w, seq) in enumerate(zip(work, seqs)):
-            k = seq.sampling_params.prompt_logprobs
-            last = min(w.seq_len, seq.num_prompt_tokens - 1)  # positions < last predict prompt
-            if k is None or w.start_pos >= last:
-                continue
-            parts = []
-            offset = query_start_loc[row] - w.start_pos
-            for pos in range(w.start_pos, last, chunk):
-                end = min(pos + chunk, last)
-                states = hidden[offset + pos:offset + end]  # [C, H]
-                logprobs = torch.log_softmax(self.model.compute_logits(states), dim=-1)
-                targets = torch.tensor(seq.prompt_token_ids[pos + 1:end + 1], device=self.device)
-                parts.append(sampling_ops.top_logprobs(logprobs, targets, k))
+        for row, parts in parts_by_row.items():
+            w, seq = work[row], seqs[row]
+            last = min(w.seq_len, seq.num_prompt_tokens - 1)
             chosen, ranks, top_ids, top_lp = (torch.cat(t) for t in zip(*parts))
             values = TopLogprobs(seq.prompt_token_ids[w.start_pos + 1:last + 1], chosen.tolist(),
                                  ranks.tolist(), top_ids.tolist(), top_lp.tolist())
             results[row] = PromptLogprobs(w.start_pos + 1, values)
         return results
+
+
+def prompt_logprob_spans(work: list[ScheduledSeq], seqs: list[Sequence],
+                         chunk: int = 256) -> list[tuple[int, int, int]]:
+    """(row, first, end): the positions whose logits give the prompt logprobs this step asks
+    for, ``chunk`` positions at a time (positions < the last prompt token predict the prompt)."""
+    spans = []
+    for row, (w, seq) in enumerate(zip(work, seqs)):
+        last = min(w.seq_len, seq.num_prompt_tokens - 1)
+        if seq.sampling_params.prompt_logprobs is None or w.start_pos >= last:
+            continue
+        spans += [(row, pos, min(pos + chunk, last)) for pos in range(w.start_pos, last, chunk)]
+    return spans
 
 
 def _to_output(sampled: SampledTokens) -> SamplerOutput:
