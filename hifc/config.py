@@ -61,8 +61,9 @@ class EngineConfig:
     async_scheduling: bool | None = option(
         None, "schedule and launch step N+1 while the device runs step N, and apply step N's "
         "tokens (stop checks, detokenizing, outputs) while step N+1 runs: the same outputs, "
-        "host time hidden behind device time (default: on with CUDA, off on the CPU). A step "
-        "after one that sampled for structured outputs or bad words waits for its tokens")
+        "host time hidden behind device time (default: on with CUDA, off on the CPU and with "
+        "tensor parallelism). A step after one that sampled for structured outputs or bad "
+        "words waits for its tokens")
     max_logprobs: int = option(
         20, "most log-probabilities a request may ask for per token (logprobs, prompt_logprobs)")
     enable_prefix_caching: bool = option(
@@ -113,6 +114,9 @@ class EngineConfig:
         if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
             raise ValueError(f"async_scheduling must be True, False or None (auto), "
                              f"got {self.async_scheduling!r}")
+        if self.async_scheduling and self.parallel.tensor_parallel_size > 1:
+            raise ValueError("async_scheduling is not supported with tensor_parallel_size > 1 "
+                             "(the other ranks would need the pending tokens)")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) \
                 or not 0 <= self.seed < 2**63:
             raise ValueError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")

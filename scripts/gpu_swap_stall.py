@@ -3,6 +3,7 @@ the swap-heavy GovReport-like run, on one H200, with swap-outs that free their G
 staged in host memory and growth-aware resumption.
 
 Usage, repo root:  PYTHONPATH=$PWD python3 scripts/gpu_swap_stall.py [--out DIR]
+                       [--model random:ds-r1-qwen-14b] [--variants dram,flash,recompute,auto]
                    PYTHONPATH=$PWD python3 scripts/gpu_swap_stall.py --device cpu   (smoke)
 
 Cells (``hifc bench throughput --compare dram,flash`` each, in this process; the settings of
@@ -18,6 +19,8 @@ flash swap-outs freed once staged (before their writes ended) out of those writt
 variant: no swap failed and every block swapped out came back; per flash variant that swapped:
 its swap-outs freed blocks when staged. Exit status 1 when a check fails (a missed target is
 reported, not a failure). JSON per cell under --out (default ./swap_stall_results).
+With ``--variants`` naming ``auto`` and fixed policies (``flash`` swaps, ``recompute``), a second
+table gives ``auto`` against the best fixed policy of each cell (target within 1%).
 """
 from __future__ import annotations
 
@@ -62,9 +65,10 @@ def cells(smoke: bool) -> dict[str, list[str]]:
 def run_cell(name: str, flags: list[str], args, flash_path: str) -> dict:
     smoke = args.device == "cpu"
     size = "0.01" if smoke else "8"
-    out = os.path.join(args.out, f"swap_stall_{name}.json")
-    argv = ["bench", "throughput", "--model", CPU_MODEL if smoke else GPU_MODEL,
-            "--no-progress", "--compare", "dram,flash", "--swap-space", size,
+    model = CPU_MODEL if smoke else args.model
+    out = os.path.join(args.out, f"swap_stall_{model.split(':')[-1]}_{name}.json")
+    argv = ["bench", "throughput", "--model", model,
+            "--no-progress", "--compare", args.variants, "--swap-space", size,
             "--flash-size-gib", size, "--flash-path", flash_path, "--prefix-store", "off",
             "--json", out, *flags]
     if smoke:
@@ -112,9 +116,26 @@ def row(name: str, variants: dict) -> list[str]:
             f"{dram['steps']},{flash['steps']}"]
 
 
-def print_table(rows: list[list[str]]) -> None:
-    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(COLUMNS)]
-    print("  ".join(c.rjust(w) for c, w in zip(COLUMNS, widths)))
+FIXED_POLICIES = ("flash", "recompute")
+AUTO_COLUMNS = ("cell", *(f"{v} tok/s" for v in FIXED_POLICIES), "auto tok/s",
+                "auto/best fixed", "within 1%", "preempt auto", "recomputed auto")
+
+
+def auto_row(name: str, variants: dict) -> list[str]:
+    """``auto`` against the best of the fixed policies that ran."""
+    auto = variants["auto"]
+    best = max(variants[v]["output_tokens_per_s"] for v in FIXED_POLICIES if v in variants)
+    ratio = auto["output_tokens_per_s"] / best
+    return [name, *(f"{variants[v]['output_tokens_per_s']:.1f}" if v in variants else "-"
+                    for v in FIXED_POLICIES),
+            f"{auto['output_tokens_per_s']:.1f}", f"{ratio:.3f}",
+            "yes" if ratio >= 0.99 else "NO", str(auto["preemptions"]),
+            str(auto["recomputed_sequences"])]
+
+
+def print_table(rows: list[list[str]], columns: tuple[str, ...] = COLUMNS) -> None:
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
+    print("  ".join(c.rjust(w) for c, w in zip(columns, widths)))
     for r in rows:
         print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
 
@@ -126,7 +147,12 @@ def main() -> int:
     parser.add_argument("--out", default="swap_stall_results", help="JSON per cell here")
     parser.add_argument("--cells", default="qasper,govreport,narrativeqa,swap-heavy",
                         help="comma-separated subset of the cells")
+    parser.add_argument("--model", default=GPU_MODEL, help="the preset (GPU runs)")
+    parser.add_argument("--variants", default="dram,flash",
+                        help="hifc bench throughput --compare variants; dram and flash at least")
     args = parser.parse_args()
+    if not {"dram", "flash"} <= set(args.variants.split(",")):
+        parser.error("--variants must name dram and flash")
     logging.basicConfig(level=logging.WARNING)  # before the CLI's INFO setup: keep it quiet
     os.makedirs(args.out, exist_ok=True)
     todo = cells(args.device == "cpu")
@@ -137,19 +163,24 @@ def main() -> int:
     flash_dir = tempfile.mkdtemp(prefix="hifc-swapstall-", dir=None if args.device == "cpu"
                                  else os.getcwd())
     flash_path = os.path.join(flash_dir, "kv.hifc")
-    rows, problems = [], []
+    rows, auto_rows, problems = [], [], []
     try:
         for name in chosen:
             variants = run_cell(name, todo[name], args, flash_path)
             rows.append(row(name, variants))
+            if "auto" in variants:  # flash, a fixed policy, always runs
+                auto_rows.append(auto_row(name, variants))
             problems += check(name, variants)
     finally:
         if os.path.exists(flash_path):
             os.remove(flash_path)
         os.rmdir(flash_dir)
-    print(f"\nflash vs DRAM swap ({'smoke, CPU' if args.device == 'cpu' else GPU_MODEL}); "
+    print(f"\nflash vs DRAM swap ({'smoke, CPU' if args.device == 'cpu' else args.model}); "
           f"target flash/dram >= {TARGET}")
     print_table(rows)
+    if auto_rows:
+        print("\nauto preemption vs the best fixed policy (flash swap, recompute)")
+        print_table(auto_rows, AUTO_COLUMNS)
     for problem in problems:
         print(f"CHECK FAILED: {problem}")
     print("checks: " + ("FAILED" if problems else "ok (no swap failed, every block came back, "

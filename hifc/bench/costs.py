@@ -13,10 +13,12 @@ from collections import deque
 
 def parameter_counts(engine) -> tuple[int, int]:
     """(decoder-layer parameters incl. the final norm, lm_head parameters): every parameter but
-    the embedding table, whose rows are gathered, not multiplied (tied: it is the lm_head)."""
+    the embedding table, whose rows are gathered, not multiplied (tied: it is the lm_head).
+    With tensor parallelism, rank 0's part (its share of the vocabulary rows, padded)."""
     total = sum(p.numel() for p in engine.runner.model.parameters())
     arch = engine.arch
-    head = arch.vocab_size * arch.hidden_size
+    ranks = engine.config.parallel.tensor_parallel_size
+    head = -(-arch.vocab_size // ranks) * arch.hidden_size
     return total - head * (1 if arch.tie_word_embeddings else 2), head
 
 

@@ -77,8 +77,11 @@ def replay_times(engine, batch: int, profile: bool, repeats: int = 20) -> dict:
     """GPU time of the decode graph the last step replayed (``forward_ms``: model and logits,
     no host work), re-replayed ``repeats`` times between CUDA events; it rewrites the same K/V
     from the same inputs. With ``profile``, the kernels of one replay, longest first
-    (``kernels``: name, calls, ms). Empty without captured graphs."""
+    (``kernels``: name, calls, ms). Empty without captured graphs, and with tensor parallelism
+    (a graph's collectives wait for the other ranks, which replay only what rank 0 sends)."""
     graphs = engine.runner.decode_graphs
+    if engine.tp is not None:
+        return {}
     size = graphs.batch_size_for_rows(batch) if graphs is not None and graphs.graphs else None
     if size is None:
         return {}

@@ -16,7 +16,7 @@ MIB = 1 << 20
 def tier_io_tasks(layout, ids: list[int], batch: int, chunk_blocks: int) -> list[list[tuple]]:
     """The ``(file offset, length)`` runs of swapping ``ids`` in jobs of ``batch`` blocks: one
     list per chunk task, i.e. what one tier worker thread transfers in one go."""
-    from hifc.tiers.flash.tier import split_chunks
+    from hifc.tiers.flash.mover import split_chunks
 
     tasks = []
     for i in range(0, len(ids), batch):

@@ -32,6 +32,7 @@ import json
 import os
 import statistics
 import time
+from dataclasses import asdict
 from typing import Callable
 
 from tqdm.auto import tqdm
@@ -42,6 +43,7 @@ from hifc.bench.workloads import (DEFAULT_OUTPUT_LEN, PROFILES, SHAREGPT_FILE, B
                                   fixed_requests, get_profile, profile_requests, read_sharegpt,
                                   sharegpt_requests, token_lengths)
 from hifc.config import add_engine_args, engine_config_from_args
+from hifc.layers.triton_jit import kernel_compiles
 
 VARIANTS = ("none", "dram", "flash", "recompute", "auto")
 FLASH_TIER_VARIANTS = ("flash", "auto")
@@ -247,6 +249,7 @@ def run_variant(engine, name: str, requests: list[BenchRequest], progress: bool,
 
     _warm_up(engine, name, requests)
     before = engine.stats()
+    num_compiles = len(kernel_compiles())
     for i, r in enumerate(requests):
         engine.add_request(f"{name}-{i}", r.prompt_token_ids,
                            SamplingParams(max_tokens=r.output_tokens, temperature=0.0,
@@ -280,6 +283,8 @@ def run_variant(engine, name: str, requests: list[BenchRequest], progress: bool,
         "per_replica": [{k: a[k] - b[k] for k in ("generation_tokens",) + COUNTERS}
                         for b, a in zip(replicas_of(before), replicas_of(after))],
         "flash_devices": after.get("flash_devices", []),
+        # kernel specialisations first used in the timed run: their compile time is in it
+        "kernel_compiles": [asdict(c) for c in kernel_compiles()[num_compiles:]],
     }
     if engine.tier is not None:
         tier_stats = engine.tier.stats()
@@ -400,6 +405,12 @@ def print_table(summary: dict, model: str) -> None:
     print(variant_header(VARIANT_COLUMNS))
     for r in summary["variants"]:
         print(variant_cells(r, VARIANT_COLUMNS))
+    for r in summary["variants"]:
+        compiles = r["kernel_compiles"]
+        if compiles:
+            print(f"  {r['variant']}: {len(compiles)} kernel compile(s) in the timed run, "
+                  f"{sum(c['seconds'] for c in compiles):.2f} s: "
+                  + "; ".join(c["kernel"].split("(")[0] for c in compiles))
 
 
 # The table columns of a variant's result: header -> (width, cell text)

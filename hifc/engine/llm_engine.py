@@ -39,7 +39,12 @@ from hifc.engine.swaps import SwapTracker, TierPrefixStore
 from hifc.engine.threads import apply_cpu_threads
 from hifc.layers.attention import AttentionBackend, TorchAttentionBackend
 from hifc.loader import LoadedModel, load_model
+from hifc.layers.tensor_parallel import SINGLE
 from hifc.parallel.config import replica_config
+from hifc.parallel.tensor_parallel import start_tensor_parallel
+from hifc.parallel.tp_control import WorkerSetup
+from hifc.parallel.tp_driver import TPDriver
+from hifc.parallel.tp_launch import shard_arch, shard_scales
 from hifc.runtime.kv_cache import allocate_kv_cache, kv_cache_scales, scale_digest
 from hifc.runtime.model_runner import ModelRunner
 from hifc.runtime.step_result import LaunchedStep
@@ -57,7 +62,7 @@ logger = logging.getLogger(__name__)
 FP8_MIN_CAPABILITY = (8, 9)  # Triton converts float8_e4m3fn on Ada and Hopper GPUs and later
 
 
-def _attention_backend(name: str, device: torch.device, kv_dtype: torch.dtype) -> AttentionBackend:
+def attention_backend(name: str, device: torch.device, kv_dtype: torch.dtype) -> AttentionBackend:
     if name == "auto":
         name = "triton" if device.type == "cuda" else "torch"
     if name == "torch":
@@ -100,21 +105,36 @@ class LLMEngine:
         self.dtype = resolve_dtype(config, self.device)
         self.cpu_threads = apply_cpu_threads(config.cpu_threads, self.device)
         torch.manual_seed(config.seed)
-        loaded: LoadedModel = load_model(config.model, self.dtype, self.device, config.seed)
+        # rank 0 of a tensor-parallel engine (None: one rank); see hifc.parallel.tp_driver
+        self.tp: TPDriver | None = start_tensor_parallel(config, self.device)
+        try:
+            self._build(config, device_share)
+        except BaseException:
+            self._stop_workers()
+            raise
+
+    def _build(self, config: EngineConfig, device_share: DeviceShare | None) -> None:
+        shard = self.tp.shard if self.tp is not None else SINGLE
+        loaded: LoadedModel = load_model(config.model, self.dtype, self.device, config.seed,
+                                         shard)
         self.model_name = loaded.name
         self.arch = loaded.arch
         self.tokenizer = loaded.tokenizer
         self.kv_dtype = resolve_kv_dtype(config, self.dtype)
-        self.limits: ResolvedLimits = resolve_limits(config, self.arch, self.dtype, self.device,
+        kv_arch = shard_arch(self.arch, shard.size)  # this rank's KV heads
+        self.limits: ResolvedLimits = resolve_limits(config, kv_arch, self.dtype, self.device,
                                                      self.kv_dtype)
-        kv_cache = allocate_kv_cache(self.arch, self.limits.num_gpu_blocks, config.block_size,
+        if self.tp is not None:
+            self.tp.setup(WorkerSetup(self.limits.num_gpu_blocks, self.limits.max_model_len))
+        kv_cache = allocate_kv_cache(kv_arch, self.limits.num_gpu_blocks, config.block_size,
                                      self.kv_dtype, self.device)
         # a float8 cache's scales [L, 2, Hkv], fixed before any block is written
-        kv_scales = kv_cache_scales(self.kv_dtype, self.arch, loaded.kv_scales, self.device)
+        kv_scales = kv_cache_scales(self.kv_dtype, kv_arch,
+                                    shard_scales(loaded.kv_scales, shard), self.device)
         self.runner = ModelRunner(
             loaded.model, kv_cache,
-            _attention_backend(config.attention_backend, self.device, self.kv_dtype),
-            config.block_size, self.device, config.seed, kv_scales)
+            attention_backend(config.attention_backend, self.device, self.kv_dtype),
+            config.block_size, self.device, config.seed, kv_scales, followers=self.tp)
         # after the KV cache exists; CPU / torch backend: decode stays unpadded
         self.runner.setup_padded_decode(self.limits.max_model_len, config.max_num_seqs,
                                         capture=not config.enforce_eager)
@@ -125,9 +145,10 @@ class LLMEngine:
         self.kv_manager = KVCacheManager(
             self.limits.num_gpu_blocks, config.block_size,
             salt=self.model_salt if config.enable_prefix_caching else None)
-        self.tier = _build_tier(config, self.kv_geometry, kv_cache.device, device_share)
+        self.tier = _build_tier(config, self.kv_geometry, kv_cache.device, device_share,
+                                self.tp)
         self.preemption = PreemptionPolicy(config.preemption_mode,
-                                           self.tier.geometry.block_bytes if self.tier else 0)
+                                           self.tier.block_bytes if self.tier else 0)
         store = self._store_level() if self._uses_prefix_store() else None
         self.scheduler = Scheduler(
             SchedulerLimits(config.max_num_seqs, self.limits.max_num_batched_tokens,
@@ -146,9 +167,10 @@ class LLMEngine:
         self._eos = frozenset(self.tokenizer.eos_token_ids if self.tokenizer
                               else self.arch.eos_token_ids)
         self._closed = False
-        # may be switched between step() calls (a benchmark compares both on one engine)
+        # may be switched between step() calls (a benchmark compares both on one engine), but
+        # not on under tensor parallelism
         self.async_scheduling = (config.async_scheduling if config.async_scheduling is not None
-                                 else self.device.type == "cuda")
+                                 else self.device.type == "cuda" and self.tp is None)
         self._in_flight: _InFlight | None = None  # async_scheduling: launched, not applied
         self._last_ready = 0.0  # perf_counter when the last applied step's tokens arrived
         self.num_steps = 0
@@ -164,7 +186,7 @@ class LLMEngine:
 
     def _store_level(self) -> StoreLevel:
         config = self.config
-        policy = PrefixReadPolicy(config.tier.prefix_store_read, self.tier.geometry.block_bytes,
+        policy = PrefixReadPolicy(config.tier.prefix_store_read, self.tier.block_bytes,
                                   config.block_size, self.preemption.prefill_speed)
         # 'evicted' keeps written the cached blocks that the next step could evict
         lookahead = self.limits.max_num_batched_tokens // config.block_size + 1
@@ -403,6 +425,12 @@ class LLMEngine:
             self.tier.close()
             self.swaps.after_close()
         self._closed = True
+        self._stop_workers()
+
+    def _stop_workers(self) -> None:
+        """Stop the tensor-parallel workers (after the tier released their movers)."""
+        if self.tp is not None:
+            self.tp.shutdown()
 
     def stats(self) -> dict[str, float | int]:
         sched = self.scheduler
@@ -465,8 +493,10 @@ def _sequence_ids(request_id: str, n: int) -> list[str]:
 
 
 def _build_tier(config: EngineConfig, geometry: KVGeometry, device: torch.device,
-                device_share: DeviceShare | None):
+                device_share: DeviceShare | None, tp: TPDriver | None):
+    """The swap tier (None: none configured); with tensor parallelism, rank 0's block space
+    and mover, the workers' movers driven through ``tp``."""
     if not config.tier.enabled:
         return None
     from hifc.tiers import make_tier
-    return make_tier(config.tier, geometry, device=device, device_share=device_share)
+    return make_tier(config.tier, geometry, device=device, device_share=device_share, peers=tp)

@@ -1,16 +1,27 @@
-"""Linear layers that own how checkpoint tensors fill their weights.
+"""Linear layers that own how checkpoint tensors fill their weights, and how they split across
+tensor-parallel ranks (:mod:`hifc.layers.tensor_parallel`).
 
 A checkpoint may store a projection whole or as shards that hifc merges into one matrix (q/k/v
 into ``qkv_proj``, gate/up into ``gate_up_proj``: one launch instead of three or two). Each layer
-knows which rows of its weight a shard fills, so that tensor parallelism only has to change these
-classes: a column-parallel layer would keep its slice of the output rows of every shard, a
-row-parallel one its slice of the input columns. All of them hold the whole matrix today.
+knows which rows of its weight a shard fills and which part of it this rank keeps:
+
+- a column-parallel layer (``MergedColumnLinear``, ``QKVLinear``) keeps ``1/tp`` of the output
+  rows of every part it stacks: rank r holds ``[gate_r | up_r]`` or ``[q heads_r | k heads_r |
+  v heads_r]``, so its output is this rank's heads or intermediate features, nothing gathered;
+- a row-parallel layer (``RowLinear``) keeps the matching ``1/tp`` of the input columns and sums
+  the ranks' partial products with an all-reduce (its bias, if any, added once after the sum).
+
+With one rank (the default) every layer holds the whole matrix and runs no collective.
 """
 from __future__ import annotations
+
+from abc import ABC, abstractmethod
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from hifc.layers.tensor_parallel import SINGLE, TPShard
 
 # Which shard of a merged layer a checkpoint tensor is: "q" / "k" / "v" (QKVLinear), an index
 # (MergedColumnLinear), or None for the layer's whole tensor.
@@ -25,14 +36,22 @@ def copy_weight(dst: torch.Tensor, loaded: torch.Tensor) -> None:
     dst.copy_(loaded)
 
 
-class Linear(nn.Module):
-    """``y = x W^T (+ b)``; weights stay uninitialized until loaded or randomly initialized."""
+def check_shape(loaded: torch.Tensor, expected: tuple[int, ...]) -> None:
+    """ValueError unless a whole checkpoint tensor has the model's (unsplit) shape."""
+    if tuple(loaded.shape) != tuple(expected):
+        raise ValueError(f"has shape {tuple(loaded.shape)}, the model expects {tuple(expected)}")
+
+
+class Linear(nn.Module, ABC):
+    """``y = x W^T (+ b)`` over this rank's part of the weight; uninitialized until loaded."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype,
-                 device: torch.device):
+                 device: torch.device, tp: TPShard = SINGLE):
+        """in_features, out_features: this rank's (the subclasses split the model's)."""
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
+        self.tp = tp
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype,
                                                device=device), requires_grad=False)  # [O, I]
         self.bias = (nn.Parameter(torch.empty(out_features, dtype=dtype, device=device),
@@ -40,67 +59,91 @@ class Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}")
+                f"bias={self.bias is not None}, tp={self.tp.rank}/{self.tp.size}")
 
-    def shard_rows(self, shard: ShardId) -> tuple[int, int]:
-        """(first row, rows) of the output that ``shard`` fills (here only the whole)."""
-        if shard is not None:
-            raise ValueError(f"{type(self).__name__} has no shard {shard!r}")
-        return 0, self.out_features
-
+    @abstractmethod
     def load_weight(self, param: nn.Parameter, loaded: torch.Tensor, shard: ShardId) -> None:
-        """Copy a checkpoint tensor (whole, or one shard) into ``param`` (weight or bias);
-        ValueError if its shape does not fit."""
-        first, rows = self.shard_rows(shard)
-        copy_weight(param.narrow(0, first, rows), loaded)
+        """Copy this rank's part of a checkpoint tensor (whole, or one shard) into ``param``
+        (weight or bias); ValueError if its shape does not fit the model."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)  # [T, O]
 
 
-class ColumnLinear(Linear):
-    """Output features would be split across GPUs (each rank computes some outputs)."""
+class MergedColumnLinear(Linear):
+    """Column layers over one input stacked into one matrix (e.g. gate and up), each split
+    alike across the ranks: checkpoint shard i fills, on rank r, rows
+    ``sum(local_sizes[:i]) ..`` with its rows ``r * local_sizes[i] ..``."""
 
+    def __init__(self, in_features: int, output_sizes: list[int], bias: bool,
+                 dtype: torch.dtype, device: torch.device, tp: TPShard = SINGLE):
+        self.output_sizes = list(output_sizes)  # the model's
+        self.local_sizes = [tp.split(size) for size in output_sizes]  # this rank's
+        super().__init__(in_features, sum(self.local_sizes), bias, dtype, device, tp)
 
-class RowLinear(Linear):
-    """Input features would be split across GPUs (each rank's partial sums are reduced)."""
-
-
-class MergedColumnLinear(ColumnLinear):
-    """Several column layers over one input stacked into one matrix (e.g. gate and up);
-    checkpoint shard i fills rows ``sum(output_sizes[:i]) ..`` of it."""
-
-    def __init__(self, in_features: int, output_sizes: list[int], bias: bool, dtype: torch.dtype,
-                 device: torch.device):
-        super().__init__(in_features, sum(output_sizes), bias, dtype, device)
-        self.output_sizes = list(output_sizes)
-
-    def shard_rows(self, shard: ShardId) -> tuple[int, int]:
+    def shard_parts(self, shard: ShardId) -> list[int]:
+        """The parts a checkpoint tensor holds: all of them (None) or part ``shard``."""
         if shard is None:
-            return 0, self.out_features
+            return list(range(len(self.output_sizes)))
         if not (isinstance(shard, int) and 0 <= shard < len(self.output_sizes)):
             raise ValueError(f"{type(self).__name__} has no shard {shard!r}")
-        return sum(self.output_sizes[:shard]), self.output_sizes[shard]
+        return [shard]
+
+    def load_weight(self, param: nn.Parameter, loaded: torch.Tensor, shard: ShardId) -> None:
+        parts = self.shard_parts(shard)
+        check_shape(loaded, (sum(self.output_sizes[i] for i in parts), *param.shape[1:]))
+        src = 0  # where part i starts in the checkpoint tensor
+        for i in parts:
+            local = self.local_sizes[i]
+            copy_weight(param.narrow(0, sum(self.local_sizes[:i]), local),
+                        loaded.narrow(0, src + self.tp.rank * local, local))
+            src += self.output_sizes[i]
 
 
 class QKVLinear(MergedColumnLinear):
-    """The query, key and value projections as one matrix: rows [q | k | v]."""
+    """The query, key and value projections as one matrix: rows [q | k | v] of this rank's
+    query and KV heads."""
 
     SHARDS = ("q", "k", "v")
 
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                 bias: bool, dtype: torch.dtype, device: torch.device):
-        self.q_size = num_heads * head_dim
-        self.kv_size = num_kv_heads * head_dim
-        super().__init__(hidden_size, [self.q_size, self.kv_size, self.kv_size], bias, dtype,
-                         device)
+                 bias: bool, dtype: torch.dtype, device: torch.device, tp: TPShard = SINGLE):
+        super().__init__(hidden_size, [num_heads * head_dim, num_kv_heads * head_dim,
+                                       num_kv_heads * head_dim], bias, dtype, device, tp)
+        self.q_size, self.kv_size = self.local_sizes[0], self.local_sizes[1]
 
-    def shard_rows(self, shard: ShardId) -> tuple[int, int]:
+    def shard_parts(self, shard: ShardId) -> list[int]:
         if shard is not None and shard not in self.SHARDS:
             raise ValueError(f"QKVLinear has no shard {shard!r}")
-        return super().shard_rows(None if shard is None else self.SHARDS.index(shard))
+        return super().shard_parts(None if shard is None else self.SHARDS.index(shard))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x: [T, H] -> q [T, Hq*D], k [T, Hkv*D], v [T, Hkv*D] (views of one output)."""
+        """x: [T, H] -> q [T, Hq*D], k [T, Hkv*D], v [T, Hkv*D] (this rank's heads; views of one
+        output)."""
         qkv = super().forward(x)  # [T, (Hq + 2 Hkv) D]
         return qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+
+
+class RowLinear(Linear):
+    """Input features split across the ranks (rank r: columns ``r * in / tp ..``); the partial
+    products are summed over the ranks."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype,
+                 device: torch.device, tp: TPShard = SINGLE):
+        super().__init__(tp.split(in_features), out_features, bias, dtype, device, tp)
+
+    def load_weight(self, param: nn.Parameter, loaded: torch.Tensor, shard: ShardId) -> None:
+        if shard is not None:
+            raise ValueError(f"{type(self).__name__} has no shard {shard!r}")
+        if param is self.bias:  # added once, after the sum
+            copy_weight(param, loaded)
+            return
+        check_shape(loaded, (self.out_features, self.in_features * self.tp.size))
+        copy_weight(param, loaded.narrow(1, self.tp.rank * self.in_features, self.in_features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [T, I / tp] (this rank's features) -> [T, O], summed over the ranks."""
+        if self.tp.size == 1:
+            return F.linear(x, self.weight, self.bias)
+        y = self.tp.all_reduce(F.linear(x, self.weight))  # [T, O]
+        return y if self.bias is None else y + self.bias

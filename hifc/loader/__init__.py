@@ -11,8 +11,9 @@ from torch import nn
 
 from hifc.loader.hf import iter_safetensors, read_hf_arch, safetensors_files
 from hifc.loader.kv_scales import KVScaleCollector
-from hifc.loader.random_weights import init_random_weights
+from hifc.loader.random_weights import random_checkpoint
 from hifc.loader.tokenizer import Tokenizer, has_tokenizer
+from hifc.layers.tensor_parallel import SINGLE, TPShard
 from hifc.models.config import ModelArchConfig
 from hifc.models.presets import PRESETS, preset_arch
 from hifc.models.registry import spec_for
@@ -54,22 +55,24 @@ def _unknown_model(model: str) -> ValueError:
         f"({', '.join(RANDOM_PREFIX + name for name in PRESETS)})")
 
 
-def _load_random(preset: str, dtype: torch.dtype, device: torch.device,
-                 seed: int) -> LoadedModel:
+def _load_random(preset: str, dtype: torch.dtype, device: torch.device, seed: int,
+                 tp: TPShard) -> LoadedModel:
     if preset not in PRESETS:
         raise ValueError(f"unknown random preset {preset!r}; presets: "
                          f"{', '.join(RANDOM_PREFIX + name for name in PRESETS)}")
     arch = preset_arch(preset)
-    model = spec_for(arch.architecture).build(arch, dtype, device)
-    init_random_weights(model, seed)
+    spec = spec_for(arch.architecture)
+    model = spec.build(arch, dtype, device, tp=tp)
+    spec.load_weights(model, random_checkpoint(spec, arch, dtype, device, seed))
     return LoadedModel(model, arch, None, RANDOM_PREFIX + preset)
 
 
-def _load_hf_dir(model_dir: Path, dtype: torch.dtype, device: torch.device) -> LoadedModel:
+def _load_hf_dir(model_dir: Path, dtype: torch.dtype, device: torch.device,
+                 tp: TPShard) -> LoadedModel:
     arch = read_hf_arch(model_dir)
     files = safetensors_files(model_dir)
     spec = spec_for(arch.architecture)
-    model = spec.build(arch, dtype, device)
+    model = spec.build(arch, dtype, device, tp=tp)
     kv_scales = KVScaleCollector()
     spec.load_weights(model, kv_scales.split(iter_safetensors(files)))
     tokenizer = (Tokenizer.from_model_dir(model_dir, arch.eos_token_ids)
@@ -78,14 +81,15 @@ def _load_hf_dir(model_dir: Path, dtype: torch.dtype, device: torch.device) -> L
                        kv_scales.scales(arch.num_hidden_layers, arch.num_key_value_heads))
 
 
-def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device, name: str) -> LoadedModel:
+def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device, name: str,
+               tp: TPShard) -> LoadedModel:
     # Imported here so that HF directories and random presets load without the gguf package.
     from hifc.loader.gguf_file import gguf_arch, iter_gguf_weights, open_gguf
 
     reader = open_gguf(path)
     arch = gguf_arch(reader, path)
     spec = spec_for(arch.architecture)
-    model = spec.build(arch, dtype, device)
+    model = spec.build(arch, dtype, device, tp=tp)
     spec.load_weights(model, iter_gguf_weights(reader, arch, dtype))
     has_tokenizer = "tokenizer.ggml.tokens" in reader.fields  # weights-only files have none
     tokenizer = Tokenizer.from_gguf(path, arch.eos_token_ids) if has_tokenizer else None
@@ -93,8 +97,10 @@ def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device, name: str) 
 
 
 def load_model(model: str, dtype: torch.dtype, device: torch.device | str,
-               seed: int = 0) -> LoadedModel:
-    """Build the model on ``device`` in ``dtype`` (inference only: no parameter needs grad).
+               seed: int = 0, tp: TPShard = SINGLE) -> LoadedModel:
+    """Build the model on ``device`` in ``dtype`` (inference only: no parameter needs grad);
+    with ``tp``, this tensor-parallel rank's part of it (every rank reads the checkpoint and
+    keeps its part, tensor by tensor).
 
     model: a Hugging Face directory (config.json + safetensors + tokenizer), a ``.gguf`` file,
     an alias (``smollm2-135m``) or ``random:<preset>`` (seeded random weights, no tokenizer).
@@ -103,15 +109,32 @@ def load_model(model: str, dtype: torch.dtype, device: torch.device | str,
     """
     device = torch.device(device)
     if model.startswith(RANDOM_PREFIX):
-        return _load_random(model[len(RANDOM_PREFIX):], dtype, device, seed)
+        return _load_random(model[len(RANDOM_PREFIX):], dtype, device, seed, tp)
     if model in ALIASES:
-        return _load_gguf(ALIASES[model](), dtype, device, model)
+        return _load_gguf(ALIASES[model](), dtype, device, model, tp)
     path = Path(model).expanduser()
     if path.is_dir():
-        return _load_hf_dir(path, dtype, device)
+        return _load_hf_dir(path, dtype, device, tp)
     if path.is_file() and path.suffix == ".gguf":
-        return _load_gguf(path, dtype, device, path.stem)
+        return _load_gguf(path, dtype, device, path.stem, tp)
     raise _unknown_model(model)
 
 
 __all__ = ["ALIASES", "LoadedModel", "Tokenizer", "load_model", "smollm2_gguf_path"]
+
+
+def model_arch(model: str) -> ModelArchConfig:
+    """The architecture ``model`` (as ``load_model`` names it) declares, without its weights."""
+    if model.startswith(RANDOM_PREFIX):
+        preset = model[len(RANDOM_PREFIX):]
+        if preset not in PRESETS:
+            raise _unknown_model(model)
+        return preset_arch(preset)
+    path = ALIASES[model]() if model in ALIASES else Path(model).expanduser()
+    if path.is_dir():
+        return read_hf_arch(path)
+    if path.is_file() and path.suffix == ".gguf":
+        from hifc.loader.gguf_file import gguf_arch, open_gguf
+        return gguf_arch(open_gguf(path), path)
+    raise _unknown_model(model)
+

@@ -12,6 +12,7 @@ from torch import nn
 from hifc.layers.attention import AttentionContext
 from hifc.layers.norm import RMSNorm
 from hifc.layers.rotary import RotaryEmbedding
+from hifc.layers.tensor_parallel import SINGLE, TPShard
 from hifc.models.config import ModelArchConfig, common_hf_fields
 from hifc.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, LlamaModel
 
@@ -31,10 +32,10 @@ def arch_from_hf(config: PretrainedConfig, architecture: str) -> ModelArchConfig
 
 class Gemma2DecoderLayer(nn.Module):
     def __init__(self, arch: ModelArchConfig, layer_idx: int, dtype: torch.dtype,
-                 device: torch.device):
+                 device: torch.device, tp: TPShard = SINGLE):
         super().__init__()
-        self.self_attn = LlamaAttention(arch, layer_idx, dtype, device)
-        self.mlp = LlamaMLP(arch, dtype, device)
+        self.self_attn = LlamaAttention(arch, layer_idx, dtype, device, tp)
+        self.mlp = LlamaMLP(arch, dtype, device, tp)
 
         def norm() -> RMSNorm:
             return RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype, device, unit_offset=True)
@@ -59,8 +60,8 @@ class Gemma2Model(LlamaModel):
     norm_unit_offset = True
 
     def __init__(self, arch: ModelArchConfig, dtype: torch.dtype, device: torch.device,
-                 max_positions: int, layer_class: type[nn.Module]):
-        super().__init__(arch, dtype, device, max_positions, layer_class)
+                 max_positions: int, layer_class: type[nn.Module], tp: TPShard = SINGLE):
+        super().__init__(arch, dtype, device, max_positions, layer_class, tp)
         # sqrt(hidden) rounded to the model dtype, as transformers multiplies it (bf16: 55.5 for
         # hidden 3072, not 55.4256)
         self.embed_scale = torch.tensor(arch.hidden_size ** 0.5).to(dtype).item()

@@ -9,15 +9,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.nn.utils import skip_init
 
 from hifc.layers.activation import GATED_ACTIVATIONS
 from hifc.layers.attention import AttentionContext
-from hifc.layers.linear import ColumnLinear, MergedColumnLinear, QKVLinear, RowLinear, ShardId
+from hifc.layers.embedding import VocabParallelEmbedding
+from hifc.layers.linear import MergedColumnLinear, QKVLinear, RowLinear, ShardId
 from hifc.layers.norm import RMSNorm
 from hifc.layers.rotary import RotaryEmbedding
+from hifc.layers.tensor_parallel import SINGLE, TPShard
 from hifc.models.config import ModelArchConfig, common_hf_fields
 
 if TYPE_CHECKING:
@@ -45,17 +45,20 @@ def qwen2_arch_from_hf(config: PretrainedConfig, architecture: str) -> ModelArch
 
 
 class LlamaAttention(nn.Module):
+    """Self-attention over this rank's query and KV heads (all of them with one rank)."""
+
     def __init__(self, arch: ModelArchConfig, layer_idx: int, dtype: torch.dtype,
-                 device: torch.device):
+                 device: torch.device, tp: TPShard = SINGLE):
         super().__init__()
         self.layer_idx = layer_idx
-        self.num_heads = arch.num_attention_heads
-        self.num_kv_heads = arch.num_key_value_heads
+        self.num_heads = tp.split(arch.num_attention_heads)
+        self.num_kv_heads = tp.split(arch.num_key_value_heads)
         self.head_dim = arch.head_dim
-        self.qkv_proj = QKVLinear(arch.hidden_size, self.num_heads, self.num_kv_heads,
-                                  self.head_dim, arch.attention_bias, dtype, device)
-        self.o_proj = RowLinear(self.num_heads * self.head_dim, arch.hidden_size, False, dtype,
-                                device)
+        self.qkv_proj = QKVLinear(arch.hidden_size, arch.num_attention_heads,
+                                  arch.num_key_value_heads, self.head_dim, arch.attention_bias,
+                                  dtype, device, tp)
+        self.o_proj = RowLinear(arch.num_attention_heads * self.head_dim, arch.hidden_size, False,
+                                dtype, device, tp)
 
     def normalize_qk(self, q: torch.Tensor,
                      k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,12 +80,13 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     """down(act(gate) * up) with gate and up as one matrix."""
 
-    def __init__(self, arch: ModelArchConfig, dtype: torch.dtype, device: torch.device):
+    def __init__(self, arch: ModelArchConfig, dtype: torch.dtype, device: torch.device,
+                 tp: TPShard = SINGLE):
         super().__init__()
         inter = arch.intermediate_size
         self.gate_up_proj = MergedColumnLinear(arch.hidden_size, [inter, inter], False, dtype,
-                                               device)
-        self.down_proj = RowLinear(inter, arch.hidden_size, False, dtype, device)
+                                               device, tp)
+        self.down_proj = RowLinear(inter, arch.hidden_size, False, dtype, device, tp)
         self.act_and_mul = GATED_ACTIVATIONS[arch.hidden_act]
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -93,10 +97,10 @@ class LlamaDecoderLayer(nn.Module):
     attention_class = LlamaAttention
 
     def __init__(self, arch: ModelArchConfig, layer_idx: int, dtype: torch.dtype,
-                 device: torch.device):
+                 device: torch.device, tp: TPShard = SINGLE):
         super().__init__()
-        self.self_attn = self.attention_class(arch, layer_idx, dtype, device)
-        self.mlp = LlamaMLP(arch, dtype, device)
+        self.self_attn = self.attention_class(arch, layer_idx, dtype, device, tp)
+        self.mlp = LlamaMLP(arch, dtype, device, tp)
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype, device)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype, device)
 
@@ -116,12 +120,11 @@ class LlamaModel(nn.Module):
     norm_unit_offset = False  # RMSNorm scales by weight (Gemma: by 1 + weight)
 
     def __init__(self, arch: ModelArchConfig, dtype: torch.dtype, device: torch.device,
-                 max_positions: int, layer_class: type[nn.Module]):
+                 max_positions: int, layer_class: type[nn.Module], tp: TPShard = SINGLE):
         super().__init__()
-        self.embed_tokens = skip_init(nn.Embedding, arch.vocab_size, arch.hidden_size,
-                                      device=device, dtype=dtype)
-        self.embed_tokens.requires_grad_(False)
-        self.layers = nn.ModuleList(layer_class(arch, i, dtype, device)
+        self.embed_tokens = VocabParallelEmbedding(arch.vocab_size, arch.hidden_size, dtype,
+                                                   device, tp)
+        self.layers = nn.ModuleList(layer_class(arch, i, dtype, device, tp)
                                     for i in range(arch.num_hidden_layers))
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype, device,
                             self.norm_unit_offset)
@@ -143,6 +146,8 @@ class LlamaModel(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     """The decoder plus its LM head. Parameters are uninitialized until weights are loaded.
+    With ``tp`` (see :mod:`hifc.layers.tensor_parallel`), this rank's part of them: its heads,
+    its MLP features and its vocabulary range (``check_divides`` says which sizes split).
 
     attention_layers: each layer's LayerAttention, which the runtime's attention context reads.
     """
@@ -151,17 +156,24 @@ class LlamaForCausalLM(nn.Module):
     decoder_layer = LlamaDecoderLayer
 
     def __init__(self, arch: ModelArchConfig, dtype: torch.dtype, device: torch.device,
-                 max_positions: int | None = None):
+                 max_positions: int | None = None, tp: TPShard = SINGLE):
         """max_positions: positions RoPE tables cover (default arch.max_position_embeddings)."""
         super().__init__()
         self.arch = arch
         self.dtype = dtype
+        self.tp = tp
         self.attention_layers = arch.attention_layers()
         self.model = self.model_class(arch, dtype, torch.device(device),
                                       max_positions or arch.max_position_embeddings,
-                                      self.decoder_layer)
+                                      self.decoder_layer, tp)
         self.lm_head = (None if arch.tie_word_embeddings else
-                        ColumnLinear(arch.hidden_size, arch.vocab_size, False, dtype, device))
+                        VocabParallelEmbedding(arch.vocab_size, arch.hidden_size, dtype, device,
+                                               tp))
+
+    @property
+    def head(self) -> VocabParallelEmbedding:
+        """The table the logits are computed with: the LM head, or the tied embedding."""
+        return self.model.embed_tokens if self.lm_head is None else self.lm_head
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 attn: AttentionContext) -> torch.Tensor:
@@ -170,8 +182,7 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [N, H] final-norm states -> [N, vocab] float32 logits (soft-capped in float32
-        where the architecture caps them)."""
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        logits = F.linear(hidden, weight).float()  # [N, V]
+        where the architecture caps them), gathered over the ranks' vocabulary ranges."""
+        logits = self.head.logits(hidden)  # [N, V]
         cap = self.arch.final_logit_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap

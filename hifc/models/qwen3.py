@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from hifc.layers.norm import RMSNorm
+from hifc.layers.tensor_parallel import SINGLE, TPShard
 from hifc.models.config import ModelArchConfig, common_hf_fields
 from hifc.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM
 
@@ -23,14 +24,14 @@ def arch_from_hf(config: PretrainedConfig, architecture: str) -> ModelArchConfig
 
 class Qwen3Attention(LlamaAttention):
     def __init__(self, arch: ModelArchConfig, layer_idx: int, dtype: torch.dtype,
-                 device: torch.device):
-        super().__init__(arch, layer_idx, dtype, device)
+                 device: torch.device, tp: TPShard = SINGLE):
+        super().__init__(arch, layer_idx, dtype, device, tp)
         self.q_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps, dtype, device)  # [D]
         self.k_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps, dtype, device)  # [D]
 
     def normalize_qk(self, q: torch.Tensor,
                      k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q [T, Hq, D], k [T, Hkv, D], each head normalized over D."""
+        """q [T, Hq, D], k [T, Hkv, D] (this rank's heads), each head normalized over D."""
         return self.q_norm(q)[0], self.k_norm(k)[0]
 
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 import torch
 from torch import nn
 
+from hifc.layers.tensor_parallel import SINGLE, TPShard, check_divides
 from hifc.models import gemma2, llama, phi3, qwen3
 from hifc.models.config import ModelArchConfig
 from hifc.models.weights import ShardMap, load_weights
@@ -40,15 +41,17 @@ class GGUFNaming:
 class ArchitectureSpec:
     name: str  # Hugging Face architectures[0]
     model_type: str  # transformers' model_type (its config class)
-    model_class: type[nn.Module]  # built as model_class(arch, dtype, device, max_positions)
+    model_class: type[nn.Module]  # built as model_class(arch, dtype, device, max_positions, tp)
     arch_from_hf: Callable[[PretrainedConfig, str], ModelArchConfig]  # (config, name)
     checkpoint_shards: ShardMap  # checkpoint module -> (merged module, shard)
     gguf: GGUFNaming | None = None
 
     def build(self, arch: ModelArchConfig, dtype: torch.dtype, device: torch.device | str,
-              max_positions: int | None = None) -> nn.Module:
-        """The model with uninitialized parameters (load or randomize them next)."""
-        return self.model_class(arch, dtype, torch.device(device), max_positions)
+              max_positions: int | None = None, tp: TPShard = SINGLE) -> nn.Module:
+        """The model (``tp``: this rank's part of it) with uninitialized parameters (load or
+        randomize them next); ValueError if it does not split over ``tp.size`` ranks."""
+        check_divides(arch, tp.size)
+        return self.model_class(arch, dtype, torch.device(device), max_positions, tp)
 
     def load_weights(self, model: nn.Module,
                      weights: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -1,5 +1,7 @@
 """Copy checkpoint tensors (Hugging Face names) into a model, merging shards where the model
-keeps one matrix for several checkpoint tensors (q/k/v, gate/up)."""
+keeps one matrix for several checkpoint tensors (q/k/v, gate/up); the layers that split across
+tensor-parallel ranks (linear layers, the vocabulary-split embedding and LM head) keep their
+rank's part."""
 from __future__ import annotations
 
 from typing import Iterable, Mapping
@@ -7,6 +9,7 @@ from typing import Iterable, Mapping
 import torch
 from torch import nn
 
+from hifc.layers.embedding import VocabParallelEmbedding
 from hifc.layers.linear import Linear, ShardId, copy_weight
 
 # Checkpoint tensors that older exports carry but the model recomputes.
@@ -45,7 +48,7 @@ def _missing(model: nn.Module, loaded: set[tuple[str, ShardId]], shards: ShardMa
 def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
                  shards: ShardMap) -> None:
     """Copy (name, tensor) pairs into the model, cast to its dtype and device; the linear
-    layers place their shards. ValueError on an unknown name, a shape mismatch, or weights
+    layers and the vocabulary tables place their shards (and take their rank's part). ValueError on an unknown name, a shape mismatch, or weights
     left missing at the end."""
     params = dict(model.named_parameters())
     loaded: set[tuple[str, ShardId]] = set()
@@ -59,7 +62,7 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
             raise ValueError(f"checkpoint has an unexpected weight {name!r} for this architecture")
         module = model.get_submodule(target.rpartition(".")[0])
         try:
-            if isinstance(module, Linear):
+            if isinstance(module, (Linear, VocabParallelEmbedding)):
                 module.load_weight(params[target], tensor, shard)
             else:
                 copy_weight(params[target], tensor)

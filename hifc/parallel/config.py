@@ -33,8 +33,9 @@ class ParallelConfig:
         1, "engine replicas, one per GPU (replica i on cuda:i), behind one front end that "
         "sends each request to the replica with the fewest outstanding tokens", short="-dp")
     tensor_parallel_size: int = option(
-        1, "GPUs per replica splitting the model (tensor parallelism); only 1 is available",
-        short="-tp")
+        1, "GPUs splitting the model (tensor parallelism): one process per GPU, rank 0 the "
+        "engine's; each rank swaps its KV shard to a flash file of its own (flash_path for "
+        "rank 0, flash_path.rank<r> or {rank} in the path for the others)", short="-tp")
     flash_arbiter: bool = option(
         True, "replicas whose flash files are on one device share it through an arbiter that "
         "admits their I/O under one in-flight budget: a stalled engine's first, then swap-ins, "
@@ -46,9 +47,9 @@ class ParallelConfig:
     def __post_init__(self) -> None:
         _int_in("data_parallel_size", self.data_parallel_size, 1, MAX_PARALLEL_SIZE)
         _int_in("tensor_parallel_size", self.tensor_parallel_size, 1, MAX_PARALLEL_SIZE)
-        if self.tensor_parallel_size != 1:
-            raise ValueError("tensor_parallel_size > 1 is not available yet; use "
-                             "data_parallel_size to run one replica per GPU")
+        if self.tensor_parallel_size > 1 and self.data_parallel_size > 1:
+            raise ValueError("data_parallel_size > 1 with tensor_parallel_size > 1 is not "
+                             "available; choose one of them")
         if not isinstance(self.flash_arbiter, bool):
             raise ValueError(f"flash_arbiter must be True or False, got {self.flash_arbiter!r}")
         if self.flash_arbiter_window_mib is not None:

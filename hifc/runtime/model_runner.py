@@ -4,10 +4,16 @@
 sampled ids on the host). A decode's ``PENDING_TOKEN`` is the id the previous launched step
 sampled for that sequence: it is copied into the step's input on the device, so the step can
 be launched before the host has seen the previous step's results (asynchronous scheduling).
+
+With tensor parallelism the engine's runner (rank 0) announces each step to the other ranks'
+runners (``followers``) before computing it; they run the same forward pass and logits
+(``follow``: the model's collectives pair up) and sample nothing. (Asynchronous scheduling is
+off under tensor parallelism: the followers would need the pending tokens.)
 """
 from __future__ import annotations
 
 import logging
+from typing import Protocol
 
 import torch
 
@@ -25,10 +31,18 @@ from hifc.runtime.step_result import DeviceTokens, LaunchedStep, PromptLogprobsP
 logger = logging.getLogger(__name__)
 
 
+class StepFollowers(Protocol):
+    """The other tensor-parallel ranks' runners, as rank 0 drives them."""
+
+    def announce(self, scheduled: list[ScheduledSeq],
+                 logprob_spans: list[tuple[int, int, int]]) -> None:
+        """Send them a step: they ``follow`` it while this rank computes it."""
+
+
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv_cache: torch.Tensor, backend: AttentionBackend,
                  block_size: int, device: torch.device, seed: int,
-                 kv_scales: torch.Tensor | None = None):
+                 kv_scales: torch.Tensor | None = None, followers: StepFollowers | None = None):
         self.model = model  # with attention_layers: each layer's LayerAttention
         self.kv_cache = kv_cache  # [L, 2, NB, BS, Hkv, D]
         self.kv_caches = list(kv_cache.unbind(0))  # per layer [2, NB, BS, Hkv, D]
@@ -45,6 +59,7 @@ class ModelRunner:
         self.decode_graphs: DecodeGraphs | None = None
         self.num_padded_decode_steps = 0  # steps run through decode_graphs (replayed or not)
         self._last_sampled: DeviceTokens | None = None  # the last launched step's ids
+        self.followers = followers  # the other tensor-parallel ranks (None: one rank)
 
     def setup_padded_decode(self, max_model_len: int, max_num_seqs: int, capture: bool) -> None:
         """Run decode-only steps padded to the batch sizes of ``capture_sizes`` from persistent
@@ -140,6 +155,9 @@ class ModelRunner:
         work = out.scheduled
         if not work:
             return LaunchedStep(self.device)
+        spans = prompt_logprob_spans(work, seqs)
+        if self.followers is not None:
+            self.followers.announce(work, spans)
         pending = self._pending_inputs(work, previous)
         hidden = query_start_loc = None
         logits = self._padded_logits(work, pending)
@@ -152,9 +170,23 @@ class ModelRunner:
             sampled = self._sample(logits, sampling, constraints, previous)
             self._last_sampled = DeviceTokens(
                 sampled.token_ids, {w.request_id: row for row, w in enumerate(out.sampling)})
-        prompt_parts = (self._prompt_logprobs(work, seqs, hidden, query_start_loc)
+        prompt_parts = (self._prompt_logprobs(work, seqs, spans, hidden, query_start_loc)
                         if hidden is not None else [])
         return LaunchedStep(self.device, sampled, prompt_parts)
+
+    @torch.inference_mode()
+    def follow(self, work: list[ScheduledSeq], spans: list[tuple[int, int, int]]) -> None:
+        """A tensor-parallel rank other than 0: compute this rank's part of a step rank 0
+        announced (its K/V, and the logits rank 0 computes, which gather over the ranks)."""
+        if not work:
+            return
+        if self._padded_logits(work, None) is not None:
+            return
+        hidden, query_start_loc = self.eager_forward(work)
+        self._sampler_logits(work, hidden, query_start_loc)
+        for row, first, end in spans:
+            offset = query_start_loc[row] - work[row].start_pos
+            self.model.compute_logits(hidden[offset + first:offset + end])
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence],
                 constraints: StepConstraints | None,
@@ -167,26 +199,38 @@ class ModelRunner:
         return self.sampler.sample(logits, batch, self.generator)
 
     def _prompt_logprobs(self, work: list[ScheduledSeq], seqs: list[Sequence],
-                         hidden: torch.Tensor, query_start_loc: list[int],
-                         chunk: int = 256) -> list[PromptLogprobsPart]:
+                         spans: list[tuple[int, int, int]], hidden: torch.Tensor,
+                         query_start_loc: list[int]) -> list[PromptLogprobsPart]:
         """Prompt log-probabilities of the prompt tokens this step's hidden states predict,
-        for the rows that ask for them (``chunk`` positions at a time: [chunk, V] logits)."""
+        for the rows that ask for them, one ``spans`` entry at a time ([chunk, V] logits)."""
+        parts_by_row: dict[int, list] = {}
+        for row, first, end in spans:
+            seq = seqs[row]
+            offset = query_start_loc[row] - work[row].start_pos
+            states = hidden[offset + first:offset + end]  # [C, H]
+            logprobs = torch.log_softmax(self.model.compute_logits(states), dim=-1)
+            targets = inputs.to_device(seq.prompt_token_ids[first + 1:end + 1], torch.long,
+                                       self.device)
+            parts_by_row.setdefault(row, []).append(sampling_ops.top_logprobs(
+                logprobs, targets, seq.sampling_params.prompt_logprobs))
         results = []
-        for row, (w, seq) in enumerate(zip(work, seqs)):
-            k = seq.sampling_params.prompt_logprobs
-            last = min(w.seq_len, seq.num_prompt_tokens - 1)  # positions < last predict prompt
-            if k is None or w.start_pos >= last:
-                continue
-            parts = []
-            offset = query_start_loc[row] - w.start_pos
-            for pos in range(w.start_pos, last, chunk):
-                end = min(pos + chunk, last)
-                states = hidden[offset + pos:offset + end]  # [C, H]
-                logprobs = torch.log_softmax(self.model.compute_logits(states), dim=-1)
-                targets = inputs.to_device(seq.prompt_token_ids[pos + 1:end + 1], torch.long,
-                                           self.device)
-                parts.append(sampling_ops.top_logprobs(logprobs, targets, k))
+        for row, parts in parts_by_row.items():
+            w, seq = work[row], seqs[row]
+            last = min(w.seq_len, seq.num_prompt_tokens - 1)
             results.append(PromptLogprobsPart(
                 row, w.start_pos + 1, seq.prompt_token_ids[w.start_pos + 1:last + 1],
                 tuple(torch.cat(t) for t in zip(*parts))))
         return results
+
+
+def prompt_logprob_spans(work: list[ScheduledSeq], seqs: list[Sequence],
+                         chunk: int = 256) -> list[tuple[int, int, int]]:
+    """(row, first, end): the positions whose logits give the prompt logprobs this step asks
+    for, ``chunk`` positions at a time (positions < the last prompt token predict the prompt)."""
+    spans = []
+    for row, (w, seq) in enumerate(zip(work, seqs)):
+        last = min(w.seq_len, seq.num_prompt_tokens - 1)
+        if seq.sampling_params.prompt_logprobs is None or w.start_pos >= last:
+            continue
+        spans += [(row, pos, min(pos + chunk, last)) for pos in range(w.start_pos, last, chunk)]
+    return spans

@@ -39,6 +39,15 @@ worker threads):
 * ``stats() -> dict``, ``close()`` (waits for jobs in flight), context manager.
 * ``num_blocks``, ``num_free_blocks``; flash only: ``epoch``, ``faults``, ``cache_file``.
 
+Block space and movers: a ``KVTier`` is the block space (allocator, reservations, pins, the
+prefix index, jobs); the data moves in a ``TierMover`` (:mod:`hifc.tiers.mover`: staging, I/O,
+checksums; ``FlashMover``, ``DramMover``). With tensor parallelism every rank has a mover of its
+own (its own file or pool, for its shard of the KV heads), the engine's tier is rank 0's and
+drives the others through ``peers`` (``make_tier(..., peers=...)``); the other ranks run the
+same ``IOOrder`` on theirs (:mod:`hifc.tiers.rank_jobs`), and a job ends when every rank's part
+did (failed if any part failed). ``geometry`` is one rank's block shape; ``tier.block_bytes``
+counts every rank's.
+
 The flash prefix store (flash only, unless ``prefix_store="off"``; :mod:`hifc.tiers.flash.prefix_store`):
 full KV blocks kept in the same log by 32-byte content hash under a 32-byte model salt, found
 again after GPU eviction and across restarts (swap records stay per run).
@@ -68,8 +77,9 @@ ValueError at submit.
 Engine contract: free GPU blocks only after a swap-out job is OK; on a failed swap-in, recompute.
 
 Modules at this level: ``config``, ``geometry`` (block shape, torch-free), ``allocator`` (FC block
-allocator, torch-free), ``jobs``, ``tier`` (the base class: shared bookkeeping), ``dram`` (the
-pinned-DRAM tier), ``factory`` (``make_tier``). The flash tier's internals are the sub-package
+allocator, torch-free), ``jobs``, ``tier`` (the base class: shared bookkeeping), ``mover`` (the
+worker side), ``rank_jobs`` (a worker rank's jobs), ``dram`` (the pinned-DRAM tier),
+``factory`` (``make_tier``, ``make_mover``). The flash tier's internals are the sub-package
 :mod:`hifc.tiers.flash`.
 """
 from hifc.tiers.allocator import APPEND, LEFT_APPEND, AllocatorStats, FCBlockAllocator

@@ -145,3 +145,29 @@ class PrefixJob(Job):
     blocks_ok: int = 0
     _done: bytearray = field(default_factory=bytearray, repr=False)  # per pair: 1 = written
     # (write) or verified and copied into the KV cache (read), set by the tier's workers
+
+
+@dataclass(frozen=True)
+class IOOrder:
+    """A job's I/O as every tensor-parallel rank runs it on its own shard of the KV blocks
+    (pairs and stamps as in the job; ``owner`` for swaps, ``salt``/``hashes`` for prefix
+    jobs)."""
+
+    job_id: int
+    op: str
+    pairs: tuple[tuple[int, int], ...]
+    owner: tuple[int, int] = (0, 0)
+    salt: bytes = b""
+    hashes: tuple[bytes, ...] = ()
+
+
+@dataclass(frozen=True)
+class RankOutcome:
+    """How one job ended on one rank: bytes moved, the first error as (kind, message, errno)
+    or None, and for a prefix job, per pair, 1 where the block was written or delivered."""
+
+    rank: int
+    job_id: int
+    nbytes: int
+    error: tuple[ErrorKind, str, int | None] | None = None
+    done: bytes = b""

@@ -1,10 +1,13 @@
 """``KVTier``: the object the engine holds for one swap tier (flash or pinned DRAM).
 
-Bookkeeping shared by every tier lives here: the block allocator, reservation and deferred
-freeing, pinning of blocks with I/O in flight, job submission checks, polling and statistics.
-Subclasses only start the data movement (``_launch``) and say how they are built. All methods
-are meant to be called from one thread (the engine's); the data moves in the tier's worker
-threads.
+The tier's block space lives here, with the bookkeeping shared by every tier: the block
+allocator, reservation and deferred freeing, pinning of blocks with I/O in flight, job
+submission checks, polling and statistics. The data moves in a :class:`~hifc.tiers.mover.TierMover`
+(on its own threads): the tier's own, and with tensor parallelism the other ranks' too, through
+``peers`` (:class:`TierPeers`), which start every job on their shards and report back; a job is
+done when every rank's part is, and failed if any part failed. Subclasses say how they are
+built (and the flash tier adds its prefix store). All methods are meant to be called from one
+thread (the engine's).
 """
 from __future__ import annotations
 
@@ -12,21 +15,51 @@ import concurrent.futures as cf
 import functools
 import threading
 import time
-from abc import ABC, abstractmethod
 from collections import Counter
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict
-from typing import Callable
+from typing import Protocol
 
 import torch
 
 from hifc.dtypes import copy_dtype, dtype_name
 from hifc.tiers.allocator import FCBlockAllocator
 from hifc.tiers.geometry import KVGeometry
-from hifc.tiers.jobs import ErrorKind, Job, JobStatus, check_owner, classify
+from hifc.tiers.jobs import (ErrorKind, IOOrder, Job, JobStatus, RankOutcome, check_owner,
+                             classify)
+from hifc.tiers.mover import SWAP_IN, SWAP_OUT, TierMover
 
-SWAP_OUT = "swap_out"
-SWAP_IN = "swap_in"
+__all__ = ["KVTier", "SWAP_IN", "SWAP_OUT", "TierPeers", "copy_view", "ready_event"]
+
+
+class TierPeers(Protocol):
+    """The other tensor-parallel ranks' movers, as the engine's tier drives them."""
+
+    size: int  # ranks, this one included
+
+    def launch(self, order: IOOrder) -> None:
+        """Start ``order`` on every other rank."""
+
+    def collect(self) -> None:
+        """Take in the outcomes the other ranks have reported (never blocks long)."""
+
+    def request_wait(self, job_id: int, timeout: float | None) -> None:
+        """Ask the other ranks to wait for ``job_id`` (at most ``timeout`` s) and report."""
+
+    def tracks(self, job_id: int) -> bool:
+        """Whether ``job_id`` was launched on the other ranks and not popped yet."""
+
+    def is_done(self, job_id: int) -> bool:
+        """Whether every other rank reported ``job_id`` ended."""
+
+    def pop(self, job_id: int) -> list[RankOutcome]:
+        """The other ranks' outcomes of an ended job (forgotten from then on)."""
+
+    def cancel_queued(self) -> None:
+        """Before a close: work not started may be cancelled, as this rank's mover's."""
+
+    def close(self) -> None:
+        """Every job has ended: the other ranks release their movers."""
 
 
 def ready_event(kv_cache: torch.Tensor):
@@ -45,15 +78,18 @@ def copy_view(kv_cache: torch.Tensor) -> torch.Tensor:
     return kv_cache.view(copy_dtype(dtype_name(kv_cache.dtype)))
 
 
-class KVTier(ABC):
+class KVTier:
+    """``geometry``: the shape of one block of this rank's shard; ``mover``: this rank's;
+    ``peers``: the other tensor-parallel ranks' (None with one rank)."""
+
     kind = ""
 
-    def __init__(self, geometry: KVGeometry, num_blocks: int, policy: str, io_threads: int):
-        if not isinstance(io_threads, int) or io_threads < 1:
-            raise ValueError(f"io_threads must be a positive int, got {io_threads!r}")
+    def __init__(self, geometry: KVGeometry, num_blocks: int, policy: str, mover: TierMover,
+                 peers: TierPeers | None = None):
         self.geometry = geometry
         self.allocator = FCBlockAllocator(num_blocks, policy)
-        self._pool = cf.ThreadPoolExecutor(io_threads, thread_name_prefix=f"hifc-{self.kind}-io")
+        self.mover = mover
+        self.peers = peers
         self._pending: list[Job] = []
         self._inflight: Counter[int] = Counter()  # tier block -> jobs touching it
         self._free_after_io: set[int] = set()
@@ -64,6 +100,17 @@ class KVTier(ABC):
         self._progress = threading.Condition()
 
     # -- capacity ----------------------------------------------------------------------------
+    @property
+    def num_ranks(self) -> int:
+        """Tensor-parallel ranks whose shards every job moves."""
+        return self.peers.size if self.peers is not None else 1
+
+    @property
+    def block_bytes(self) -> int:
+        """KV bytes one tier block holds, all ranks' shards together (what a job moves per
+        block)."""
+        return self.geometry.block_bytes * self.num_ranks
+
     @property
     def num_blocks(self) -> int:
         return self.allocator.num_blocks
@@ -148,13 +195,26 @@ class KVTier(ABC):
             self.allocator.mark_written(tier_ids)
         self._inflight.update(tier_ids)
         job._pinned = tuple(tier_ids)
+        # a swap-out's GPU blocks may be reused once staged, unless other ranks still read
+        # their shards of them (they report only when the job ends)
+        staged = (functools.partial(self._note_staged, job)
+                  if op == SWAP_OUT and self.peers is None else None)
+        self._launch(job, lambda: self.mover.launch(op, copy_view(kv_cache), list(pairs), owner,
+                                                    ready, staged),
+                     IOOrder(job.job_id, op, tuple(pairs), owner))
+        return job
+
+    def _launch(self, job: Job, start, order: IOOrder) -> None:
+        """Start ``job`` here (``start()`` returns its futures) and on the other ranks. Once it
+        is started anywhere it ends only when every rank reported: until then its KV blocks
+        may still be read or written on some rank, even if this rank's part failed."""
         try:
-            job._futures = self._launch(op, copy_view(kv_cache), list(pairs), owner, ready,
-                                        functools.partial(self._note_staged, job))
+            job._futures = start()
             self._watch(job)
         except Exception as exc:  # never raise I/O trouble into the engine
             job.fail(*classify(exc))
-        return job
+        if self.peers is not None:
+            self.peers.launch(order)
 
     def _watch(self, job: Job) -> None:
         """Note when each piece of ``job`` ends (its I/O time, ``wait_progress``)."""
@@ -214,9 +274,11 @@ class KVTier(ABC):
 
     # -- completion --------------------------------------------------------------------------
     def poll(self) -> list[Job]:
-        """Jobs that finished since the last poll (never blocks). Each job is reported once,
-        by ``poll`` or by ``wait``."""
-        finished = [j for j in self._pending if all(f.done() for f in j._futures)]
+        """Jobs that finished since the last poll (never blocks long). Each job is reported
+        once, by ``poll`` or by ``wait``."""
+        if self.peers is not None:
+            self.peers.collect()
+        finished = [j for j in self._pending if self._ended(j)]
         for job in finished:
             self._finish(job)
         return finished
@@ -225,10 +287,19 @@ class KVTier(ABC):
         """Block until ``job`` finishes (or ``timeout`` seconds pass: then it is still
         PENDING). A job finished here is not reported again by ``poll``."""
         if job in self._pending:
-            cf.wait(job._futures, timeout=timeout)
-            if all(f.done() for f in job._futures):
+            self._wait_io(job, timeout)
+            if self._ended(job):
                 self._finish(job)
         return job
+
+    def _wait_io(self, job: Job, timeout: float | None) -> None:
+        """Block until ``job``'s I/O has ended on every rank (or ``timeout`` seconds pass)."""
+        on_peers = self.peers is not None and self.peers.tracks(job.job_id)
+        if on_peers:
+            self.peers.request_wait(job.job_id, timeout)
+        cf.wait(job._futures, timeout=timeout)
+        if on_peers:
+            self.peers.collect()
 
     def take_staged(self, job: Job) -> list[int]:
         """Indices into ``job.pairs`` of a pending swap-out whose KV cache blocks the tier has
@@ -243,12 +314,25 @@ class KVTier(ABC):
 
     def wait_progress(self, timeout: float | None = None) -> None:
         """Block until a pending job's I/O has ended or a swap-out has staged blocks not
-        taken yet (or ``timeout`` seconds pass); ``poll`` and ``take_staged`` then tell which."""
+        taken yet (or ``timeout`` seconds pass); ``poll`` and ``take_staged`` then tell which.
+        With other ranks (which report only when asked, and stage nothing early), waits for
+        the oldest job's I/O to end on every rank."""
+        if self.peers is not None:
+            if self._pending:
+                self._wait_io(self._pending[0], timeout)
+            return
         with self._progress:
             self._progress.wait_for(self._has_progress, timeout)
 
     def _has_progress(self) -> bool:
         return any(job._staged or all(f.done() for f in job._futures) for job in self._pending)
+
+    def _ended(self, job: Job) -> bool:
+        """Whether ``job``'s I/O has ended on every rank."""
+        if not all(f.done() for f in job._futures):
+            return False
+        return self.peers is None or not self.peers.tracks(job.job_id) \
+            or self.peers.is_done(job.job_id)
 
     def stalled(self) -> AbstractContextManager:
         """Entered while the engine waits for this tier's I/O with nothing else to run; a tier
@@ -270,6 +354,8 @@ class KVTier(ABC):
             else:
                 job.nbytes += future.result()
         job._futures = []
+        if self.peers is not None and self.peers.tracks(job.job_id):
+            self._merge(job, self.peers.pop(job.job_id))
         if job.status is JobStatus.PENDING:
             job.status = JobStatus.OK
         self._on_finished(job)
@@ -284,14 +370,24 @@ class KVTier(ABC):
             self._counts[f"error_{job.error_kind.value}"] += 1
         job.finished_at = time.perf_counter()
 
+    def _merge(self, job: Job, outcomes: list[RankOutcome]) -> None:
+        """Fold the other ranks' outcomes into ``job``: their bytes, their first error."""
+        for outcome in outcomes:
+            job.nbytes += outcome.nbytes
+            if outcome.error is not None:
+                kind, message, code = outcome.error
+                job.fail(kind, f"rank {outcome.rank}: {message}", code)
+
     # -- statistics and shutdown ---------------------------------------------------------------
     def stats(self) -> dict:
         alloc = self.allocator.stats()
         out = {"kind": self.kind, "num_blocks": self.num_blocks,
-               "num_free_blocks": self.num_free_blocks, "block_bytes": self.geometry.block_bytes,
+               "num_free_blocks": self.num_free_blocks, "block_bytes": self.block_bytes,
+               "ranks": self.num_ranks,
                "inflight_blocks": len(self._inflight), "pending_jobs": len(self._pending),
                "allocator": {**asdict(alloc), "mean_run_blocks": alloc.mean_run_blocks}}
         out.update(self._counts)
+        out.update(self.mover.stats())
         out.update(self._extra_stats())
         return out
 
@@ -302,13 +398,18 @@ class KVTier(ABC):
         """A subclass's bookkeeping once ``job``'s status is final (before its blocks unpin)."""
 
     def close(self) -> None:
-        """Wait for jobs in flight, stop the workers and release files and memory."""
+        """Wait for jobs in flight (prefix I/O not started is cancelled), stop the movers and
+        release files and memory."""
         if self._closed:
             return
+        self.mover.cancel_queued()
+        if self.peers is not None:
+            self.peers.cancel_queued()
         self.wait_all()
-        self._pool.shutdown(wait=True)
         self._closed = True
-        self._shutdown()
+        self.mover.close()
+        if self.peers is not None:
+            self.peers.close()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -320,15 +421,3 @@ class KVTier(ABC):
     def __exit__(self, *exc) -> None:
         self.close()
 
-    @abstractmethod
-    def _launch(self, op: str, kv_cache: torch.Tensor, pairs: list[tuple[int, int]],
-                owner: tuple[int, int], ready,
-                staged: Callable[[int, int], None]) -> list[cf.Future]:
-        """Start moving the data; one future per independent piece of work. ``kv_cache`` is
-        the ``copy_view`` of the caller's cache. A swap-out whose data waits in the tier's
-        memory before it is stored calls ``staged(first, count)`` (a worker thread) once
-        ``pairs[first:first + count]`` are copied out of ``kv_cache``; a tier whose copy ends
-        the job need not."""
-
-    def _shutdown(self) -> None:
-        pass

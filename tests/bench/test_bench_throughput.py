@@ -16,7 +16,7 @@ VARIANT_KEYS = {
     "step_ms_percentiles", "tier_backend", "swap_out_stall_seconds", "fraction_of_ideal",
     "prefix_cache_queries", "prefix_cache_hits", "prefix_store_queries", "prefix_store_hits",
     "prefix_store_recomputed", "prefix_store_bytes_read", "prefix_store_bytes_written",
-    "per_replica", "flash_devices", "swap_out_blocks_freed_staged"}
+    "per_replica", "flash_devices", "swap_out_blocks_freed_staged", "kernel_compiles"}
 
 
 def test_compare_all_variants_then_analysis_tools(hifc, tiers, tmp_path):
@@ -38,6 +38,7 @@ def test_compare_all_variants_then_analysis_tools(hifc, tiers, tmp_path):
     for r in by.values():
         assert set(r) == VARIANT_KEYS
         assert r["requests"] == 8 and r["output_tokens"] == 8 * 48
+        assert r["kernel_compiles"] == []  # nothing compiles on the CPU
         assert r["output_tokens_per_s"] > 0 and r["swap_failures"] == 0
         assert 0 <= r["swap_out_stall_seconds"] <= r["swap_stall_seconds"]
         p = r["step_ms_percentiles"]

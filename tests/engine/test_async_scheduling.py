@@ -10,7 +10,8 @@ import random
 import pytest
 
 from hifc import LLM, LLMEngine, SamplingParams
-from hifc.config import add_engine_args, engine_config_from_args
+from hifc.config import EngineConfig, add_engine_args, engine_config_from_args
+from hifc.parallel.config import ParallelConfig
 from hifc.sampling_params import StructuredOutputsParams
 from tests.fixtures import make_tiny_hf_model
 from tests.runtime.helpers import SkipPaddingReference
@@ -89,6 +90,8 @@ def test_the_option_defaults_to_off_on_the_cpu_and_rejects_non_booleans():
     assert make_llm(True).engine.async_scheduling is True
     with pytest.raises(ValueError, match="async_scheduling must be True, False or None"):
         make_llm("yes")
+    with pytest.raises(ValueError, match="not supported with tensor_parallel_size > 1"):
+        EngineConfig(async_scheduling=True, parallel=ParallelConfig(tensor_parallel_size=2))
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
     for argv, value in (([], None), (["--async-scheduling"], True),

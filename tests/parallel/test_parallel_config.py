@@ -19,7 +19,7 @@ FLASH = dict(kv_offload="flash", num_tier_blocks=8)
     (dict(data_parallel_size=0), "data_parallel_size must be an integer in"),
     (dict(data_parallel_size="2"), "data_parallel_size must be an integer in"),
     (dict(data_parallel_size=True), "data_parallel_size must be an integer in"),
-    (dict(tensor_parallel_size=2), "tensor_parallel_size > 1 is not available yet"),
+    (dict(tensor_parallel_size=2, data_parallel_size=2), "not available; choose one of them"),
     (dict(tensor_parallel_size=0), "tensor_parallel_size must be an integer in"),
     (dict(flash_arbiter="yes"), "flash_arbiter must be True or False"),
     (dict(flash_arbiter_window_mib=0), "flash_arbiter_window_mib must be an integer in"),

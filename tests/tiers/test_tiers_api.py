@@ -178,7 +178,7 @@ def test_everything_free_at_the_end(flash):
                                                     (False, "cuda", "posix"),
                                                     (True, "cpu", "posix")])
 def test_auto_backend_is_kvikio_only_where_gds_works(monkeypatch, gds, device, expected):
-    from hifc.tiers.flash import tier as flash
+    from hifc.tiers.flash import mover as flash
     monkeypatch.setattr(flash, "gds_available", lambda: gds)
     assert flash.resolve_backend("auto", device) == expected
     assert flash.resolve_backend("posix", device) == "posix"

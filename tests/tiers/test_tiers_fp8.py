@@ -85,7 +85,7 @@ def test_the_superblock_carries_dtype_and_scales(flash, tmp_path):
     flash(SMALL_FP8, num_blocks=8).close()
     sb = read_superblock(tmp_path / "cache.kvc")
     assert (sb["dtype"], sb["scale_digest"], sb["version"]) == (
-        "float8_e4m3fn", SMALL_FP8.scale_digest, 3)
+        "float8_e4m3fn", SMALL_FP8.scale_digest, 4)
     assert flash(SMALL_FP8, num_blocks=8).stats()["reused_file"]  # the same scales: reused
 
 

@@ -337,13 +337,13 @@ def test_close_cancels_prefix_io_not_started(flash):
     io = gated(tier, chunk_blocks=1, num_buffers=1)
     job = tier.submit_prefix_write(kv, list(zip(range(12), chain(12))), SALT)
     assert io.arrived.wait(10)  # the first chunk holds the only buffer set, at the gate
-    close_store = tier.prefix.close
+    cancel_queued = tier.mover.cancel_queued
 
-    def close_then_open_the_gate():
-        close_store()
+    def cancel_then_open_the_gate():
+        cancel_queued()
         io.gate.set()
 
-    tier.prefix.close = close_then_open_the_gate
+    tier.mover.cancel_queued = cancel_then_open_the_gate
     tier.close()  # the chunk holding the only buffer set finishes; the others never start
     assert job.error_kind is ErrorKind.CANCELLED and job.blocks_ok == 1
 

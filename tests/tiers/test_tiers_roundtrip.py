@@ -93,7 +93,7 @@ def test_every_io_is_aligned(flash, layout):
     geometry = KVGeometry(3, 1, 5, 3, "bfloat16")
     tier = flash(geometry, layout=layout, num_blocks=16, chunk_mib=1)
     spy = RecordingIO(tier.io)
-    tier.mover = ChunkMover(tier.layout, spy, tier.epoch, 4, num_buffers=2)
+    tier.mover.chunks = ChunkMover(tier.layout, spy, tier.epoch, 4, num_buffers=2)
     kv = random_kv(geometry, 12)
     round_trip(tier, kv, [5, 1, 2, 3, 9, 0], [0, 1, 2, 3, 4, 5])
     assert spy.ios

@@ -50,6 +50,6 @@ class GatedIO(FileIO):
 def gated(tier, chunk_blocks: int = 8, num_buffers: int = 2) -> GatedIO:
     """Route a flash tier's I/O through a closed gate (returned: ``gate.set()`` opens it)."""
     io = GatedIO(tier.io)
-    tier.mover = ChunkMover(tier.layout, io, tier.epoch, chunk_blocks, num_buffers=num_buffers,
-                            first_lsn=tier.mover.next_lsn)
+    tier.mover.chunks = ChunkMover(tier.layout, io, tier.epoch, chunk_blocks,
+                                   num_buffers=num_buffers, first_lsn=tier.mover.chunks.next_lsn)
     return io

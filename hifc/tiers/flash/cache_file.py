@@ -3,13 +3,15 @@
 Superblock (first 4 KiB)::
 
     magic "HIFCKVC1" | format version u32 | num_layers u32 | num_kv_heads u32 | head_dim u32
-    | block_size u32 | dtype 16s | layout 16s | scale digest 32s | num_blocks u64
-    | file_bytes u64 | epoch u64 | crc32c of the preceding bytes
+    | block_size u32 | dtype 16s | layout 16s | scale digest 32s | tp_rank u32 | tp_size u32
+    | num_blocks u64 | file_bytes u64 | epoch u64 | crc32c of the preceding bytes
 
 ``dtype`` is the KV cache's element type (``float8_e4m3fn`` for an FP8 cache) and ``scale
 digest`` names the scales a float8 cache is quantised with (hex, empty otherwise; see
 ``KVGeometry``): both are part of the geometry, so a file written in another dtype or with other
-scales is reinitialised, never read.
+scales is reinitialised, never read. ``tp_rank`` of ``tp_size`` says which tensor-parallel
+rank's shard of the KV heads the file holds (0 of 1 without tensor parallelism): a file of
+another rank or rank count is reinitialised too.
 
 Opening (:meth:`CacheFile.open`):
 
@@ -49,9 +51,10 @@ from hifc.tiers.geometry import KVGeometry
 
 GIB = 1 << 30
 SUPER_MAGIC = b"HIFCKVC1"
-# 2: record kinds (swap, prefix), salt, hash and log sequence numbers; 3: the scale digest
-FORMAT_VERSION = 3
-_SUPER = struct.Struct("<8sIIIII16s16s32sQQQ")
+# 2: record kinds (swap, prefix), salt, hash and log sequence numbers; 3: the scale digest;
+# 4: the tensor-parallel rank and size
+FORMAT_VERSION = 4
+_SUPER = struct.Struct("<8sIIIII16s16s32sIIQQQ")
 _SUPER_CRC = struct.Struct("<I")
 
 
@@ -67,35 +70,38 @@ class CacheFile:
     I/O uses the backends' own descriptors (see :mod:`hifc.tiers.flash.posix_io`)."""
 
     def __init__(self, path: str, fd: int, layout: Layout, epoch: int, reused: bool,
-                 created: bool, init_seconds: float):
+                 created: bool, init_seconds: float, shard: tuple[int, int] = (0, 1)):
         self.path = path  # the parent directory resolved
         self.fd = fd
         self.layout = layout
+        self.shard = shard  # (tensor-parallel rank, ranks) whose KV the file holds
         self.epoch = epoch
         self.reused = reused  # True: matching file reopened in O(1), nothing reallocated
         self.created = created  # True: the path did not exist before this open
         self.init_seconds = init_seconds
 
     @classmethod
-    def open(cls, path, layout: Layout, *, force: bool = False) -> "CacheFile":
+    def open(cls, path, layout: Layout, *, force: bool = False,
+             shard: tuple[int, int] = (0, 1)) -> "CacheFile":
+        """``shard``: (rank, ranks) of the tensor-parallel shard the file holds."""
         path = resolve_parent(path)
         check_space(path, layout.file_bytes)
         start = time.perf_counter()
         fd, created = _open_nofollow(path)
         try:
-            verdict = _claim(fd, path, layout, created, force)
+            verdict = _claim(fd, path, layout, shard, created, force)
             epoch = new_epoch(_stored_epoch(fd) if verdict == "reuse" else 0)
             if verdict == "reuse":
-                _write_superblock(fd, layout, epoch)
+                _write_superblock(fd, layout, shard, epoch)
             else:
-                _initialise(fd, layout, epoch, path)
+                _initialise(fd, layout, shard, epoch, path)
         except BaseException:
             os.close(fd)
             if created:
                 os.unlink(path)
             raise
         return cls(path, fd, layout, epoch, verdict == "reuse", created,
-                   time.perf_counter() - start)
+                   time.perf_counter() - start, shard)
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -140,7 +146,8 @@ def check_space(path: str, nbytes: int) -> None:
                          "choose a smaller size (flash_size_gib)")
 
 
-def _claim(fd: int, path: str, layout: Layout, created: bool, force: bool) -> str:
+def _claim(fd: int, path: str, layout: Layout, shard: tuple[int, int], created: bool,
+           force: bool) -> str:
     """Check and lock an opened path, judge its contents ('create', 'reuse', 'reinit') and
     only then make it ours (mode 0600); a file that is refused is left as it was."""
     info = os.fstat(fd)
@@ -150,7 +157,8 @@ def _claim(fd: int, path: str, layout: Layout, created: bool, force: bool) -> st
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         raise ValueError(f"cache file {path!r} is in use by another process") from None
-    verdict = "create" if created or info.st_size == 0 else _judge(fd, layout, info.st_size)
+    verdict = ("create" if created or info.st_size == 0
+               else _judge(fd, layout, shard, info.st_size))
     if verdict == "foreign" and not force:
         raise ValueError(f"{path!r} exists and is not an hifc cache file; refusing to "
                          "overwrite it (pass force=True to reinitialise it)")
@@ -173,11 +181,12 @@ def _open_nofollow(path: str) -> tuple[int, bool]:
         raise
 
 
-def _pack_superblock(layout: Layout, epoch: int) -> bytes:
+def _pack_superblock(layout: Layout, shard: tuple[int, int], epoch: int) -> bytes:
     g: KVGeometry = layout.geometry
     body = _SUPER.pack(SUPER_MAGIC, FORMAT_VERSION, g.num_layers, g.num_kv_heads, g.head_dim,
                        g.block_size, g.dtype.encode(), layout.name.encode(),
-                       g.scale_digest.encode(), layout.num_blocks, layout.file_bytes, epoch)
+                       g.scale_digest.encode(), *shard, layout.num_blocks, layout.file_bytes,
+                       epoch)
     page = body + _SUPER_CRC.pack(crc32c.crc32c(body))
     return page + bytes(SUPERBLOCK_BYTES - len(page))
 
@@ -186,7 +195,7 @@ def _read_superblock(fd: int) -> bytes:
     return os.pread(fd, SUPERBLOCK_BYTES, 0)
 
 
-def _judge(fd: int, layout: Layout, size: int) -> str:
+def _judge(fd: int, layout: Layout, shard: tuple[int, int], size: int) -> str:
     """'reuse', 'reinit' (an hifc file of other geometry) or 'foreign'."""
     page = _read_superblock(fd)
     if len(page) < _SUPER.size + 4 or page[:8] != SUPER_MAGIC:
@@ -195,7 +204,7 @@ def _judge(fd: int, layout: Layout, size: int) -> str:
     (stored_crc,) = _SUPER_CRC.unpack_from(page, _SUPER.size)
     if crc32c.crc32c(body) != stored_crc:
         return "reinit"  # ours, but its superblock is torn
-    wanted = _pack_superblock(layout, 0)[:_SUPER.size - 8]  # everything but the epoch
+    wanted = _pack_superblock(layout, shard, 0)[:_SUPER.size - 8]  # everything but the epoch
     if body[:_SUPER.size - 8] != wanted or size != layout.file_bytes:
         return "reinit"
     return "reuse"
@@ -205,11 +214,11 @@ def _stored_epoch(fd: int) -> int:
     return _SUPER.unpack_from(_read_superblock(fd))[-1]
 
 
-def _initialise(fd: int, layout: Layout, epoch: int, path: str) -> None:
+def _initialise(fd: int, layout: Layout, shard: tuple[int, int], epoch: int, path: str) -> None:
     """Empty the file (no stale record survives), write the superblock, then preallocate: a
     crash at any point leaves an empty file or one with an hifc superblock."""
     os.ftruncate(fd, 0)
-    _write_superblock(fd, layout, epoch)
+    _write_superblock(fd, layout, shard, epoch)
     _preallocate(fd, layout.file_bytes, path)
     os.fdatasync(fd)
 
@@ -226,8 +235,8 @@ def _preallocate(fd: int, nbytes: int, path: str) -> None:
         os.ftruncate(fd, nbytes)  # file system without fallocate: a sparse file still works
 
 
-def _write_superblock(fd: int, layout: Layout, epoch: int) -> None:
-    page = _pack_superblock(layout, epoch)
+def _write_superblock(fd: int, layout: Layout, shard: tuple[int, int], epoch: int) -> None:
+    page = _pack_superblock(layout, shard, epoch)
     if os.pwrite(fd, page, 0) != len(page):
         raise OSError(errno.EIO, "short write of the cache file superblock")
     os.fdatasync(fd)
@@ -242,7 +251,7 @@ def read_superblock(path) -> dict:
     fields = _SUPER.unpack_from(page)
     (stored_crc,) = _SUPER_CRC.unpack_from(page, _SUPER.size)
     names = ("magic", "version", "num_layers", "num_kv_heads", "head_dim", "block_size", "dtype",
-             "layout", "scale_digest", "num_blocks", "file_bytes", "epoch")
+             "layout", "scale_digest", "tp_rank", "tp_size", "num_blocks", "file_bytes", "epoch")
     out = dict(zip(names, fields))
     for name in ("dtype", "layout", "scale_digest"):
         out[name] = out[name].rstrip(b"\0").decode()

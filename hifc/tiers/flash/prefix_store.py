@@ -5,7 +5,8 @@ the GPU evicted can be read back instead of recomputed, in this run or a later o
 ``lookup_prefix``, ``submit_prefix_write`` and ``submit_prefix_read``; this module holds the
 bookkeeping those share: which blocks of a request to write or read, what a finished job
 publishes, drops or unpins (through the :class:`~hifc.tiers.flash.prefix_index.PrefixIndex`),
-the bound on writes in flight, cancellation at close, and the statistics.
+the bound on writes in flight, and the statistics. (The I/O, and its cancellation at close, is
+the mover's: :mod:`hifc.tiers.flash.mover`.)
 
 Prefix records live in the same append log as swap records (:mod:`hifc.tiers.flash.records`,
 kind ``PREFIX``); they survive restarts (``hifc.tiers.flash.scan`` rebuilds the index when the
@@ -14,29 +15,16 @@ salt are opaque 32-byte strings; a record is found only under the salt it was wr
 """
 from __future__ import annotations
 
-import threading
 from collections import Counter
 
-from hifc.tiers.flash.pipeline import ChunkTask
+from hifc.tiers.flash.mover import PREFIX_WRITE
 from hifc.tiers.flash.prefix_index import PrefixIndex, key_of
 from hifc.tiers.flash.records import KEY_BYTES
 from hifc.tiers.flash.scan import ScanResult
-from hifc.tiers.geometry import KVGeometry
-from hifc.tiers.jobs import JobCancelled, PrefixJob
+from hifc.tiers.jobs import PrefixJob
 
-PREFIX_WRITE = "prefix_write"
 PREFIX_READ = "prefix_read"
 WRITE_LIMIT_CHUNKS = 4  # per staging buffer set: the most prefix-write chunks queued at once
-
-
-def mark_written(job: PrefixJob, first: int, count: int) -> None:
-    """A chunk of a prefix write (pairs ``first...``) is on the file (a worker thread)."""
-    job._done[first:first + count] = b"\x01" * count
-
-
-def mark_delivered(job: PrefixJob, first: int, i: int) -> None:
-    """Block ``i`` of a prefix-read chunk starting at pair ``first`` reached the KV cache."""
-    job._done[first + i] = 1
 
 
 def check_key(name: str, value) -> bytes:
@@ -74,14 +62,17 @@ def check_read_pairs(pairs) -> list[tuple[bytes, int]]:
 
 
 class PrefixStore:
-    def __init__(self, index: PrefixIndex, geometry: KVGeometry, *, enabled: bool,
-                 write_limit: int, scan: ScanResult | None = None):
+    """``block_bytes``: KV bytes of one stored block (every rank's shard); ``block_size``:
+    its tokens."""
+
+    def __init__(self, index: PrefixIndex, block_bytes: int, block_size: int, *,
+                 enabled: bool, write_limit: int, scan: ScanResult | None = None):
         self.index = index
-        self.geometry = geometry
+        self.block_bytes = block_bytes
+        self.block_size = block_size
         self.enabled = enabled
         self.write_limit = write_limit  # prefix-write blocks in flight at most
         self.scan = scan  # how the index was rebuilt at open (None: a new file, or off)
-        self._closing = threading.Event()
         self._writes_in_flight = 0
         self._held: Counter[int] = Counter()  # tier block -> holds not released
         self._counts: Counter[str] = Counter()
@@ -99,8 +90,8 @@ class PrefixStore:
         hashes = [check_key("block_hash", h) for h in hashes]
         found = self.index.leading_hits(salt, hashes) if self.enabled else 0
         if count:
-            self._counts["queries"] += len(hashes) * self.geometry.block_size
-            self._counts["hits"] += found * self.geometry.block_size
+            self._counts["queries"] += len(hashes) * self.block_size
+            self._counts["hits"] += found * self.block_size
         return found
 
     # -- what a job covers -------------------------------------------------------------------
@@ -169,7 +160,7 @@ class PrefixStore:
         """``job`` ended: publish what it wrote, or drop the records it could not read (each
         becomes a miss), and release its blocks."""
         done = job._done
-        block_bytes = self.geometry.block_bytes
+        block_bytes = self.block_bytes
         if job.op == PREFIX_WRITE:
             for i, block_hash in enumerate(job.hashes):
                 self.index.end_write(key_of(job.salt, block_hash), ok=bool(done[i]))
@@ -186,23 +177,6 @@ class PrefixStore:
         job.blocks_ok = next((i for i, ok in enumerate(done) if not ok), len(done))
         self._counts["bytes_read"] += sum(done) * block_bytes
         self._counts["blocks_read"] += sum(done)
-
-    # -- bounded, cancellable work -----------------------------------------------------------
-    def cancellable(self, task: ChunkTask) -> ChunkTask:
-        """``task``, failing with JobCancelled instead of starting once the tier closes."""
-        (kind, first_stage), *rest = task.stages
-        closing = self._closing
-
-        def guarded(buffers) -> None:
-            if closing.is_set():
-                raise JobCancelled("the flash tier closed before this prefix I/O started")
-            first_stage(buffers)
-
-        return ChunkTask(task.pool, ((kind, guarded), *rest), task.nbytes)
-
-    def close(self) -> None:
-        """Prefix I/O not started yet is cancelled (the tier then waits for the rest)."""
-        self._closing.set()
 
     def stats(self) -> dict:
         c = self._counts

@@ -1,0 +1,134 @@
+"""``TPDriver``: rank 0's hold on the tensor-parallel workers (the engine's process).
+
+It starts the workers (standalone) or finds them (under a launcher), tells them the KV cache
+size, sends each model step to them before rank 0 runs its own part (``announce``), and is the
+tier's ``peers`` (:class:`hifc.tiers.tier.TierPeers`): tier jobs are queued as orders and go out
+with the next command, outcomes come back when the tier polls or waits while a job is out on
+the workers. ``close`` stops the workers and leaves the process group.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as torch_mp
+
+from hifc.config import EngineConfig
+from hifc.core.scheduler import ScheduledSeq
+from hifc.layers.tensor_parallel import TPShard
+from hifc.parallel.tp_control import Command, ControlChannel, StepWork, WorkerSetup
+from hifc.parallel.tp_launch import (Rendezvous, control_group, join_group, launched_rank,
+                                     local_rendezvous, rank_device)
+from hifc.tiers.jobs import IOOrder, RankOutcome
+
+logger = logging.getLogger(__name__)
+
+
+class TPDriver:
+    """Rank 0 of ``shard.size``; ``processes``: the workers it spawned (none under a launcher)."""
+
+    def __init__(self, shard: TPShard, channel: ControlChannel, processes: list):
+        self.shard = shard
+        self.size = shard.size  # TierPeers: ranks, this one included
+        self.channel = channel
+        self.processes = processes
+        self._orders: list[IOOrder] = []
+        self._outcomes: dict[int, list[RankOutcome]] = {}  # job id -> workers' outcomes so far
+        self._closed = False
+
+    @classmethod
+    def start(cls, config: EngineConfig, device: torch.device) -> "TPDriver":
+        """Spawn (standalone) or meet (launcher) the workers and join the process group."""
+        size = config.parallel.tensor_parallel_size
+        launched = launched_rank(size)
+        processes = []
+        if launched is None:
+            from hifc.parallel.tp_worker import run_worker
+
+            rendezvous = local_rendezvous(size)
+            ctx = torch_mp.get_context("spawn")
+            for rank in range(1, size):
+                process = ctx.Process(target=run_worker, name=f"hifc-tp-{rank}", daemon=True,
+                                      args=(config, rank, rendezvous, device, False))
+                process.start()
+                processes.append(process)
+        else:
+            rendezvous = Rendezvous("env://", size)
+        try:
+            shard = join_group(rendezvous, 0, rank_device(device, 0, launched is not None))
+            channel = ControlChannel(0, size, control_group())
+        except BaseException:
+            _stop(processes)
+            raise
+        return cls(shard, channel, processes)
+
+    def setup(self, setup: WorkerSetup) -> None:
+        """Tell every worker the sizes rank 0 resolved (they build their KV cache next)."""
+        self.channel.send(setup)
+
+    # -- steps ---------------------------------------------------------------------------------
+    def announce(self, scheduled: list[ScheduledSeq],
+                 logprob_spans: list[tuple[int, int, int]]) -> None:
+        """Send a step's work (with the orders queued before it); rank 0 runs its part next."""
+        work = [dataclasses.replace(w, sampling_params=None) for w in scheduled]
+        self._send(Command(orders=self._take_orders(), step=StepWork(work, logprob_spans)))
+
+    # -- TierPeers -----------------------------------------------------------------------------
+    def launch(self, order: IOOrder) -> None:
+        self._orders.append(order)
+        self._outcomes[order.job_id] = []
+
+    def collect(self) -> None:
+        if self._orders or any(len(o) < self.size - 1 for o in self._outcomes.values()):
+            self._send(Command(orders=self._take_orders(), reply=True))
+
+    def request_wait(self, job_id: int, timeout: float | None) -> None:
+        self._send(Command(orders=self._take_orders(), wait=(job_id, timeout), reply=True))
+
+    def tracks(self, job_id: int) -> bool:
+        return job_id in self._outcomes
+
+    def is_done(self, job_id: int) -> bool:
+        return len(self._outcomes.get(job_id, ())) >= self.size - 1
+
+    def pop(self, job_id: int) -> list[RankOutcome]:
+        return self._outcomes.pop(job_id)
+
+    def cancel_queued(self) -> None:
+        self._send(Command(orders=self._take_orders(), cancel_queued=True))
+
+    def close(self) -> None:
+        """TierPeers: every job ended; the workers release their movers."""
+        self._send(Command(close_tier=True))
+
+    # -- the rest ------------------------------------------------------------------------------
+    def _take_orders(self) -> tuple[IOOrder, ...]:
+        orders, self._orders = tuple(self._orders), []
+        return orders
+
+    def _send(self, command: Command) -> None:
+        for replies in self.channel.send(command):
+            for outcome in replies or ():
+                self._outcomes[outcome.job_id].append(outcome)
+
+    def shutdown(self) -> None:
+        """Stop the workers and leave the process group (once)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.channel.send(Command(stop=True))
+        finally:
+            dist.destroy_process_group()
+            _stop(self.processes)
+
+
+def _stop(processes: list, timeout_s: float = 30.0) -> None:
+    for process in processes:
+        process.join(timeout_s)
+        if process.is_alive():
+            logger.warning("tensor-parallel worker %s did not stop; terminating it",
+                           process.name)
+            process.terminate()
