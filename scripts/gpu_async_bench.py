@@ -83,8 +83,10 @@ class HostTimes:
                     step = self._launch(*args, **kwargs)
                 finally:
                     torch.cuda.set_sync_debug_mode("default")
+            # torch warns "called a synchronizing CUDA operation" per sync (and, once, that
+            # the debug mode is a prototype: not a sync)
             self.syncs += [str(w.message).splitlines()[0] for w in caught
-                           if "synchroniz" in str(w.message)]
+                           if "called a synchronizing" in str(w.message)]
         else:
             step = self._launch(*args, **kwargs)
         self.launch_s += time.perf_counter() - t0

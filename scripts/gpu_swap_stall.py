@@ -30,8 +30,10 @@ import logging
 import os
 import sys
 import tempfile
+from dataclasses import asdict
 
 from hifc.entrypoints.cli import main as hifc_main
+from hifc.layers.triton_jit import kernel_compiles
 
 TARGET = 0.99
 GPU_MODEL = "random:ds-r1-llama-8b"
@@ -148,6 +150,9 @@ def main() -> int:
     parser.add_argument("--cells", default="qasper,govreport,narrativeqa,swap-heavy",
                         help="comma-separated subset of the cells")
     parser.add_argument("--model", default=GPU_MODEL, help="the preset (GPU runs)")
+    parser.add_argument("--compiles-json",
+                        help="write every Triton compilation of the run here (kernel, seconds, "
+                             "specialisation), warm-ups included")
     parser.add_argument("--variants", default="dram,flash",
                         help="hifc bench throughput --compare variants; dram and flash at least")
     args = parser.parse_args()
@@ -175,6 +180,9 @@ def main() -> int:
         if os.path.exists(flash_path):
             os.remove(flash_path)
         os.rmdir(flash_dir)
+    if args.compiles_json:
+        with open(args.compiles_json, "w") as f:
+            json.dump([asdict(c) for c in kernel_compiles()], f, indent=1)
     print(f"\nflash vs DRAM swap ({'smoke, CPU' if args.device == 'cpu' else args.model}); "
           f"target flash/dram >= {TARGET}")
     print_table(rows)

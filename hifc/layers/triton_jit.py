@@ -32,8 +32,11 @@ def jit(fn=None, **options):
 
 @dataclass(frozen=True)
 class KernelCompile:
-    kernel: str  # Triton's description: name[launch options](argument types and constants)
+    kernel: str  # Triton's description: name[launch options](...)
     seconds: float
+    # Triton's specialisation data (JSON: signature, constants, argument attributes such as
+    # 16-byte divisibility), what sets this compilation apart from the kernel's others
+    specialization: str = ""
 
 
 _compiles: list[KernelCompile] = []
@@ -50,10 +53,11 @@ def _before_compile(*, key, repr: str, **_) -> None:  # noqa: A002 (Triton's key
     return None  # a true value would tell Triton to skip the compilation
 
 
-def _after_compile(*, key, repr: str, **_) -> None:  # noqa: A002
+def _after_compile(*, key, repr: str, compile=None, **_) -> None:  # noqa: A002
     started = _started.pop(str(key), None)
     seconds = time.perf_counter() - started if started is not None else 0.0
-    _compiles.append(KernelCompile(repr, seconds))
+    details = (compile or {}).get("specialization_data") or ""
+    _compiles.append(KernelCompile(repr, seconds, str(details)))
     log.debug("compiled %s in %.2f s", repr, seconds)
     return None
 
