@@ -38,6 +38,9 @@ class StepConstraints:
     grammar_bitmask: torch.Tensor | None = None
 
 
+ALIGN_BYTES = 16
+
+
 class StepPacker:
     """Moves a step's named host vectors to the device, one transfer per dtype.
 
@@ -64,15 +67,21 @@ class StepPacker:
             self._copied[turn].synchronize()  # that set's copies (steps ago) have read it
         tensors = {}
         for dtype, parts in ((torch.int64, ints), (torch.float32, floats)):
-            total = sum(map(len, parts.values()))
+            # each vector starts 16-byte aligned: Triton compiles a kernel anew for a pointer
+            # argument whose alignment differs from its earlier calls
+            align = ALIGN_BYTES // dtype.itemsize
+            spans, padded, total = [], [], 0
+            for name, values in parts.items():
+                spans.append((name, total, len(values)))
+                pad = -len(values) % align
+                padded.append(itertools.chain(values, itertools.repeat(0, pad)))
+                total += len(values) + pad
             if not total:
                 continue
             flat = self._transfer(self._sets[turn], dtype,
-                                  itertools.chain.from_iterable(parts.values()), total)
-            offset = 0
-            for name, values in parts.items():
-                tensors[name] = flat[offset:offset + len(values)]
-                offset += len(values)
+                                  itertools.chain.from_iterable(padded), total)
+            for name, start, length in spans:
+                tensors[name] = flat[start:start + length]
         if self._pinned:
             self._copied[turn].record()
         return tensors
