@@ -4,7 +4,7 @@ from hifc.core.outputs import SamplerOutput
 from hifc.core.scheduler import PENDING_TOKEN
 from hifc.core.sequence import SequenceStatus
 from tests.core.helpers import make_scheduler, make_seq, run_step
-from tests.core.test_prefix_cache import Fuzz
+from tests.core.test_prefix_cache import Fuzz, run_fuzz
 
 
 def apply(sched, out, seqs, token=5):
@@ -161,15 +161,6 @@ class FuzzAhead(Fuzz):
 def test_no_block_leaks_or_stale_hashes_when_scheduling_ahead():
     for seed in range(12):
         fuzz = FuzzAhead(seed, mode="swap" if seed % 3 else "recompute")
-        for i in range(30):
-            fuzz.add(i)
-            for _ in range(fuzz.rng.randint(0, 3)):
-                fuzz.step()
-        fuzz.drain()
-        sched, kv = fuzz.sched, fuzz.kv
-        assert sched.num_preemptions > 0 and sched.prefix_cache_hits > 0
-        assert kv.num_free_blocks == kv.num_total_blocks
-        assert len(fuzz.tier.free_ids) == fuzz.tier.num_blocks and sched.tier_blocks_used == 0
-        assert not any(sched.is_tracking(rid) for rid in fuzz.seqs)
+        run_fuzz(fuzz)
         assert all(s.num_pending_tokens == 0 for s in fuzz.seqs.values())
         assert any(s.status is SequenceStatus.FINISHED_STOPPED for s in fuzz.seqs.values())
