@@ -65,7 +65,7 @@ class FlashTier(KVTier):
             raise
         if scan is not None:
             mover.chunks.next_lsn = scan.next_lsn
-        write_limit = WRITE_LIMIT_CHUNKS * mover.chunks.max_chunk_blocks * mover.num_buffers
+        write_limit = WRITE_LIMIT_CHUNKS * mover.chunks.max_chunk_blocks * mover.pipeline_depth
         self.prefix = PrefixStore(self.index, self.block_bytes, geometry.block_size,
                                   enabled=config.stores_prefixes, scan=scan,
                                   write_limit=max(1, min(num_blocks // 2, write_limit)))
