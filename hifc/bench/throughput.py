@@ -290,6 +290,8 @@ def run_variant(engine, name: str, requests: list[BenchRequest], progress: bool,
         tier_stats = engine.tier.stats()
         alloc = tier_stats["allocator"]
         result["tier_backend"] = tier_stats.get("backend")  # the flash I/O path `auto` chose
+        result["tier_staging"] = {k: tier_stats[k] for k in (
+            "staging_sets", "staging_host_bytes", "staging_work_bytes") if k in tier_stats}
         result["tier_allocator"] = {k: alloc[k] for k in (
             "blocks_written", "sequential_runs", "wraps", "backward_jumps", "mean_run_blocks")}
         if trace_path:
