@@ -15,6 +15,7 @@ from hifc.config import EngineConfig, add_engine_args, engine_config_from_args
 from hifc.tiers import ErrorKind, JobStatus, KVGeometry, TierConfig
 from hifc.tiers.flash.pipeline import CPU, IO, WORK, ChunkPipeline, ChunkTask
 from hifc.tiers.flash.staging import BufferPool, StagingBuffers
+from tests.tiers.test_tiers_prefix import chain, load, same_bytes, store
 from tests.tiers.test_tiers_staged import staged_until
 from tests.tiers.tier_helpers import SMALL, gated, random_kv
 
@@ -202,3 +203,15 @@ def test_staging_mib_sets_the_host_sets(flash, staging_mib, sets):
     assert stats["chunk_blocks"] == 3 and stats["staging_sets"] == sets
     assert stats["staging_host_bytes"] == sets * 780 * 1024
     assert stats["staging_work_bytes"] == 0  # a CPU cache: gathered into the host sets
+
+
+def test_prefix_blocks_round_trip_through_work_buffers(flash):
+    """Prefix writes (whose first, WORK, stage is guarded against a closing tier) and reads."""
+    tier = flash(num_blocks=16)
+    gated(tier, chunk_blocks=2, num_buffers=4, num_work_buffers=1, work_buffers=True).gate.set()
+    kv = random_kv(SMALL, 6)
+    hashes = chain(5)
+    store(tier, kv, [4, 0, 1, 2, 5], hashes)
+    job, back = load(tier, hashes)
+    assert job.ok and same_bytes(back[:, :, :5], kv[:, :, [4, 0, 1, 2, 5]])
+    assert_pools_full(tier, kv)
