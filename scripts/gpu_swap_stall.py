@@ -14,8 +14,10 @@ scripts/gpu_paper_run.sh's table3-8b stage and scripts/gpu_swap_run.sh's govrepo
 about 4-5 minutes on one H200 (the Table 3 cells ~2 min, the swap-heavy run ~2.5 min).
 
 Prints one row per cell: tokens/s of both variants, flash/DRAM against the issue's 0.99
-target, preemptions, GiB swapped out, stall seconds spent on a swap-out, and the GPU blocks that
-flash swap-outs freed once staged (before their writes ended) out of those written. Checks, per
+target, preemptions, GiB swapped out, stall seconds spent on a swap-out, the GPU blocks that
+flash swap-outs freed once staged (before their writes ended) out of those written, and the
+flash tier's staging (host sets, pinned host MiB, GPU work-buffer MiB; ``--flash-staging-mib``
+sets the host part). Checks, per
 variant: no swap failed and every block swapped out came back; per flash variant that swapped:
 its swap-outs freed blocks when staged. Exit status 1 when a check fails (a missed target is
 reported, not a failure). JSON per cell under --out (default ./swap_stall_results).
@@ -73,6 +75,8 @@ def run_cell(name: str, flags: list[str], args, flash_path: str) -> dict:
             "--no-progress", "--compare", args.variants, "--swap-space", size,
             "--flash-size-gib", size, "--flash-path", flash_path, "--prefix-store", "off",
             "--json", out, *flags]
+    if args.flash_staging_mib is not None:
+        argv += ["--flash-staging-mib", str(args.flash_staging_mib)]
     if smoke:
         argv += ["--device", "cpu"]
     print(f"=== {name}: hifc {' '.join(argv)}", flush=True)
@@ -103,7 +107,8 @@ def check(name: str, variants: dict) -> list[str]:
 
 
 COLUMNS = ("cell", "dram tok/s", "flash tok/s", "flash/dram", f">= {TARGET}", "preempt d,f",
-           "GiB out", "out-stall s d,f", "freed staged/out", "steps d,f")
+           "GiB out", "out-stall s d,f", "freed staged/out", "steps d,f",
+           "staging sets,host MiB,GPU MiB")
 
 
 def row(name: str, variants: dict) -> list[str]:
@@ -115,7 +120,16 @@ def row(name: str, variants: dict) -> list[str]:
             f"{flash['tier_bytes_written'] / 2**30:.2f}",
             f"{dram['swap_out_stall_seconds']:.2f},{flash['swap_out_stall_seconds']:.2f}",
             f"{flash['swap_out_blocks_freed_staged']}/{flash['swap_out_blocks']}",
-            f"{dram['steps']},{flash['steps']}"]
+            f"{dram['steps']},{flash['steps']}", staging_cell(flash)]
+
+
+def staging_cell(flash: dict) -> str:
+    """The flash tier's staging: host sets, host MiB, GPU (work buffer) MiB."""
+    staging = flash.get("tier_staging") or {}
+    if not staging:
+        return "-"
+    return (f"{staging['staging_sets']},{staging['staging_host_bytes'] / 2**20:.0f},"
+            f"{staging['staging_work_bytes'] / 2**20:.0f}")
 
 
 FIXED_POLICIES = ("flash", "recompute")
@@ -153,6 +167,8 @@ def main() -> int:
     parser.add_argument("--compiles-json",
                         help="write every Triton compilation of the run here (kernel, seconds, "
                              "specialisation), warm-ups included")
+    parser.add_argument("--flash-staging-mib", type=int,
+                        help="the flash tier's host staging (default: the tier's, 1024 MiB)")
     parser.add_argument("--variants", default="dram,flash",
                         help="hifc bench throughput --compare variants; dram and flash at least")
     args = parser.parse_args()

@@ -278,7 +278,7 @@ def run_variant(engine, name: str, requests: list[BenchRequest], progress: bool,
         **{k: after[k] - before[k] for k in COUNTERS},
         "step_ms_percentiles": step_percentiles_ms(step_s),
         "tier_blocks_total": after["tier_blocks_total"], "tier_allocator": None,
-        "tier_backend": None, "trace_path": None,
+        "tier_backend": None, "tier_staging": None, "trace_path": None,
         # each replica's counters (one engine: itself), and shared flash devices' arbiters
         "per_replica": [{k: a[k] - b[k] for k in ("generation_tokens",) + COUNTERS}
                         for b, a in zip(replicas_of(before), replicas_of(after))],
@@ -290,6 +290,9 @@ def run_variant(engine, name: str, requests: list[BenchRequest], progress: bool,
         tier_stats = engine.tier.stats()
         alloc = tier_stats["allocator"]
         result["tier_backend"] = tier_stats.get("backend")  # the flash I/O path `auto` chose
+        if "staging_sets" in tier_stats:  # the flash tier's host sets and work buffers
+            result["tier_staging"] = {k: tier_stats[k] for k in (
+                "staging_sets", "staging_host_bytes", "staging_work_bytes")}
         result["tier_allocator"] = {k: alloc[k] for k in (
             "blocks_written", "sequential_runs", "wraps", "backward_jumps", "mean_run_blocks")}
         if trace_path:

@@ -14,7 +14,7 @@ Build::
 the name users give it: ``kv_offload`` none|dram|flash, ``flash_path``, ``flash_size_gib`` /
 ``swap_space`` (or ``num_tier_blocks``), ``flash_policy`` append|left-append, ``flash_layout``
 block-record|layer-kv, ``flash_io_threads``, ``flash_prep_threads``, ``flash_backend``
-auto|kvikio|posix, ``flash_chunk_mib``, ``flash_direct_io``, ``prefix_store`` off|evicted|all,
+auto|kvikio|posix, ``flash_chunk_mib``, ``flash_staging_mib``, ``flash_direct_io``, ``prefix_store`` off|evicted|all,
 ``flash_force``, ``tier_fault_injection`` (tests: ``tier.faults.arm(...)``).
 
 The KV cache is one tensor ``[num_layers, 2, num_blocks, block_size, kv_heads, head_dim]``

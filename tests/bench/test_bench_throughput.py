@@ -16,7 +16,8 @@ VARIANT_KEYS = {
     "step_ms_percentiles", "tier_backend", "swap_out_stall_seconds", "fraction_of_ideal",
     "prefix_cache_queries", "prefix_cache_hits", "prefix_store_queries", "prefix_store_hits",
     "prefix_store_recomputed", "prefix_store_bytes_read", "prefix_store_bytes_written",
-    "per_replica", "flash_devices", "swap_out_blocks_freed_staged", "kernel_compiles"}
+    "per_replica", "flash_devices", "swap_out_blocks_freed_staged", "kernel_compiles",
+    "tier_staging"}
 
 
 def test_compare_all_variants_then_analysis_tools(hifc, tiers, tmp_path):
@@ -59,6 +60,7 @@ def test_compare_all_variants_then_analysis_tools(hifc, tiers, tmp_path):
     assert by["flash"]["tier_allocator"]["blocks_written"] == by["flash"]["swap_out_blocks"]
     assert by["flash"]["tier_backend"] == "posix"  # auto on a CPU cache
     assert by["dram"]["tier_backend"] is None and by["none"]["tier_backend"] is None
+    assert by["flash"]["tier_staging"]["staging_sets"] >= 2 and by["dram"]["tier_staging"] is None
     assert summary["workload"]["kind"] == "fixed" and summary["settings"]["block_size"] == 16
     ideal = summary["workload"]["ideal"]
     assert ideal["ideal_decode_steps"] == 47  # 8 sequences decode together, 48 - 1 steps

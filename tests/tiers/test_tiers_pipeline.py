@@ -16,8 +16,7 @@ from tests.tiers.tier_helpers import random_kv
 
 
 def test_buffer_pool_lends_at_once_then_in_arrival_order():
-    made = iter(["a", "b"])
-    pool = BufferPool(2, lambda: next(made))
+    pool = BufferPool(["a", "b"])
     got = []
     for name in ("first", "second", "third", "fourth"):
         pool.acquire(lambda buffers, name=name: got.append((name, buffers)))
@@ -30,7 +29,7 @@ def test_buffer_pool_lends_at_once_then_in_arrival_order():
     pool.release("b")
     assert pool.num_free == 2
     with pytest.raises(ValueError, match="at least one"):
-        BufferPool(0, lambda: None)
+        BufferPool([])
 
 
 @pytest.fixture
@@ -43,7 +42,7 @@ def executors():
 
 
 def test_stages_run_in_order_on_their_pools(executors):
-    pool = BufferPool(1, lambda: "buf")
+    pool = BufferPool(["buf"])
     seen = []
 
     def stage(tag):
@@ -60,7 +59,7 @@ def test_stages_run_in_order_on_their_pools(executors):
 
 
 def test_a_failing_stage_skips_the_rest_and_returns_the_buffers(executors):
-    pool = BufferPool(1, lambda: "buf")
+    pool = BufferPool(["buf"])
     later = []
 
     def boom(buffers):

@@ -47,9 +47,13 @@ class GatedIO(FileIO):
         return self.inner.read(buf, file_offset, priority)
 
 
-def gated(tier, chunk_blocks: int = 8, num_buffers: int = 2) -> GatedIO:
-    """Route a flash tier's I/O through a closed gate (returned: ``gate.set()`` opens it)."""
+def gated(tier, chunk_blocks: int = 8, num_buffers: int = 2, num_work_buffers: int = 1,
+          work_buffers: bool | None = None) -> GatedIO:
+    """Route a flash tier's I/O through a closed gate (returned: ``gate.set()`` opens it), with
+    ``num_buffers`` host staging sets and ``num_work_buffers`` work buffers (``work_buffers``
+    True: CPU caches too, the GPU caches' path on CPU tensors)."""
     io = GatedIO(tier.io)
     tier.mover.chunks = ChunkMover(tier.layout, io, tier.epoch, chunk_blocks,
-                                   num_buffers=num_buffers, first_lsn=tier.mover.chunks.next_lsn)
+                                   num_buffers=num_buffers, first_lsn=tier.mover.chunks.next_lsn,
+                                   num_work_buffers=num_work_buffers, work_buffers=work_buffers)
     return io

@@ -4,15 +4,19 @@ A chunk is up to ``max_chunk_blocks`` pairs whose tier ids are consecutive, so i
 form the few large runs of a :class:`~hifc.tiers.flash.layout.ChunkPlan` (one run in the block-record
 layout, 2L+1 in the layer-kv layout). :meth:`ChunkMover.swap_out` and :meth:`swap_in` return a
 :class:`~hifc.tiers.flash.pipeline.ChunkTask` whose stages :mod:`hifc.tiers.flash.pipeline` runs, CPU stages
-and I/O stages on separate threads, on one set of staging buffers:
+and I/O stages on separate threads, on one host staging set (and, for GPU caches, a work buffer
+on the GPU borrowed for the gather or the scatter only):
 
-swap-out: (CPU) gather the source blocks into an aligned staging buffer laid out exactly like the
-  file (on the GPU for GPU caches: one kernel) -> crc32c of every slice and the block headers, in
-  place on the host copy -> (IO) write the runs (kvikio from GPU memory, POSIX from the host copy).
-swap-in: (IO) read the runs into staging -> (CPU) verify every header (magic, kind, block id,
-  geometry, header crc, and epoch + owner or salt + hash) and slice crc on the host copy -> only
-  then scatter the blocks that passed into their destination blocks. A record that fails
-  verification is never copied into the KV cache; the chunk then fails with the first error.
+swap-out: (WORK, GPU caches) gather the source blocks into a work buffer laid out exactly like
+  the file (one kernel) and copy it to the host set; (CPU) crc32c of every slice and the block
+  headers, in place on the host set (CPU caches: gathered into the host set with the checksums
+  computed in cache, one stage) -> (IO) write the runs (kvikio from GPU memory, POSIX from the
+  host set). The blocks are staged, and ``on_staged`` called, once the copy to the host ends.
+swap-in: (IO) read the runs into staging -> (WORK, or CPU for CPU caches) verify every header
+  (magic, kind, block id, geometry, header crc, and epoch + owner or salt + hash) and slice crc
+  on the host set -> only then scatter the blocks that passed into their destination blocks. A
+  record that fails verification is never copied into the KV cache; the chunk then fails with
+  the first error.
 
 What a record's header holds is a stamp (:mod:`hifc.tiers.flash.records`): ``SwapStamp`` for a
 preempted sequence's blocks (``swap_out``/``swap_in``), ``PrefixStamp`` for prefix-store blocks
@@ -20,9 +24,10 @@ preempted sequence's blocks (``swap_out``/``swap_in``), ``PrefixStamp`` for pref
 record written gets the next log sequence number (``next_lsn``), in submission order.
 
 Checksums are computed where the bytes are on the host anyway (CPU caches, POSIX staging) or on
-a pinned host copy filled by a D2H copy on the buffer set's own CUDA stream; neither the engine
-thread nor its compute stream waits for them. Staging buffers and streams are allocated when the
-tier is built: ``num_buffers`` sets (:mod:`hifc.tiers.flash.staging`).
+a pinned host copy filled by a D2H copy on the work buffer's own CUDA stream; neither the engine
+thread nor its compute stream waits for them. Staging memory and streams are allocated when the
+tier is built: ``num_buffers`` host sets and ``num_work_buffers`` work buffers
+(:mod:`hifc.tiers.flash.staging`).
 """
 from __future__ import annotations
 
@@ -39,16 +44,21 @@ from hifc.tiers.geometry import runs_of
 from hifc.tiers.jobs import IntegrityError, ShortReadError
 from hifc.dtypes import copy_dtype
 from hifc.tiers.flash.layout import HEADER_BYTES, ChunkPlan, Layout
-from hifc.tiers.flash.pipeline import CPU, IO, ChunkTask
+from hifc.tiers.flash.pipeline import CPU, IO, WORK, ChunkTask
 from hifc.tiers.flash.records import PrefixStamp, SwapStamp, slice_crcs, verify_slices
-from hifc.tiers.flash.staging import BufferPool, StagingBuffers
+from hifc.tiers.flash.staging import Staging, StagingBuffers, WorkBuffer, build_staging
 
 Stamp = SwapStamp | PrefixStamp
 
 
 class ChunkMover:
+    """``num_buffers`` host staging sets and ``num_work_buffers`` work buffers per KV cache
+    device (:func:`~hifc.tiers.flash.staging.build_staging`; ``work_buffers`` None: for GPU
+    caches only, True: CPU caches too, which runs the GPU caches' path on CPU tensors)."""
+
     def __init__(self, layout: Layout, io: FileIO, epoch: int, max_chunk_blocks: int,
-                 num_buffers: int, device=None, first_lsn: int = 1):
+                 num_buffers: int, device=None, first_lsn: int = 1, num_work_buffers: int = 1,
+                 work_buffers: bool | None = None):
         self.layout = layout
         self.io = io
         self.epoch = epoch
@@ -56,29 +66,39 @@ class ChunkMover:
         self.max_chunk_blocks = max_chunk_blocks
         self.geometry = layout.geometry
         self._num_buffers = num_buffers
+        self._num_work_buffers = num_work_buffers
+        self._work_buffers = work_buffers
         self._lock = threading.Lock()
-        self._pools: dict[torch.device, BufferPool] = {}
+        self._staging: dict[torch.device, Staging] = {}
         if device is not None:  # allocate up front: no page faults or cudaHostAlloc mid-swap
-            self.pool(torch.device(device))
+            self.staging(torch.device(device))
 
     # -- buffers and tensor views ------------------------------------------------------------
-    def pool(self, kv_device: torch.device) -> BufferPool:
-        """The staging buffer sets for KV caches on ``kv_device`` (built on first use)."""
+    def staging(self, kv_device: torch.device) -> Staging:
+        """The staging for KV caches on ``kv_device`` (built on first use)."""
         kv_device = torch.device(kv_device)
         if kv_device.type == "cuda" and kv_device.index is None:  # "cuda" means the current one
             kv_device = torch.device("cuda", torch.cuda.current_device())
         with self._lock:
-            pool = self._pools.get(kv_device)
-            if pool is None:
-                nbytes = self.layout.staging_bytes(self.max_chunk_blocks)
-                io_device = self.io.staging_device(kv_device)
-                pool = self._pools[kv_device] = BufferPool(
-                    self._num_buffers, lambda: StagingBuffers(nbytes, kv_device, io_device))
-            return pool
+            staging = self._staging.get(kv_device)
+            if staging is None:
+                staging = self._staging[kv_device] = build_staging(
+                    kv_device, self.io.staging_device(kv_device),
+                    self.layout.staging_bytes(self.max_chunk_blocks), self._num_buffers,
+                    self._num_work_buffers, self._work_buffers)
+            return staging
+
+    def staging_memory(self) -> dict:
+        """Bytes of host staging and of work buffers (next to the KV cache), all devices."""
+        with self._lock:
+            built = list(self._staging.values())
+        return {"staging_sets": sum(s.sets.size for s in built),
+                "staging_host_bytes": sum(s.host_bytes for s in built),
+                "staging_work_bytes": sum(s.work_bytes for s in built)}
 
     def release(self) -> None:
         with self._lock:
-            self._pools.clear()
+            self._staging.clear()
 
     def _data_view(self, staging: torch.Tensor, plan: ChunkPlan) -> torch.Tensor:
         """Staging bytes viewed as ``[L, 2, n, block_size, kv_heads, head_dim]`` of the
@@ -142,46 +162,63 @@ class ChunkMover:
         it in that order)."""
         plan = self.layout.chunk_plan(first_block, len(src_ids))
         first_lsn, self.next_lsn = self.next_lsn, self.next_lsn + plan.n
-        prepare = functools.partial(self._prepare_out, kv, src_ids, first_block, stamp,
-                                    first_lsn, ready, plan, on_staged)
+        staging = self.staging(kv.device)
+        seal = functools.partial(self._seal, first_block, stamp, first_lsn, plan)
 
         def write(buffers: StagingBuffers) -> None:
             self._write(plan, buffers, priority)
             if on_written is not None:
                 on_written()
 
-        return ChunkTask(self.pool(kv.device), ((CPU, prepare), (IO, write)),
-                         plan.n * self.geometry.block_bytes)
+        if staging.uses_work:  # gather next to the cache, one copy to the host, then seal
+            gather = functools.partial(self._gather_out, kv, src_ids, ready, plan, on_staged)
+            stages = ((WORK, gather), (CPU, seal), (IO, write))
+        else:  # copy and checksum layer by layer, in cache (hostcopy), then seal
+            stage = functools.partial(self._stage_on_host, kv, src_ids, plan, on_staged, seal)
+            stages = ((CPU, stage), (IO, write))
+        return ChunkTask(staging.sets, stages, plan.n * self.geometry.block_bytes,
+                         staging.work)
 
-    def _prepare_out(self, kv, src_ids, first_block, stamp: Stamp, first_lsn: int, ready, plan,
-                     on_staged: Callable[[], None] | None, buffers: StagingBuffers) -> None:
+    def _stage_on_host(self, kv, src_ids, plan, on_staged: Callable[[], None] | None, seal,
+                       buffers: StagingBuffers) -> None:
+        """CPU caches: blocks into the host set with their slices' crc32c, then sealed."""
         nbytes = plan.staging_bytes
+        data = int_view(self._data_view(buffers.host[:nbytes], plan))
+        crcs = gather_with_crcs(int_view(kv), src_ids, data, host_view(buffers.host[:nbytes]),
+                                plan, self.geometry.slice_bytes)
+        if on_staged is not None:
+            on_staged()
+        seal(buffers, crcs)
+
+    def _gather_out(self, kv, src_ids, ready, plan, on_staged: Callable[[], None] | None,
+                    buffers: StagingBuffers, work: WorkBuffer) -> None:
+        """Blocks gathered into ``work`` (one kernel), copied to the host set; ``on_staged()``
+        once that copy has ended (the KV cache's blocks are free to change from then on)."""
+        nbytes = plan.staging_bytes
+        with work.context():
+            work.wait(ready)
+            self._gather(kv, src_ids, self._data_view(work.data[:nbytes], plan))
+        work.copy(buffers.host, work.data, nbytes)  # D2H, then the stream is synced
+        if on_staged is not None:
+            on_staged()
+
+    def _seal(self, first_block: int, stamp: Stamp, first_lsn: int, plan: ChunkPlan,
+              buffers: StagingBuffers, crcs: list[list[int]] | None = None) -> None:
+        """Headers on the host set, with the slices' crc32c (computed here unless given)."""
         g = self.geometry
-        host = host_view(buffers.host[:nbytes])
-        if not kv.is_cuda:  # copy and checksum layer by layer, in cache (hostcopy)
-            data = int_view(self._data_view(buffers.host[:nbytes], plan))
-            crcs = gather_with_crcs(int_view(kv), src_ids, data, host, plan, g.slice_bytes)
-            if on_staged is not None:
-                on_staged()
-        else:
-            with buffers.context():
-                if ready is not None:
-                    buffers.stream.wait_event(ready)
-                self._gather(kv, src_ids, self._data_view(buffers.work[:nbytes], plan))
-            buffers.copy(buffers.host, buffers.work, nbytes)  # D2H, then the stream is synced
-            if on_staged is not None:  # the gather has read the KV cache blocks
-                on_staged()
+        host = host_view(buffers.host[:plan.staging_bytes])
+        if crcs is None:
             crcs = [slice_crcs(host, self._slice_offsets(plan, i), g.slice_bytes)
                     for i in range(plan.n)]
         for i in range(plan.n):
             at = plan.header_offset + i * plan.header_stride
             stamp.pack(host[at:at + HEADER_BYTES], i, first_block + i, first_lsn + i,
                        g.slice_bytes, crcs[i])
-        if buffers.io is not buffers.host:  # headers were built on the host: upload them
-            with buffers.context():
+        if buffers.gpu is not None:  # the backend writes the GPU copy: upload the headers
+            with buffers.gpu.context():
                 self._header_view(buffers.io, plan).copy_(
                     self._header_view(buffers.host, plan), non_blocking=True)
-            buffers.sync()
+            buffers.gpu.sync()
 
     def _write(self, plan: ChunkPlan, buffers: StagingBuffers, priority: IOPriority) -> None:
         for file_offset, offset, length in plan.runs:
@@ -204,9 +241,10 @@ class ChunkMover:
         plan = self.layout.chunk_plan(first_block, len(dst_ids))
         finish = functools.partial(self._finish_in, kv, first_block, dst_ids, stamp, ready, plan,
                                    on_delivered)
-        return ChunkTask(self.pool(kv.device), ((IO, functools.partial(self._read, plan)),
-                                                (CPU, finish)),
-                         plan.n * self.geometry.block_bytes)
+        staging = self.staging(kv.device)
+        return ChunkTask(staging.sets, ((IO, functools.partial(self._read, plan)),
+                                        (WORK if staging.uses_work else CPU, finish)),
+                         plan.n * self.geometry.block_bytes, staging.work)
 
     def _read(self, plan: ChunkPlan, buffers: StagingBuffers) -> None:
         for file_offset, offset, length in plan.runs:
@@ -217,9 +255,12 @@ class ChunkMover:
                                      f"offset {file_offset}")
 
     def _finish_in(self, kv, first_block, dst_ids, stamp: Stamp, ready, plan, on_delivered,
-                   buffers: StagingBuffers) -> None:
+                   buffers: StagingBuffers, work: WorkBuffer | None = None) -> None:
+        """Verify every block on the host set, then scatter those that passed: through
+        ``work`` (next to the KV cache) where given, else straight from the host set."""
         nbytes = plan.staging_bytes
-        buffers.copy(buffers.host, buffers.io, nbytes)  # D2H when kvikio read into the GPU
+        if buffers.gpu is not None:  # D2H: kvikio read into the set's GPU buffer
+            buffers.gpu.copy(buffers.host, buffers.io, nbytes)
         host = host_view(buffers.host[:nbytes])
         g = self.geometry
         rejected: list[IntegrityError] = []
@@ -236,13 +277,13 @@ class ChunkMover:
                 return False
             return True
 
-        if not kv.is_cuda:  # each block verified, then copied while cached (hostcopy)
+        if work is None:  # each block verified, then copied while cached (hostcopy)
             data = int_view(self._data_view(buffers.host[:nbytes], plan))
             delivered = verify_then_scatter(int_view(kv), dst_ids, data, verify)
         else:
             delivered = [i for i in range(plan.n) if verify(i)]
             if delivered:  # verified: only now may the bytes reach the KV cache
-                self._scatter_verified(kv, dst_ids, delivered, ready, plan, buffers)
+                self._scatter_verified(kv, dst_ids, delivered, ready, plan, buffers, work)
         if on_delivered is not None:
             for i in delivered:
                 on_delivered(i)
@@ -250,15 +291,14 @@ class ChunkMover:
             raise rejected[0]
 
     def _scatter_verified(self, kv, dst_ids, delivered: list[int], ready, plan,
-                          buffers: StagingBuffers) -> None:
-        """GPU caches: ``kv[:, :, dst_ids[i]] = block i`` for each verified ``i``."""
-        buffers.copy(buffers.work, buffers.io, plan.staging_bytes)  # H2D when posix read
-        with buffers.context():
-            if ready is not None:
-                buffers.stream.wait_event(ready)
-            data = self._data_view(buffers.work[:plan.staging_bytes], plan)
+                          buffers: StagingBuffers, work: WorkBuffer) -> None:
+        """``kv[:, :, dst_ids[i]] = block i`` for each verified ``i``, through ``work``."""
+        work.copy(work.data, buffers.io, plan.staging_bytes)  # H2D unless kvikio read into it
+        with work.context():
+            work.wait(ready)
+            data = self._data_view(work.data[:plan.staging_bytes], plan)
             if len(delivered) < plan.n:
                 index = torch.tensor(delivered, dtype=torch.long, device=data.device)
                 data = data.index_select(2, index)
             self._scatter(kv, [dst_ids[i] for i in delivered], data)
-        buffers.sync()
+        work.sync()

@@ -7,8 +7,11 @@ engine replicas share the device (:mod:`hifc.tiers.flash.arbiter`), and the chun
 pairs are cut, in the order given, into chunks of consecutive tier ids (adjacent blocks
 coalesced into large I/Os, at most ``flash_chunk_mib`` each); every chunk runs through the
 two-stage pipeline of :mod:`hifc.tiers.flash.pipeline` (its I/O on ``flash_io_threads``
-threads, its gather, checksums and scatter on ``flash_prep_threads`` others). Staging memory:
-one chunk buffer set per I/O thread and per prep thread.
+threads, its gather, checksums and scatter on ``flash_prep_threads`` others). Staging memory
+(:func:`staging_counts`): ``flash_staging_mib`` of host sets, one chunk each (at least one per
+I/O thread and per prep thread), and for GPU caches one GPU work buffer per prep thread; where
+the backend moves GPU memory itself (kvikio) each set has a GPU buffer of its own, so there are
+only as many sets as threads.
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ from hifc.tiers.flash.kvikio_io import KvikioIO, gds_available, kvikio_available
 from hifc.tiers.flash.layout import Layout, make_layout
 from hifc.tiers.flash.pipeline import ChunkPipeline, ChunkTask, cpu_stage_pool
 from hifc.tiers.flash.posix_io import PosixIO
+from hifc.tiers.flash.staging import host_set_count
 from hifc.tiers.geometry import KVGeometry
 from hifc.tiers.jobs import JobCancelled
 from hifc.tiers.mover import SWAP_OUT, TierMover
@@ -57,9 +61,26 @@ def resolve_backend(backend: str, device) -> str:
 
 def default_prep_threads(io_threads: int) -> int:
     """CPU-stage threads when not given: min(io_threads, cores, 4). One thread gathers and
-    checksums 4-7 GiB/s (CPU machine), so 4 feed even a fast NVMe; each thread adds one staging
-    buffer set (on the GPU too, for GPU caches). See docs/RESULTS.md, "Flash tier I/O (issue 3)"."""
+    checksums 4-7 GiB/s (CPU machine), so 4 feed even a fast NVMe; each thread adds one GPU work
+    buffer for GPU caches. See docs/RESULTS.md, "Flash tier I/O (issue 3)"."""
     return max(1, min(io_threads, os.cpu_count() or 1, MAX_DEFAULT_PREP_THREADS))
+
+
+def staging_counts(config: TierConfig, layout: Layout, chunk_blocks: int, num_blocks: int,
+                   io_threads: int, prep_threads: int, io_on_gpu: bool) -> tuple[int, int]:
+    """(host staging sets, work buffers). A swap-out's chunk keeps its host set until its write
+    ends, so the sets bound what a swap-out can stage (and so free) at copy speed:
+    ``flash_staging_mib`` of them, at least one per I/O and prep thread (the pipeline's depth),
+    at most enough for a swap-out of the whole tier. A work buffer is held only while a prep
+    thread gathers or scatters a chunk, so one per prep thread. ``io_on_gpu`` (kvikio): each set
+    owns its GPU buffer through the I/O; one set per thread, as many as the pipeline uses."""
+    depth = io_threads + prep_threads
+    if io_on_gpu:
+        return depth, prep_threads
+    whole_tier = -(-num_blocks // chunk_blocks) + 2  # the ramp's short first and last chunks
+    sets = host_set_count(config.flash_staging_mib << 20, layout.staging_bytes(chunk_blocks),
+                          at_least=depth, at_most=whole_tier)
+    return sets, prep_threads
 
 
 def split_chunks(pairs: list[tuple[int, int]], tier_index: int, max_blocks: int):
@@ -113,10 +134,15 @@ class FlashMover(TierMover):
         self.io = FaultyIO(io, self.faults) if self.faults is not None else io
         chunk_blocks = max(1, (config.flash_chunk_mib << 20) // self.layout.per_block_file_bytes)
         chunk_blocks = min(chunk_blocks, num_blocks)  # no staging larger than the whole tier
-        self.num_buffers = io_threads + self.prep_threads
+        self.pipeline_depth = io_threads + self.prep_threads  # chunks in the stages at once
+        io_on_gpu = torch.device(self.io.staging_device(torch.device(device))).type == "cuda"
+        self.num_buffers, num_work = staging_counts(config, self.layout, chunk_blocks,
+                                                    num_blocks, io_threads, self.prep_threads,
+                                                    io_on_gpu)
         try:  # staging memory, allocated up front
             self.chunks = ChunkMover(self.layout, self.io, self.cache_file.epoch, chunk_blocks,
-                                     num_buffers=self.num_buffers, device=device)
+                                     num_buffers=self.num_buffers, device=device,
+                                     num_work_buffers=num_work)
         except BaseException:
             self.io.close()
             self.cache_file.discard()
@@ -175,12 +201,12 @@ class FlashMover(TierMover):
         (kind, first_stage), *rest = task.stages
         closing = self._closing
 
-        def guarded(buffers) -> None:
+        def guarded(*buffers) -> None:  # the set (and a WORK stage's work buffer)
             if closing.is_set():
                 raise JobCancelled("the flash tier closed before this prefix I/O started")
-            first_stage(buffers)
+            first_stage(*buffers)
 
-        return ChunkTask(task.pool, ((kind, guarded), *rest), task.nbytes)
+        return ChunkTask(task.pool, ((kind, guarded), *rest), task.nbytes, task.work_pool)
 
     def cancel_queued(self) -> None:
         """Prefix I/O not started yet is cancelled (swaps always run)."""
@@ -201,7 +227,7 @@ class FlashMover(TierMover):
                 "init_seconds": self.cache_file.init_seconds,
                 "file_bytes": self.layout.file_bytes,
                 "chunk_blocks": self.chunks.max_chunk_blocks,
-                "prep_threads": self.prep_threads}
+                "prep_threads": self.prep_threads, **self.chunks.staging_memory()}
 
 
 def _mark_written(done: bytearray, first: int, count: int) -> None:

@@ -1,26 +1,33 @@
 """The flash tier's two-stage chunk pipeline: CPU work and I/O on separate thread pools.
 
-Each chunk (see :mod:`hifc.tiers.flash.chunks`) is a short list of stages, each marked ``CPU`` or
-``IO``, that run in order on one set of staging buffers::
+Each chunk (see :mod:`hifc.tiers.flash.chunks`) is a short list of stages, each marked ``CPU``,
+``WORK`` (CPU work that needs a work buffer: on the GPU, for GPU caches) or ``IO``, that run in
+order on one host staging set::
 
-    swap-out:  acquire staging -> gather + crc32c + headers (CPU) -> write (IO) -> release
-    swap-in:   acquire staging -> read (IO) -> verify + scatter (CPU) -> release
+    swap-out:  acquire a set -> gather + copy to the host (WORK; GPU caches) or gather (CPU)
+               -> crc32c + headers (CPU) -> write (IO) -> release
+    swap-in:   acquire a set -> read (IO) -> verify + scatter (WORK; GPU caches, or CPU)
+               -> release
 
 ``IO`` stages run on the tier's ``io_threads`` I/O threads and do nothing but the backend call,
 so as many I/Os are queued on the device as a raw O_DIRECT reader or writer with that many
-threads would keep. ``CPU`` stages run on ``prep_threads`` other threads, filling (or draining)
-further buffer sets while the I/O of earlier chunks is in flight. With one thread per chunk doing
-both, as before, every thread left the device idle during its CPU work, and threads whose I/Os
-shared the device finished together and did their CPU work together (on a 2-core VM: tier/raw
-0.63 write, 0.67 read; see docs/RESULTS.md, "Flash tier I/O (issue 3)").
+threads would keep. ``CPU`` and ``WORK`` stages run on ``prep_threads`` other threads, filling
+(or draining) further sets while the I/O of earlier chunks is in flight. With one thread per
+chunk doing both, as before, every thread left the device idle during its CPU work, and threads
+whose I/Os shared the device finished together and did their CPU work together (on a 2-core VM:
+tier/raw 0.63 write, 0.67 read; see docs/RESULTS.md, "Flash tier I/O (issue 3)").
 
-The pool holds ``io_threads + prep_threads`` buffer sets, so every I/O thread can have one in
-flight while every CPU thread prepares another. A chunk waits for a set in a queue, never in a
-thread (:class:`~hifc.tiers.flash.staging.BufferPool`), so the stages cannot deadlock. A chunk's future
-completes after its last stage and after its buffers are back in the pool; an exception in any
-stage skips the rest, returns the buffers and becomes the future's exception (the tier turns it
-into a job error). The GIL is not held across the heavy work: ``os.pwritev``/``preadv``, torch
-and numpy copies and crc32c of slices >= 32 KiB all release it.
+A chunk takes a host set when it enters the pipeline and keeps it to its end (a swap-out's set
+holds the only copy of its blocks until the write ends). A ``WORK`` stage borrows a work buffer
+from ``task.work_pool`` just for that stage (or uses the set's own, where the backend transfers
+GPU memory) and gives it back as soon as it ends. Chunks wait for sets and work buffers in
+queues, never in a thread (:class:`~hifc.tiers.flash.staging.BufferPool`), sets are always taken
+before work buffers, and a work buffer is given back without waiting for anything, so the
+stages cannot deadlock. A chunk's future completes after its last stage and after its buffers
+are back in their pools; an exception in any stage skips the rest, returns the buffers and
+becomes the future's exception (the tier turns it into a job error). The GIL is not held across
+the heavy work: ``os.pwritev``/``preadv``, torch and numpy copies and crc32c of slices >= 32 KiB
+all release it.
 
 On Linux the CPU-stage threads run at a lower priority (nice +``PREP_NICE``, those threads
 only): when an I/O completes, its thread gets a core at once to issue the next I/O instead of
@@ -35,12 +42,13 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
-from hifc.tiers.flash.staging import BufferPool, StagingBuffers
+from hifc.tiers.flash.staging import BufferPool, StagingBuffers, WorkBuffer
 
 CPU = "cpu"
 IO = "io"
+WORK = "work"  # a CPU stage that holds a work buffer (a GPU buffer for GPU caches) while it runs
 
-Stage = tuple[str, Callable[[StagingBuffers], None]]
+Stage = tuple[str, Callable[..., None]]  # WORK: (buffers, work buffer); else (buffers)
 PREP_NICE = 10
 
 
@@ -63,20 +71,22 @@ def cpu_stage_pool(threads: int, name: str) -> cf.ThreadPoolExecutor:
 
 @dataclass(frozen=True)
 class ChunkTask:
-    """What one chunk needs: its buffer pool, its stages in order, and the payload bytes it
-    moves (the future's result)."""
+    """What one chunk needs: its host staging sets, its stages in order, the payload bytes it
+    moves (the future's result), and the work buffers its ``WORK`` stages borrow (None: the
+    sets own theirs)."""
 
-    pool: BufferPool
+    pool: BufferPool[StagingBuffers]
     stages: tuple[Stage, ...]
     nbytes: int
+    work_pool: BufferPool[WorkBuffer] | None = None
 
 
 class ChunkPipeline:
     def __init__(self, io_pool: cf.Executor, cpu_pool: cf.Executor):
-        self._executors = {IO: io_pool, CPU: cpu_pool}
+        self._executors = {IO: io_pool, CPU: cpu_pool, WORK: cpu_pool}
 
     def submit(self, task: ChunkTask) -> cf.Future:
-        """Start ``task`` (when a buffer set is free); its future gives ``task.nbytes``."""
+        """Start ``task`` (when a host set is free); its future gives ``task.nbytes``."""
         future: cf.Future = cf.Future()
         future.set_running_or_notify_cancel()
         task.pool.acquire(lambda buffers: self._schedule(task, future, buffers, 0))
@@ -84,26 +94,48 @@ class ChunkPipeline:
 
     def _schedule(self, task: ChunkTask, future: cf.Future, buffers: StagingBuffers,
                   index: int) -> None:
-        kind, _ = task.stages[index]
+        """Queue stage ``index`` on its executor; a ``WORK`` stage once it has a work buffer
+        (the set's own, or one lent by ``task.work_pool``: queued there while none is free)."""
+        if task.stages[index][0] != WORK:
+            self._submit(task, future, buffers, index, None)
+        elif buffers.gpu is not None:
+            self._submit(task, future, buffers, index, buffers.gpu)
+        else:
+            task.work_pool.acquire(
+                lambda work: self._submit(task, future, buffers, index, work))
+
+    def _submit(self, task: ChunkTask, future: cf.Future, buffers: StagingBuffers, index: int,
+                work: WorkBuffer | None) -> None:
         try:
-            self._executors[kind].submit(self._run, task, future, buffers, index)
+            self._executors[task.stages[index][0]].submit(self._run, task, future, buffers,
+                                                          index, work)
         except BaseException as exc:  # the executor was shut down: fail, never raise
+            self._give_back_work(task, buffers, work)
             self._finish(task, future, buffers, exc)
 
-    def _run(self, task: ChunkTask, future: cf.Future, buffers: StagingBuffers,
-             index: int) -> None:
-        _, work = task.stages[index]
+    def _run(self, task: ChunkTask, future: cf.Future, buffers: StagingBuffers, index: int,
+             work: WorkBuffer | None) -> None:
+        kind, run = task.stages[index]
         try:
-            work(buffers)
+            run(buffers, work) if kind == WORK else run(buffers)
         except BaseException as exc:
+            self._give_back_work(task, buffers, work)
             self._finish(task, future, buffers, exc)
             return
+        self._give_back_work(task, buffers, work)  # right after its stage: others may use it
         if index + 1 == len(task.stages):
             self._finish(task, future, buffers, None)
-        elif task.stages[index + 1][0] == task.stages[index][0]:
-            self._run(task, future, buffers, index + 1)  # same pool: no hand-over
+        elif (next_kind := task.stages[index + 1][0]) != WORK and \
+                self._executors[next_kind] is self._executors[kind]:
+            self._run(task, future, buffers, index + 1, None)  # same threads: no hand-over
         else:
             self._schedule(task, future, buffers, index + 1)
+
+    @staticmethod
+    def _give_back_work(task: ChunkTask, buffers: StagingBuffers,
+                        work: WorkBuffer | None) -> None:
+        if work is not None and work is not buffers.gpu:
+            task.work_pool.release(work)
 
     @staticmethod
     def _finish(task: ChunkTask, future: cf.Future, buffers: StagingBuffers,

@@ -24,7 +24,7 @@ from hifc.tiers.flash.scan import ScanResult
 from hifc.tiers.jobs import PrefixJob
 
 PREFIX_READ = "prefix_read"
-WRITE_LIMIT_CHUNKS = 4  # per staging buffer set: the most prefix-write chunks queued at once
+WRITE_LIMIT_CHUNKS = 4  # per chunk the pipeline runs at once: prefix-write chunks queued
 
 
 def check_key(name: str, value) -> bytes:

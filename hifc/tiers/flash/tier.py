@@ -7,8 +7,10 @@ own, the same tier blocks in each).
 
 A swap-out reports each chunk's pairs staged (``take_staged``) once they are gathered into its
 staging buffers: the engine reuses those GPU blocks while the chunk's write goes on, the
-buffers holding the only copy until it ends. As staging is bounded, a swap-out larger than it
-stages, and so frees, chunk by chunk as earlier writes give their buffer sets back. Freeing only
+buffers holding the only copy until it ends. Those are host sets (``flash_staging_mib``, 1 GiB
+by default), apart from the few GPU buffers where chunks are gathered, so a swap-out up to
+that size is staged, and freed, at copy speed; a larger one stages the rest chunk by chunk as
+earlier writes give their sets back. Freeing only
 once the whole swap-out is staged would hold every block of a large one until all but its last
 few chunks are on disk: nearly as long as the write itself.
 
@@ -65,7 +67,7 @@ class FlashTier(KVTier):
             raise
         if scan is not None:
             mover.chunks.next_lsn = scan.next_lsn
-        write_limit = WRITE_LIMIT_CHUNKS * mover.chunks.max_chunk_blocks * mover.num_buffers
+        write_limit = WRITE_LIMIT_CHUNKS * mover.chunks.max_chunk_blocks * mover.pipeline_depth
         self.prefix = PrefixStore(self.index, self.block_bytes, geometry.block_size,
                                   enabled=config.stores_prefixes, scan=scan,
                                   write_limit=max(1, min(num_blocks // 2, write_limit)))
