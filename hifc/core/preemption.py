@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import enum
 
+from hifc.options import check_choice
+
 PREEMPTION_MODES = ("recompute", "swap", "auto")
 
 
@@ -33,9 +35,7 @@ class RateMeter:
 
 class PreemptionPolicy:
     def __init__(self, mode: str, block_bytes: int):
-        if mode not in PREEMPTION_MODES:
-            raise ValueError(f"preemption must be one of {', '.join(PREEMPTION_MODES)}, "
-                             f"got {mode!r}")
+        check_choice("preemption", mode, PREEMPTION_MODES)
         self.mode = mode
         self.block_bytes = block_bytes
         self.tier_bandwidth = RateMeter()  # bytes/s over completed swap jobs

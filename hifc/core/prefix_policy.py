@@ -16,15 +16,14 @@ found (tests, benchmarks of the read path).
 from __future__ import annotations
 
 from hifc.core.preemption import RateMeter
+from hifc.options import check_choice
 from hifc.tiers.config import PREFIX_STORE_READ
 
 
 class PrefixReadPolicy:
     def __init__(self, mode: str, block_bytes: int, block_size: int, prefill_speed: RateMeter,
                  read_bandwidth: RateMeter | None = None):
-        if mode not in PREFIX_STORE_READ:
-            raise ValueError(f"prefix_store_read must be one of {', '.join(PREFIX_STORE_READ)}, "
-                             f"got {mode!r}")
+        check_choice("prefix_store_read", mode, PREFIX_STORE_READ)
         self.mode = mode
         self.block_bytes = block_bytes
         self.block_size = block_size

@@ -22,6 +22,7 @@ from typing import Protocol
 
 from hifc.core.block_pool import BlockPool
 from hifc.core.prefix_policy import PrefixReadPolicy
+from hifc.options import check_choice
 
 WRITE_MODES = ("evicted", "all")
 
@@ -41,9 +42,7 @@ class PrefixStoreView(Protocol):
 class StoreLevel:
     def __init__(self, store: PrefixStoreView, policy: PrefixReadPolicy, write_mode: str,
                  pool: BlockPool, lookahead_blocks: int):
-        if write_mode not in WRITE_MODES:
-            raise ValueError(f"write_mode must be one of {', '.join(WRITE_MODES)}, "
-                             f"got {write_mode!r}")
+        check_choice("write_mode", write_mode, WRITE_MODES)
         self.store = store
         self.policy = policy
         self.write_mode = write_mode

@@ -325,7 +325,7 @@ class KVTier:
             self._progress.wait_for(self._has_progress, timeout)
 
     def _has_progress(self) -> bool:
-        return any(job._staged or all(f.done() for f in job._futures) for job in self._pending)
+        return any(job._staged or self._ended(job) for job in self._pending)
 
     def _ended(self, job: Job) -> bool:
         """Whether ``job``'s I/O has ended on every rank."""

@@ -154,7 +154,9 @@ def test_all_mode_writes_every_block_once_computed():
     assert [h for _, h in writes] == [kv.block_hashes(a)[2]]
 
 
-def test_a_swap_out_holds_the_stored_blocks_and_reads_them_back_if_evicted():
+def preempt_with_stored_blocks():
+    """a and b decode in 7 blocks until b, the newest, is swapped out; the store holds b's two
+    full blocks. (tier, sched, kv, store, a, b, the step that preempted b)"""
     tier = FakeTier(16)
     sched, kv, store, _ = make(num_blocks=7, tier=tier, mode="swap", max_num_seqs=2)
     a = make_seq("a", 48, max_tokens=100, arrival=0)
@@ -168,6 +170,11 @@ def test_a_swap_out_holds_the_stored_blocks_and_reads_them_back_if_evicted():
         out = run_step(sched, seqs)
         if out.preempted_request_ids:
             break
+    return tier, sched, kv, store, a, b, out
+
+
+def test_a_swap_out_holds_the_stored_blocks_and_reads_them_back_if_evicted():
+    tier, sched, kv, store, a, b, out = preempt_with_stored_blocks()
     assert out.preempted_request_ids == ["b"]  # b, the newest, needs a 4th block
     (order,) = out.swap_out
     assert len(order.pairs) == 1 and len(store.held) == 2  # the stored two are held
@@ -190,18 +197,7 @@ def test_a_swap_out_holds_the_stored_blocks_and_reads_them_back_if_evicted():
 
 
 def test_a_failed_prefix_read_of_a_swap_in_recomputes():
-    tier = FakeTier(16)
-    sched, kv, store, _ = make(num_blocks=7, tier=tier, mode="swap", max_num_seqs=2)
-    a = make_seq("a", 48, max_tokens=100, arrival=0)
-    b = make_seq("b", 40, max_tokens=100, arrival=1, tokens=range(100, 140))
-    seqs = {"a": a, "b": b}
-    sched.add(a)
-    sched.add(b)
-    run_step(sched, seqs)
-    store.hashes.update(kv.block_hashes(b)[:2])
-    for _ in range(20):
-        if run_step(sched, seqs).preempted_request_ids:
-            break
+    tier, sched, kv, store, a, b, _ = preempt_with_stored_blocks()
     sched.swap_out_done("b", ok=True)
     sched.finish(a, SequenceStatus.FINISHED_ABORTED)
     kv.pool.release(kv.pool.allocate(kv.num_free_blocks))
