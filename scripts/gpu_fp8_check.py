@@ -257,7 +257,7 @@ def run_decode(args, sizes: Sizes) -> dict:
             print(f"decode {row['kv_cache_dtype']:<14} batch {batch:>4} context "
                   f"{sizes.decode_context}  step {row['step_ms']:8.2f} ms{fwd}  floor "
                   f"{row['floor_ms']:8.3f} ms  step/floor {row['step_over_floor']:.2f}  "
-                  f"graph steps {row['graph_steps']}/{row['steps']}", flush=True)
+                  f"graph steps {row['graph_steps']}/{2 * row['steps']}", flush=True)
         del engine
         probes.free_device_memory(args.device)
     by_key = {(r["kv_cache_dtype"], r["batch"]): r for r in out["rows"]}

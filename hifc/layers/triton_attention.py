@@ -22,6 +22,14 @@ tiles and writes unnormalised partials (acc, running max, running sum); a second
 them. That helps decode batches with few sequences and long contexts, where one program per
 (sequence, KV head) leaves most of the GPU idle.
 
+A step whose every sequence is a fresh prompt (no cached context: its keys are exactly its new
+tokens) with at least ``DENSE_PREFILL_MIN_TOKENS`` tokens in some sequence, in 16-bit, without a
+window, soft-capping or a float8 cache, attends with torch's ``scaled_dot_product_attention``
+(cuDNN's fused attention first, then FlashAttention) on the K/V in hand, one sequence at a time:
+on the H200 cuDNN's kernel ran prompts of 8k and 32k tokens at 590-615 TFLOP/s, the paged kernel
+at 335-365 (``scripts/gpu_kernel_probe.py``, docs/RESULTS.md). The K/V are written to the cache
+as always.
+
 Imports on machines without Triton or a GPU; the backend raises there when called.
 """
 from __future__ import annotations
@@ -29,6 +37,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from hifc.layers.attention import FP8, AttentionMetadata, check_kv_scale, write_kv_cache
 
@@ -38,6 +48,8 @@ from hifc.layers.triton_jit import tl, triton
 
 
 LOG2E = 1.4426950408889634
+DENSE_PREFILL_MIN_TOKENS = 512  # a fresh prompt this long attends through torch's fused SDPA
+DENSE_PREFILL_MAX_SEQS = 8  # SDPA runs once per sequence: no more of them than this in a step
 
 
 @_jit
@@ -322,11 +334,13 @@ class TritonAttentionBackend:
     triton_kv_write: scatter the new K/V with the fused Triton kernel instead of torch.
     """
 
-    def __init__(self, split_kv: bool | None = None, triton_kv_write: bool = True):
+    def __init__(self, split_kv: bool | None = None, triton_kv_write: bool = True,
+                 dense_prefill: bool = True):
         if triton is None:
             raise RuntimeError("TritonAttentionBackend needs the triton package (and a CUDA GPU)")
         self.split_kv = split_kv
         self.triton_kv_write = triton_kv_write
+        self.dense_prefill = dense_prefill
         self._num_sms: dict[torch.device, int] = {}
 
     def num_sms(self, device: torch.device) -> int:
@@ -356,8 +370,40 @@ class TritonAttentionBackend:
         else:
             check_kv_scale(kv_cache, kv_scale)
             write_kv_cache(k, v, kv_cache, meta.slot_mapping, kv_scale)
+        if (self.dense_prefill and sliding_window is None and logit_softcap is None
+                and kv_cache.dtype != FP8 and fresh_prompts_only(meta, q.dtype)):
+            return dense_prefill_attention(q, k, v, meta, scale, out)
         return paged_attention(q, kv_cache, meta, scale, self.plan(q, kv_cache, meta, sliding_window),
                                out, sliding_window, logit_softcap, kv_scale)
+
+
+def fresh_prompts_only(meta: AttentionMetadata, dtype: torch.dtype) -> bool:
+    """True when the step suits ``dense_prefill_attention``: 16-bit, at most
+    DENSE_PREFILL_MAX_SEQS sequences, none with cached context (the step's tokens are all the
+    sequences' tokens), one of at least DENSE_PREFILL_MIN_TOKENS."""
+    return (dtype in (torch.bfloat16, torch.float16)
+            and meta.num_seqs <= DENSE_PREFILL_MAX_SEQS
+            and meta.max_query_len >= DENSE_PREFILL_MIN_TOKENS
+            and meta.query_start_loc_cpu[-1] == sum(meta.seq_lens_cpu))
+
+
+def dense_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            meta: AttentionMetadata, scale: float,
+                            out: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal attention of fresh prompts over their own keys: q [T, Hq, D], k and v [T, Hkv, D]
+    (T = every sequence's tokens, in order), through torch's fused SDPA per sequence."""
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    qsl = meta.query_start_loc_cpu
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION], set_priority=True):
+        for start, end in zip(qsl, qsl[1:]):
+            if end == start:
+                continue
+            qs, ks, vs = (x[start:end].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale,
+                                               enable_gqa=qs.shape[1] != ks.shape[1])
+            out[start:end] = o[0].transpose(0, 1)
+    return out
 
 
 def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,

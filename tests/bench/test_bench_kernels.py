@@ -8,7 +8,7 @@ from hifc.models.presets import PRESETS
 SMALL = ["--device", "cpu", "--dtype", "float32", "--batch-sizes", "1,3", "--context", "40",
          "--steps", "2", "--warmup", "1", "--prefill-len", "96", "--prefill-repeats", "2",
          "--block-size", "16"]
-ROW_KEYS = {"batch", "context", "steps", "step_ms", "mean_step_ms", "tokens_per_s", "bytes_read",
+ROW_KEYS = {"batch", "context", "steps", "step_ms", "synced_step_ms", "tokens_per_s", "bytes_read",
             "floor_ms", "step_over_floor", "graph_steps"}
 
 
@@ -45,7 +45,7 @@ def test_kernels_reports_decode_floor_and_prefill_fraction(hifc, tmp_path, prese
         assert r["context"] == 40 and r["steps"] == 2 and r["graph_steps"] == 0  # CPU: eager
         assert r["step_ms"] > 0 and r["tokens_per_s"] == pytest.approx(
             1000 * r["batch"] / r["step_ms"])
-        assert r["bytes_read"] == weight_bytes + r["batch"] * (40 + 1 + 1) * kv_token_bytes
+        assert r["bytes_read"] == weight_bytes + r["batch"] * (40 + 1 + 2) * kv_token_bytes
         assert r["floor_ms"] == pytest.approx(1000 * r["bytes_read"] / (result["copy_gbps"] * 1e9))
         assert r["step_over_floor"] == pytest.approx(r["step_ms"] / r["floor_ms"])
 

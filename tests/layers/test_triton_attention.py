@@ -12,7 +12,7 @@ import torch
 
 from hifc.layers.attention import (AttentionMetadata, TorchAttentionBackend,
                                    reference_paged_attention, write_kv_cache)
-from hifc.layers.triton_attention import TritonAttentionBackend, plan_launch
+from hifc.layers.triton_attention import TritonAttentionBackend, fresh_prompts_only, plan_launch
 from tests.fixtures import paged_metadata
 
 try:
@@ -386,3 +386,38 @@ def test_fp8_cache_needs_its_scales():
         TritonAttentionBackend().forward(q, k, v, kv_cache, meta, 0.1)
     with pytest.raises(ValueError, match="kv_scale is only for float8"):
         TritonAttentionBackend().forward(q, k, v, kv_cache.float(), meta, 0.1, kv_scale=kv_scale)
+
+
+@device_test
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("query_lens", [[1500], [600, 37, 1024], [513, 700]])
+def test_fresh_prompts_attend_densely(dtype, query_lens):
+    # Fresh prompts (no cached context) go through torch's fused SDPA; GQA 4:1 and 1:1.
+    for q_heads, kv_heads in ((8, 2), (4, 4)):
+        step = make_step(query_lens, [0] * len(query_lens), q_heads, kv_heads, 128, 64, dtype,
+                         seed=len(query_lens))
+        assert fresh_prompts_only(step[-1], dtype)
+        dense = check(TritonAttentionBackend(), *step, dtype)
+        paged = check(TritonAttentionBackend(dense_prefill=False), *step, dtype)
+        assert dense < 2 * paged + 1e-3
+
+
+def test_only_steps_of_fresh_prompts_attend_densely():
+    def meta(query_lens, context_lens):
+        qsl = [0]
+        for n in query_lens:
+            qsl.append(qsl[-1] + n)
+        seq_lens = [c + n for c, n in zip(context_lens, query_lens)]
+        return AttentionMetadata(slot_mapping=None, query_start_loc=None, seq_lens=None,
+                                 block_tables=None, query_start_loc_cpu=qsl,
+                                 seq_lens_cpu=seq_lens, max_query_len=max(query_lens),
+                                 max_seq_len=max(seq_lens), block_size=16)
+
+    bf16 = torch.bfloat16
+    assert fresh_prompts_only(meta([8192], [0]), bf16)
+    assert fresh_prompts_only(meta([600, 3, 20], [0, 0, 0]), torch.float16)
+    assert not fresh_prompts_only(meta([8192], [0]), torch.float32)  # 16-bit only
+    assert not fresh_prompts_only(meta([600, 1], [0, 300]), bf16)  # a decode in the step
+    assert not fresh_prompts_only(meta([600], [64]), bf16)  # a chunk after cached context
+    assert not fresh_prompts_only(meta([511, 100], [0, 0]), bf16)  # all short
+    assert not fresh_prompts_only(meta([600] * 9, [0] * 9), bf16)  # too many sequences

@@ -1,0 +1,317 @@
+"""Kernel probe on the GPU: the pieces of a decode step and a long prefill, each against its limit.
+
+Prints (and with --json writes) for the 8B and 32B presets' shapes:
+- prefill attention of one L-token prompt (L = 8k, 32k): the Triton paged kernel against torch's
+  scaled_dot_product_attention backends (flash, cuDNN, memory-efficient), TFLOP/s and the
+  largest difference from the Triton output;
+- decode attention (batch 1 and 32): the current launch plan against other tile / split shapes;
+- the projections at M = 1, 32, 128 (decode) and 8192 (prefill): F.linear (cuBLAS) in GB/s of
+  weights read and TFLOP/s.
+
+Usage: PYTHONPATH=$PWD python3 scripts/gpu_kernel_probe.py [--parts prefill,decode,gemm] [--json F]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+import triton.testing
+
+from hifc.layers.attention import AttentionMetadata, write_kv_cache
+from hifc.layers.triton_attention import LaunchPlan, TritonAttentionBackend, paged_attention
+
+BLOCK = 64
+SHAPES = {"8b": dict(hq=32, hkv=8, d=128, hidden=4096, inter=14336, vocab=128256),
+          "32b": dict(hq=40, hkv=8, d=128, hidden=5120, inter=27648, vocab=152064)}
+
+
+def bench_ms(fn) -> float:
+    return triton.testing.do_bench(fn, warmup=5, rep=40)
+
+
+def graph_ms(calls, replays: int = 10) -> float:
+    """Mean time of one of ``calls`` (callables) captured together in a CUDA graph, as a decode
+    step's graph runs them back to back."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for fn in calls:
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in calls:
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / replays / len(calls)
+
+
+@triton.jit
+def _skinny_gemm(x_ptr, w_ptr, out_ptr, ws_ptr, M, N, K, stride_xm, stride_wn, stride_om,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 SPLIT_K: tl.constexpr, STAGES: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    k_len = K // SPLIT_K
+    k0 = pid_k * k_len
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + (k0 + offs_k)[None, :]
+    w_ptrs = w_ptr + offs_n[:, None] * stride_wn + (k0 + offs_k)[None, :]
+    m_ok = offs_m[:, None] < M
+    n_ok = offs_n[:, None] < N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for _ in tl.range(0, k_len, BLOCK_K, num_stages=STAGES):
+        x = tl.load(x_ptrs, mask=m_ok, other=0.0)
+        w = tl.load(w_ptrs, mask=n_ok, other=0.0)
+        acc += tl.dot(x, tl.trans(w))
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    if SPLIT_K == 1:
+        tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :],
+                 acc.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(ws_ptr + pid_k * M * N + offs_m[:, None] * N + offs_n[None, :], acc, mask=mask)
+
+
+@triton.jit
+def _split_sum(ws_ptr, out_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < MN
+    acc = tl.load(ws_ptr + offs, mask=ok, other=0.0)
+    for i in tl.static_range(1, SPLIT_K):
+        acc += tl.load(ws_ptr + i * MN + offs, mask=ok, other=0.0)
+    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def skinny_linear(x, w, out, ws, block_n, block_k, split_k, stages, warps):
+    m, k = x.shape
+    n = w.shape[0]
+    block_m = max(16, triton.next_power_of_2(m))
+    _skinny_gemm[(triton.cdiv(n, block_n), split_k)](
+        x, w, out, ws, m, n, k, x.stride(0), w.stride(0), out.stride(0),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, STAGES=stages,
+        num_warps=warps)
+    if split_k > 1:
+        _split_sum[(triton.cdiv(m * n, 1024),)](ws, out, m * n, SPLIT_K=split_k, BLOCK=1024)
+
+
+def build_cache(seq_lens, hkv, d, dtype, dev):
+    blocks = [-(-s // BLOCK) for s in seq_lens]
+    kv = torch.empty(2, sum(blocks) + 1, BLOCK, hkv, d, dtype=dtype, device=dev)
+    width = max(blocks)
+    tables = torch.zeros(len(seq_lens), width, dtype=torch.int32)
+    start = 1
+    for i, nb in enumerate(blocks):
+        tables[i, :nb] = torch.arange(start, start + nb)
+        start += nb
+    slots = torch.cat([tables[i, :(-(-s // BLOCK))].repeat_interleave(BLOCK)[:s] * BLOCK
+                       + torch.arange(s) % BLOCK for i, s in enumerate(seq_lens)])
+    k = torch.randn(len(slots), hkv, d, device=dev, dtype=dtype)
+    v = torch.randn_like(k)
+    write_kv_cache(k, v, kv, slots.to(dev).long())
+    return kv, tables.to(dev), k, v
+
+
+def meta_for(seq_lens, query_lens, tables, dev):
+    qsl = [0]
+    for q in query_lens:
+        qsl.append(qsl[-1] + q)
+    return AttentionMetadata(
+        slot_mapping=torch.zeros(qsl[-1], dtype=torch.long, device=dev),
+        query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+        block_tables=tables, query_start_loc_cpu=qsl, seq_lens_cpu=list(seq_lens),
+        max_query_len=max(query_lens), max_seq_len=max(seq_lens), block_size=BLOCK)
+
+
+def prefill_attention(name, s, length, dev, dtype):
+    kv, tables, k, v = build_cache([length], s["hkv"], s["d"], dtype, dev)
+    q = torch.randn(length, s["hq"], s["d"], device=dev, dtype=dtype)
+    meta = meta_for([length], [length], tables, dev)
+    scale = s["d"] ** -0.5
+    backend = TritonAttentionBackend()
+    plan = backend.plan(q, kv, meta)
+    flops = 4 * s["hq"] * s["d"] * length * length / 2
+    rows = []
+    ref = paged_attention(q, kv, meta, scale, plan)
+    t = bench_ms(lambda: paged_attention(q, kv, meta, scale, plan))
+    rows.append({"kernel": f"triton paged {plan}", "ms": t, "tflops": flops / t / 1e9,
+                 "max_diff": 0.0})
+    qs, ks, vs = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))  # [1, H, L, D]
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    group = s["hq"] // s["hkv"]
+    for label, be in [("sdpa flash", SDPBackend.FLASH_ATTENTION),
+                      ("sdpa cudnn", SDPBackend.CUDNN_ATTENTION),
+                      ("sdpa efficient", SDPBackend.EFFICIENT_ATTENTION)]:
+        for gqa in ("enable_gqa", "expand"):
+            try:
+                with sdpa_kernel([be]):
+                    if gqa == "enable_gqa":
+                        fn = lambda: F.scaled_dot_product_attention(  # noqa: E731
+                            qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True)
+                    else:
+                        fn = lambda: F.scaled_dot_product_attention(  # noqa: E731
+                            qs, ks.repeat_interleave(group, 1), vs.repeat_interleave(group, 1),
+                            is_causal=True, scale=scale)
+                    out = fn()
+                    t = bench_ms(fn)
+                diff = (out[0].transpose(0, 1).float() - ref.float()).abs().max().item()
+                rows.append({"kernel": f"{label} ({gqa})", "ms": t, "tflops": flops / t / 1e9,
+                             "max_diff": diff})
+            except Exception as e:  # noqa: BLE001 - a backend that refuses is a result
+                rows.append({"kernel": f"{label} ({gqa})", "error": str(e)[:160]})
+    for r in rows:
+        r.update(model=name, tokens=length)
+    del kv, q, k, v
+    torch.cuda.empty_cache()
+    return rows
+
+
+def decode_attention(name, s, batch, context, dev, dtype, copy_gbps):
+    seq_lens = [context] * batch
+    kv, tables, _, _ = build_cache(seq_lens, s["hkv"], s["d"], dtype, dev)
+    q = torch.randn(batch, s["hq"], s["d"], device=dev, dtype=dtype)
+    meta = meta_for(seq_lens, [1] * batch, tables, dev)
+    scale = s["d"] ** -0.5
+    backend = TritonAttentionBackend()
+    current = backend.plan(q, kv, meta)
+    kv_bytes = 2 * batch * context * s["hkv"] * s["d"] * kv.element_size()
+    floor_ms = kv_bytes / copy_gbps / 1e6
+    ref = paged_attention(q, kv, meta, scale, current)
+    plans = [current]
+    for tile in (64, 128):
+        for segs in ((4, 8, 16, 32, 64) if batch == 1 else (1, 2)):
+            for warps, stages in ((2, 2), (4, 2), (4, 3)):
+                plans.append(LaunchPlan(current.block_m, current.block_q, tile, segs, warps,
+                                        stages))
+    rows = []
+    outs = [torch.empty_like(q) for _ in range(8)]
+    for plan in plans:
+        try:
+            out = paged_attention(q, kv, meta, scale, plan)
+            t = graph_ms([lambda o=o: paged_attention(q, kv, meta, scale, plan, o)
+                          for o in outs] * 4)
+            rows.append({"plan": str(plan), "current": plan == current, "ms": t,
+                         "over_floor": t / floor_ms,
+                         "max_diff": (out.float() - ref.float()).abs().max().item()})
+        except Exception as e:  # noqa: BLE001
+            rows.append({"plan": str(plan), "error": str(e)[:160]})
+    rows.sort(key=lambda r: r.get("ms", 1e9))
+    for r in rows:
+        r.update(model=name, batch=batch, context=context, floor_ms=floor_ms)
+    del kv
+    torch.cuda.empty_cache()
+    return rows
+
+
+def gemms(name, s, dev, dtype):
+    h, i = s["hidden"], s["inter"]
+    qkv = (s["hq"] + 2 * s["hkv"]) * s["d"]
+    shapes = {"qkv": (qkv, h), "o": (h, s["hq"] * s["d"]), "gate_up": (2 * i, h),
+              "down": (h, i), "lm_head": (s["vocab"], h)}
+    rows = []
+    configs = [(bn, bk, sk, 4, 4) for bn in (32, 64, 128) for bk in (128, 256)
+               for sk in (1, 2, 4)]
+    for label, (n, k) in shapes.items():
+        copies = max(2, min(8, (2 << 30) // (n * k * 2)))  # several weights: not from L2
+        ws_ = [torch.randn(n, k, device=dev, dtype=dtype) for _ in range(copies)]
+        for m in (1, 32, 128, 8192):
+            if m == 8192 and label == "lm_head":
+                continue
+            x = torch.randn(m, k, device=dev, dtype=dtype)
+            ref = F.linear(x, ws_[0]).float()
+            if m == 8192:
+                t = bench_ms(lambda: F.linear(x, ws_[0]))
+            else:
+                t = graph_ms([lambda w=w: F.linear(x, w) for w in ws_] * 2)
+            row = {"model": name, "proj": label, "m": m, "n": n, "k": k, "ms": t,
+                   "weight_gbps": n * k * 2 / t / 1e6, "tflops": 2 * m * n * k / t / 1e9}
+            if m <= 32 and label != "lm_head":
+                out = torch.empty(m, n, device=dev, dtype=dtype)
+                work = torch.empty(4 * m * n, device=dev, dtype=torch.float32)
+                best = None
+                for cfg in configs:
+                    if k % (cfg[2] * cfg[1]):
+                        continue
+                    try:
+                        skinny_linear(x, ws_[0], out, work, *cfg)
+                        err = ((out.float() - ref).norm() / ref.norm()).item()
+                        tc = graph_ms([lambda w=w: skinny_linear(x, w, out, work, *cfg)
+                                       for w in ws_] * 2)
+                    except Exception as e:  # noqa: BLE001
+                        row.setdefault("errors", []).append(f"{cfg}: {str(e)[:100]}")
+                        continue
+                    if best is None or tc < best[0]:
+                        best = (tc, cfg, err)
+                if best:
+                    row.update(triton_ms=best[0], triton_cfg=best[1], triton_rel_err=best[2],
+                               triton_gbps=n * k * 2 / best[0] / 1e6,
+                               triton_over_cublas=best[0] / t)
+            rows.append(row)
+        del ws_
+        torch.cuda.empty_cache()
+    return rows
+
+
+def copy_rate(dev) -> float:
+    src = torch.ones(1 << 30, dtype=torch.uint8, device=dev)
+    dst = torch.empty_like(src)
+    t = bench_ms(lambda: dst.copy_(src))
+    return 2 * (1 << 30) / t / 1e6
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--parts", default="prefill,decode,gemm")
+    p.add_argument("--models", default="8b,32b")
+    p.add_argument("--json")
+    args = p.parse_args()
+    dev, dtype = torch.device("cuda"), torch.bfloat16
+    torch.manual_seed(0)
+    parts = args.parts.split(",")
+    result = {"copy_gbps": copy_rate(dev), "torch": torch.__version__,
+              "cudnn": torch.backends.cudnn.version(), "prefill": [], "decode": [], "gemm": []}
+    a = torch.randn(8192, 8192, device=dev, dtype=dtype)
+    t = bench_ms(lambda: a @ a)
+    result["matmul_tflops"] = 2 * 8192 ** 3 / t / 1e9
+    del a
+    print(f"copy {result['copy_gbps']:.0f} GB/s, matmul {result['matmul_tflops']:.0f} TFLOP/s, "
+          f"cudnn {result['cudnn']}", flush=True)
+    for name in args.models.split(","):
+        s = SHAPES[name]
+        if "prefill" in parts:
+            for length in (8192, 32768):
+                for r in prefill_attention(name, s, length, dev, dtype):
+                    result["prefill"].append(r)
+                    print("prefill", json.dumps(r), flush=True)
+        if "decode" in parts and name == "8b":
+            for batch, context in ((1, 4096), (32, 4096), (128, 4096)):
+                rows = decode_attention(name, s, batch, context, dev, dtype, result["copy_gbps"])
+                result["decode"].extend(rows)
+                for r in rows[:6] + [r for r in rows if r.get("current")]:
+                    print("decode", json.dumps(r), flush=True)
+        if "gemm" in parts:
+            for r in gemms(name, s, dev, dtype):
+                result["gemm"].append(r)
+                print("gemm", json.dumps(r), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
