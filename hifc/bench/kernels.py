@@ -31,7 +31,7 @@ import time
 from hifc.analysis.common import int_list, positive_int
 from hifc.bench.costs import kv_bytes_per_token, prefill_flops, weight_bytes_read
 from hifc.bench.probes import (copy_gbps, graph_capture_info, host_functions, matmul_tflops,
-                               replay_times, sync)
+                               profile_kernels, replay_times, sync)
 from hifc.bench.workloads import fixed_requests
 from hifc.config import add_engine_args, engine_config_from_args
 
@@ -51,8 +51,9 @@ def register(subparsers) -> None:
                    help="tokens of the timed one-step prefill")
     p.add_argument("--prefill-repeats", type=positive_int, default=3, help="timed prefills")
     p.add_argument("--profile", action="store_true",
-                   help="list the kernels of each batch's decode graph, longest first, and the "
-                        "host functions of a few more steps (cProfile)")
+                   help="list the kernels of each batch's decode graph, longest first, the "
+                        "host functions of a few more steps (cProfile), and on CUDA the kernels "
+                        "of one more prefill")
     p.add_argument("--json", dest="json_out", help="write results as JSON here")
     add_engine_args(p, model="random:ds-r1-llama-8b")
     p.set_defaults(func=run)
@@ -161,30 +162,37 @@ def add_floor(row: dict, copy_rate_gbps: float) -> dict:
     return row
 
 
-def measure_prefill(engine, tokens: int, repeats: int, matmul_rate_tflops: float) -> dict:
-    """Median time of a one-step prefill of ``tokens`` random ids (after one warm-up)."""
+def measure_prefill(engine, tokens: int, repeats: int, matmul_rate_tflops: float,
+                    profile: bool = False) -> dict:
+    """Median time of a one-step prefill of ``tokens`` random ids (after one warm-up); with
+    ``profile``, the kernels of one more such prefill (``kernels``)."""
     from hifc.sampling_params import SamplingParams
 
     params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
-    times = []
-    prompts = fixed_requests(tokens, 1, repeats + 1, engine.arch.vocab_size, seed=tokens)
-    for i, request in enumerate(prompts):
+    prompts = fixed_requests(tokens, 1, repeats + 1 + profile, engine.arch.vocab_size,
+                             seed=tokens)
+
+    def prefill(i: int) -> float:
         rid = f"prefill-{i}"
-        engine.add_request(rid, request.prompt_token_ids, params)
+        engine.add_request(rid, prompts[i].prompt_token_ids, params)
         sync(engine.device)
         t0 = time.perf_counter()
         outs = engine.step()
         if not outs:  # asynchronous scheduling: a step's outputs come with the next call
             outs = engine.step()
         sync(engine.device)
-        if i:
-            times.append(time.perf_counter() - t0)
         if [o.request_id for o in outs] != [rid] or not outs[0].finished:
             raise RuntimeError(f"the {tokens}-token prefill did not finish in one step")
+        return time.perf_counter() - t0
+
+    times = [prefill(i) for i in range(repeats + 1)][1:]
     seconds = statistics.median(times)
     tflops = prefill_flops(engine, tokens) / seconds / 1e12
-    return {"tokens": tokens, "seconds": seconds, "tflops": tflops,
-            "fraction_of_matmul": tflops / matmul_rate_tflops, "tokens_per_s": tokens / seconds}
+    result = {"tokens": tokens, "seconds": seconds, "tflops": tflops,
+              "fraction_of_matmul": tflops / matmul_rate_tflops, "tokens_per_s": tokens / seconds}
+    if profile:
+        result["kernels"] = profile_kernels(lambda: prefill(repeats + 1), top=20)
+    return result
 
 
 # ---- the command ----------------------------------------------------------------------------
@@ -207,7 +215,8 @@ def run(args: argparse.Namespace) -> int:
                                    options["max_num_batched_tokens"])
     rows = [add_floor(measure_decode(engine, b, args.context, args.steps, args.warmup,
                                      max_tokens, args.profile)[0], copy_rate) for b in batches]
-    prefill = measure_prefill(engine, args.prefill_len, args.prefill_repeats, matmul_rate)
+    prefill = measure_prefill(engine, args.prefill_len, args.prefill_repeats, matmul_rate,
+                              args.profile and engine.device.type == "cuda")
     result = {"model": engine.model_name, "dtype": str(engine.dtype).removeprefix("torch."),
               "device": str(engine.device), "copy_gbps": copy_rate, "matmul_tflops": matmul_rate,
               "block_size": config.block_size, "weight_bytes_read": weight_bytes_read(engine),
@@ -242,3 +251,5 @@ def print_result(result: dict) -> None:
     p = result["prefill"]
     print(f"prefill {p['tokens']} tokens: {1000 * p['seconds']:.1f} ms, {p['tokens_per_s']:.0f} "
           f"tokens/s, {p['tflops']:.2f} TFLOP/s = {p['fraction_of_matmul']:.2f} of the matmul rate")
+    for k in p.get("kernels", []):
+        print(f"{'':>8}{k['ms']:>8.3f} ms {k['calls']:>4}x  {k['name'][:90]}")

@@ -102,11 +102,16 @@ def replay_times(engine, batch: int, profile: bool, repeats: int = 20) -> dict:
 
 
 def profile_replay(graph, top: int = 15) -> list[dict]:
+    return profile_kernels(graph.replay, top)
+
+
+def profile_kernels(fn, top: int = 15) -> list[dict]:
+    """The CUDA kernels ``fn()`` runs, by total time, longest first (name, calls, ms)."""
     import torch
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
     with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
-        graph.replay()
+        fn()
         torch.cuda.synchronize()
     kernels = {}
     for e in prof.events():
