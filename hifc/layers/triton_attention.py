@@ -310,11 +310,10 @@ def plan_launch(max_query_len: int, max_seq_len: int, num_seqs: int, num_q_heads
     elif block_m >= 128:
         tile, num_warps, num_stages = 128, 8, 2  # prefill 8k: 1533 us; tile 64: 1709 us
     else:
-        # Decode, 8B shapes, 4k context, in the engine's CUDA graphs (32 layers): 2 stages took
-        # 4.41 ms at batch 32 (256 programs), 3 stages 4.59; at batch 128 (1024 programs) 2
-        # stages 16.84 ms, 3 stages 16.56 (docs/RESULTS.md, 2026-12-01).
-        tile, num_warps = 128, 4
-        num_stages = 3 if num_seqs * num_kv_heads > 4 * num_sms else 2
+        # Decode, 8B shapes, 4k context, 32 launches in one CUDA graph on one H200: 2 stages
+        # 10.6 / 132 / 495 us per launch at batch 1 / 32 / 128, 3 stages 11.1 / 140 / 504
+        # (scripts/gpu_kernel_probe.py, docs/RESULTS.md)
+        tile, num_warps, num_stages = 128, 4, 2
     num_segments = 1
     programs = num_seqs * num_kv_heads
     if split_kv is None:
@@ -402,9 +401,7 @@ def dense_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         for start, end in zip(qsl, qsl[1:]):
             if end == start:
                 continue
-            # [1, H, L, D] views of [L, H, D] rows; v is a slice of the fused QKV output
-            qs, ks, vs = (x[start:end].contiguous().transpose(0, 1).unsqueeze(0)
-                          for x in (q, k, v))
+            qs, ks, vs = (x[start:end].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
             o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale,
                                                enable_gqa=qs.shape[1] != ks.shape[1])
             out[start:end] = o[0].transpose(0, 1)
