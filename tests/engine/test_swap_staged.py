@@ -91,3 +91,21 @@ def test_abort_after_staging_frees_everything(tmp_path):
         engine.step()
     assert_all_free(engine)
     engine.close()
+
+
+def test_a_step_that_waits_for_swap_io_says_what_waits(tmp_path, caplog):
+    """With writes held, the victim cannot come back before its write ends: once the others
+    are done the engine waits, and at debug level it logs the queues it waited with."""
+    import logging
+    import threading
+
+    engine, io = engine_with_held_writes(tmp_path)
+    try:
+        step_until_staged(engine)
+    finally:
+        threading.Timer(0.3, io.gate.set).start()
+    with caplog.at_level(logging.DEBUG, logger="hifc.engine.swaps"):
+        assert run_to_end(engine) == reference(BLOCK_SIZE)
+    waits = [r.getMessage() for r in caplog.records if "waiting on swap I/O" in r.getMessage()]
+    assert waits and "1 swapping out" in waits[0], waits
+    engine.close()
