@@ -152,8 +152,12 @@ class Scheduler(SwapMixin):
         budget, starved = self._schedule_running(out)
         if not (out.preempted_request_ids or starved):
             self._start_swap_ins(out)
-            if not (self.swapped or self.swapping_out):  # no new request takes blocks freed
-                self._admit_waiting(out, budget)  # by a swap-out before its sequence is back
+            # No new request takes blocks freed by a swap-out before its sequence is back,
+            # unless the step would otherwise run nothing: then the swapped sequences wait for
+            # their writes to end (a slow disk), and the GPU would idle meanwhile.
+            idle = not (self.running or self.swapping_in or self.loading)
+            if idle or not (self.swapped or self.swapping_out):
+                self._admit_waiting(out, budget)
         return out
 
     def _chunk(self, num_to_compute: int, budget: int) -> int:

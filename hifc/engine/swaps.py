@@ -64,10 +64,10 @@ class SwapTracker:
         out = self.scheduler.schedule()
         self._apply(swapper.submit(out))
         while wait and out.is_empty and swapper.num_pending:
-            t0 = time.perf_counter()
+            queues, t0 = self._queues(), time.perf_counter()
             self._apply(swapper.collect(block=True))
-            if logger.isEnabledFor(logging.DEBUG):
-                self._log_wait(time.perf_counter() - t0)
+            logger.debug("nothing to run for %.3f s, waiting on swap I/O with %s",
+                         time.perf_counter() - t0, queues)
             retry = self.scheduler.schedule()
             # keep the ids of requests that ended since the last step
             retry.finished_request_ids = out.finished_request_ids + retry.finished_request_ids
@@ -75,12 +75,11 @@ class SwapTracker:
             self._apply(swapper.submit(out))
         return out
 
-    def _log_wait(self, seconds: float) -> None:
+    def _queues(self) -> str:
         sched = self.scheduler
-        logger.debug("nothing to run for %.3f s, waiting on swap I/O: %d running, %d waiting, "
-                     "%d swapping out, %d swapped, %d swapping in", seconds, len(sched.running),
-                     len(sched.waiting), len(sched.swapping_out), len(sched.swapped),
-                     len(sched.swapping_in))
+        return (f"{len(sched.running)} running, {len(sched.waiting)} waiting, "
+                f"{len(sched.swapping_out)} swapping out, {len(sched.swapped)} swapped, "
+                f"{len(sched.swapping_in)} swapping in")
 
     def drain(self) -> None:
         """Wait for every job in flight (shutdown) and release what it held."""

@@ -67,3 +67,25 @@ def test_no_new_request_takes_the_blocks_a_swap_out_freed():
     run_with_swaps(sched, seqs, 80)
     assert all(s.status is SequenceStatus.FINISHED_LENGTH for s in seqs.values())
     assert sched.num_preemptions == 1 and kv.num_free_blocks == 5 and len(tier.free_ids) == 16
+
+
+def test_a_new_request_runs_when_nothing_else_can_until_a_write_ends():
+    """Once a is done, b (its blocks freed when staged) waits for its write to end before it
+    can come back; the step would run nothing, so a new request is admitted meanwhile."""
+    tier = FakeTier(16)
+    sched, kv, seqs = crowded_pair("swap", tier)
+    preempt_b(sched, seqs)
+    sched.swap_out_staged("b", [0, 1])
+    sched.finish(seqs["a"], SequenceStatus.FINISHED_ABORTED)
+    seqs["c"] = make_seq("c", 8, max_tokens=4, arrival=2)
+    sched.add(seqs["c"])
+    out = sched.schedule()
+    assert [w.request_id for w in out.scheduled] == ["c"]
+    assert seqs["b"].status is SequenceStatus.SWAPPING_OUT
+    sched.update(out, SamplerOutput([5] * len(out.sampling)), seqs)
+    sched.swap_out_done("b", True)
+    run_with_swaps(sched, seqs, 80)
+    assert seqs["b"].status is SequenceStatus.FINISHED_LENGTH
+    assert seqs["c"].status is SequenceStatus.FINISHED_LENGTH
+    assert sched.swap_in_blocks == sched.swap_out_blocks == 2
+    assert kv.num_free_blocks == 5 and len(tier.free_ids) == 16
