@@ -321,15 +321,18 @@ WARMUP_REQUESTS = 2
 
 
 def _warm_up(engine, name: str, requests: list[BenchRequest]) -> None:
-    """Untimed: the workload's first prompts together, a few tokens each, so that the kernels
-    its prefill and decode steps launch (Triton compiles one per tile plan) are compiled before
-    the clock starts, whichever variant runs first. The prompts run reversed: the same lengths,
-    but nothing the timed run could find in the prefix cache."""
+    """Untimed: the workload's first prompts, a few tokens each, the second added once the
+    first is prefilled (a step of fresh prompts attends densely, one that mixes a prompt with
+    decodes through the paged kernel), so that the kernels its prefill and decode steps launch
+    (Triton compiles one per tile plan) are compiled before the clock starts, whichever variant
+    runs first. The prompts run reversed: the same lengths, but nothing the timed run could find
+    in the prefix cache."""
     from hifc.sampling_params import SamplingParams
 
     for i, r in enumerate(requests[:WARMUP_REQUESTS]):
         engine.add_request(f"{name}-warmup-{i}", r.prompt_token_ids[::-1],
                            SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
+        engine.step()
     while engine.has_unfinished_requests():
         engine.step()
 
