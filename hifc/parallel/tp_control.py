@@ -2,8 +2,8 @@
 
 Rank 0 (the engine) is the only sender: first the :class:`WorkerSetup` (or a stop, when rank 0
 failed before it), then :class:`Command` s. Each is broadcast to every rank
-(``broadcast_object_list``); a command with ``reply`` set is answered by every worker with the
-tier job outcomes it has (``gather_object``), the others are not answered. A step's command
+(``broadcast_object_list``); a command with ``reply`` set is answered by every worker with its
+``RankReport`` (``gather_object``: tier jobs ended, blocks staged), the others are not answered. A step's command
 carries the step's scheduled work, which the workers run through their part of the model in the
 same order as rank 0 (the model's own collectives pair up across the ranks).
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch.distributed as dist
 
 from hifc.core.scheduler import ScheduledSeq
-from hifc.tiers.jobs import IOOrder, RankOutcome
+from hifc.tiers.jobs import IOOrder, RankReport
 
 
 @dataclass(frozen=True)
@@ -60,14 +60,14 @@ class ControlChannel:
         self.size = size
         self.group = group
 
-    def send(self, command: Command | WorkerSetup) -> list[list[RankOutcome]]:
-        """Rank 0: broadcast ``command``; with ``reply``, every worker's outcomes (by rank,
-        rank 0's list empty)."""
+    def send(self, command: Command | WorkerSetup) -> list[RankReport | None]:
+        """Rank 0: broadcast ``command``; with ``reply``, every worker's report (by rank,
+        None for rank 0)."""
         dist.broadcast_object_list([command], src=0, group=self.group)
         if isinstance(command, WorkerSetup) or not command.reply:
             return []
         replies: list = [None] * self.size
-        dist.gather_object([], replies, dst=0, group=self.group)
+        dist.gather_object(None, replies, dst=0, group=self.group)
         return replies
 
     def receive(self) -> Command | WorkerSetup:
@@ -76,6 +76,6 @@ class ControlChannel:
         dist.broadcast_object_list(box, src=0, group=self.group)
         return box[0]
 
-    def answer(self, outcomes: list[RankOutcome]) -> None:
+    def answer(self, report: RankReport) -> None:
         """A worker: reply to a command that asked for it."""
-        dist.gather_object(outcomes, None, dst=0, group=self.group)
+        dist.gather_object(report, None, dst=0, group=self.group)

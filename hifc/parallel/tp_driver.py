@@ -3,13 +3,14 @@
 It starts the workers (standalone) or finds them (under a launcher), tells them the KV cache
 size, sends each model step to them before rank 0 runs its own part (``announce``), and is the
 tier's ``peers`` (:class:`hifc.tiers.tier.TierPeers`): tier jobs are queued as orders and go out
-with the next command, outcomes come back when the tier polls or waits while a job is out on
-the workers. ``close`` stops the workers and leaves the process group.
+with the next command, outcomes (and the blocks swap-outs have staged) come back when the tier
+polls or waits while a job is out on the workers. ``close`` stops the workers and leaves the process group.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
+from collections import Counter
 
 import torch
 import torch.distributed as dist
@@ -36,6 +37,8 @@ class TPDriver:
         self.processes = processes
         self._orders: list[IOOrder] = []
         self._outcomes: dict[int, list[RankOutcome]] = {}  # job id -> workers' outcomes so far
+        # swap-out job id -> pair index -> workers that have staged it
+        self._staged: dict[int, Counter[int]] = {}
         self._closed = False
 
     @classmethod
@@ -93,7 +96,12 @@ class TPDriver:
     def is_done(self, job_id: int) -> bool:
         return len(self._outcomes.get(job_id, ())) >= self.size - 1
 
+    def staged(self, job_id: int) -> set[int]:
+        counts = self._staged.get(job_id)
+        return {i for i, n in counts.items() if n >= self.size - 1} if counts else set()
+
     def pop(self, job_id: int) -> list[RankOutcome]:
+        self._staged.pop(job_id, None)
         return self._outcomes.pop(job_id)
 
     def cancel_queued(self) -> None:
@@ -109,9 +117,14 @@ class TPDriver:
         return orders
 
     def _send(self, command: Command) -> None:
-        for replies in self.channel.send(command):
-            for outcome in replies or ():
+        for report in self.channel.send(command):
+            if report is None:  # rank 0's place
+                continue
+            for outcome in report.outcomes:
                 self._outcomes[outcome.job_id].append(outcome)
+            for job_id, pairs in report.staged.items():
+                if job_id in self._outcomes:
+                    self._staged.setdefault(job_id, Counter()).update(pairs)
 
     def shutdown(self) -> None:
         """Stop the workers and leave the process group (once)."""

@@ -5,7 +5,8 @@ It builds its part of the model (its heads, MLP features and vocabulary range), 
 decode graphs as rank 0, the collectives inside), and its tier mover (its own cache file, said
 in the superblock) when a tier is configured. Then it follows rank 0's commands
 (:mod:`hifc.parallel.tp_control`): start tier orders on its shard, run each step's forward
-pass, wait for a job, reply with the jobs that ended, until told to stop.
+pass, wait for a job, reply with the jobs that ended and the blocks staged, until told to
+stop.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from hifc.parallel.tp_launch import (Rendezvous, control_group, join_group, rank
 from hifc.runtime.kv_cache import allocate_kv_cache, kv_cache_scales, scale_digest
 from hifc.runtime.model_runner import ModelRunner
 from hifc.tiers.factory import geometry_of, make_mover
+from hifc.tiers.jobs import RankReport
 from hifc.tiers.rank_jobs import RankJobs
 
 
@@ -76,7 +78,7 @@ def _follow(channel: ControlChannel, runner: ModelRunner, jobs: RankJobs | None)
         if command.cancel_queued and jobs is not None:
             jobs.mover.cancel_queued()
         if command.reply:
-            channel.answer(jobs.finished() if jobs is not None else [])
+            channel.answer(jobs.report() if jobs is not None else RankReport([], {}))
         if (command.close_tier or command.stop) and jobs is not None:
             jobs.close()
             jobs = None

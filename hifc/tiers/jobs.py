@@ -76,9 +76,10 @@ class Job:
     io_done_at: float | None = None  # when its last piece of I/O completed (worker clock)
     _futures: list[Future] = field(default_factory=list, repr=False)
     _pinned: tuple[int, ...] = field(default=(), repr=False)  # tier blocks held in flight
-    # swap-out: indices of pairs whose source blocks the workers have copied out of the KV
-    # cache and the engine has not taken yet (``KVTier.take_staged``)
-    _staged: list[int] = field(default_factory=list, repr=False)
+    # swap-out: indices of pairs whose source blocks this rank's workers have copied out of
+    # the KV cache, and those of them the engine has taken (``KVTier.take_staged``)
+    _staged: set[int] = field(default_factory=set, repr=False)
+    _taken: set[int] = field(default_factory=set, repr=False)
 
     @property
     def done(self) -> bool:
@@ -171,3 +172,13 @@ class RankOutcome:
     nbytes: int
     error: tuple[ErrorKind, str, int | None] | None = None
     done: bytes = b""
+
+
+@dataclass(frozen=True)
+class RankReport:
+    """A worker rank's answer: the jobs that ended since its last answer, and for swap-outs
+    still writing, the pairs (indices into the order's pairs) whose blocks it has staged since
+    then (copied out of its KV shard)."""
+
+    outcomes: list[RankOutcome]
+    staged: dict[int, list[int]]

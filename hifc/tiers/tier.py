@@ -46,6 +46,9 @@ class TierPeers(Protocol):
     def request_wait(self, job_id: int, timeout: float | None) -> None:
         """Ask the other ranks to wait for ``job_id`` (at most ``timeout`` s) and report."""
 
+    def staged(self, job_id: int) -> set[int]:
+        """The pairs of swap-out ``job_id`` that every other rank has reported staged."""
+
     def tracks(self, job_id: int) -> bool:
         """Whether ``job_id`` was launched on the other ranks and not popped yet."""
 
@@ -195,10 +198,8 @@ class KVTier:
             self.allocator.mark_written(tier_ids)
         self._inflight.update(tier_ids)
         job._pinned = tuple(tier_ids)
-        # a swap-out's GPU blocks may be reused once staged, unless other ranks still read
-        # their shards of them (they report only when the job ends)
-        staged = (functools.partial(self._note_staged, job)
-                  if op == SWAP_OUT and self.peers is None else None)
+        # a swap-out's GPU blocks may be reused once staged (on every rank: ``take_staged``)
+        staged = functools.partial(self._note_staged, job) if op == SWAP_OUT else None
         self._launch(job, lambda: self.mover.launch(op, copy_view(kv_cache), list(pairs), owner,
                                                     ready, staged),
                      IOOrder(job.job_id, op, tuple(pairs), owner))
@@ -230,7 +231,7 @@ class KVTier:
         """(A worker thread) pairs ``first ... first + count - 1`` of the swap-out ``job``
         have left the KV cache: their data is in the tier's memory, on its way to the tier."""
         with self._progress:
-            job._staged.extend(range(first, first + count))
+            job._staged.update(range(first, first + count))
             self._progress.notify_all()
 
     def _check_pairs(self, op: str, kv: torch.Tensor, pairs) -> list[tuple[int, int]]:
@@ -303,20 +304,24 @@ class KVTier:
 
     def take_staged(self, job: Job) -> list[int]:
         """Indices into ``job.pairs`` of a pending swap-out whose KV cache blocks the tier has
-        copied into its own memory since the last call, while the job goes on writing them:
-        the caller may reuse those blocks now. Empty for other jobs and once the job is done
-        (then all its KV cache blocks are free, whether it succeeded or not)."""
+        copied into its own memory since the last call, on every rank (the others' reports
+        come with ``poll``), while the job goes on writing them: the caller may reuse those
+        blocks now. Empty for other jobs and once the job is done (then all its KV cache
+        blocks are free, whether it succeeded or not)."""
         with self._progress:
             if job.done:
                 return []
-            staged, job._staged = job._staged, []
-        return staged
+            new = job._staged - job._taken
+            if new and self.peers is not None and self.peers.tracks(job.job_id):
+                new &= self.peers.staged(job.job_id)
+            job._taken |= new
+        return sorted(new)
 
     def wait_progress(self, timeout: float | None = None) -> None:
         """Block until a pending job's I/O has ended or a swap-out has staged blocks not
         taken yet (or ``timeout`` seconds pass); ``poll`` and ``take_staged`` then tell which.
-        With other ranks (which report only when asked, and stage nothing early), waits for
-        the oldest job's I/O to end on every rank."""
+        With other ranks (which report only when asked), waits for the oldest job's I/O to end
+        on every rank: their staging is taken in at each ``poll``, not waited for."""
         if self.peers is not None:
             if self._pending:
                 self._wait_io(self._pending[0], timeout)
@@ -325,7 +330,7 @@ class KVTier:
             self._progress.wait_for(self._has_progress, timeout)
 
     def _has_progress(self) -> bool:
-        return any(job._staged or self._ended(job) for job in self._pending)
+        return any(job._staged - job._taken or self._ended(job) for job in self._pending)
 
     def _ended(self, job: Job) -> bool:
         """Whether ``job``'s I/O has ended on every rank."""
