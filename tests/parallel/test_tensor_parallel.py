@@ -53,6 +53,21 @@ def test_tp2_matches_tp1(llama_dir, reference):
         assert all(abs(got[t].logprob - want[t].logprob) < 1e-4 for t in got)
 
 
+@pytest.mark.slow  # starts a worker process per architecture
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "gemma2", "phi3"])
+def test_tp2_matches_tp1_for_other_architectures(tmp_path, arch):
+    """Biases (Qwen2), q/k norms (Qwen3), soft-capping, a sliding window and the unit-offset
+    norms (Gemma 2), checkpoints with fused QKV and gate/up (Phi-3): each split in two."""
+    path = str(make_tiny_hf_model(tmp_path / arch, arch))
+    outputs = {}
+    for tp in (1, 2):
+        with LLM(path, device="cpu", num_gpu_blocks=32, block_size=16,
+                 tensor_parallel_size=tp) as llm:
+            assert (llm.engine.tp is not None) == (tp == 2)
+            outputs[tp] = [o.token_ids for o in llm.generate(PROMPTS, PARAMS, use_tqdm=False)]
+    assert outputs[2] == outputs[1]
+
+
 @pytest.mark.slow  # starts a worker process (~3-5 s on the CPU VM)
 @pytest.mark.parametrize("kind", ["flash", "dram"])
 def test_tp2_swapping_matches_tp1(llama_dir, reference, tmp_path, kind):
