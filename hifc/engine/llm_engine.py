@@ -421,7 +421,8 @@ class LLMEngine:
             self._apply(in_flight)
         self.swaps.drain()
         if self.tier is not None and not self._closed:
-            self.swaps.flush(self.config.tier.prefix_store_flush_seconds)
+            if self.tp is None or self.tp.lost is None:  # every rank writes its shard
+                self.swaps.flush(self.config.tier.prefix_store_flush_seconds)
             self.tier.close()
             self.swaps.after_close()
         self._closed = True

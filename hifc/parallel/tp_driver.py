@@ -27,6 +27,10 @@ from hifc.tiers.jobs import IOOrder, RankOutcome
 logger = logging.getLogger(__name__)
 
 
+class WorkerLost(RuntimeError):
+    """A tensor-parallel worker stopped answering: the engine cannot run another step."""
+
+
 class TPDriver:
     """Rank 0 of ``shard.size``; ``processes``: the workers it spawned (none under a launcher)."""
 
@@ -40,6 +44,7 @@ class TPDriver:
         # swap-out job id -> pair index -> workers that have staged it
         self._staged: dict[int, Counter[int]] = {}
         self._closed = False
+        self.lost: str | None = None  # what happened, once a worker stopped answering
 
     @classmethod
     def start(cls, config: EngineConfig, device: torch.device) -> "TPDriver":
@@ -79,19 +84,23 @@ class TPDriver:
         self._send(Command(orders=self._take_orders(), step=StepWork(work, logprob_spans)))
 
     # -- TierPeers -----------------------------------------------------------------------------
+    # Once a worker is lost, the tier's jobs end with this rank's part (the engine runs no
+    # further step; its close must not wait for ranks that are gone).
     def launch(self, order: IOOrder) -> None:
         self._orders.append(order)
         self._outcomes[order.job_id] = []
 
     def collect(self) -> None:
-        if self._orders or any(len(o) < self.size - 1 for o in self._outcomes.values()):
+        if self.lost is None and (self._orders or any(len(o) < self.size - 1
+                                                      for o in self._outcomes.values())):
             self._send(Command(orders=self._take_orders(), reply=True))
 
     def request_wait(self, job_id: int, timeout: float | None) -> None:
-        self._send(Command(orders=self._take_orders(), wait=(job_id, timeout), reply=True))
+        if self.lost is None:
+            self._send(Command(orders=self._take_orders(), wait=(job_id, timeout), reply=True))
 
     def tracks(self, job_id: int) -> bool:
-        return job_id in self._outcomes
+        return self.lost is None and job_id in self._outcomes
 
     def is_done(self, job_id: int) -> bool:
         return len(self._outcomes.get(job_id, ())) >= self.size - 1
@@ -105,11 +114,13 @@ class TPDriver:
         return self._outcomes.pop(job_id)
 
     def cancel_queued(self) -> None:
-        self._send(Command(orders=self._take_orders(), cancel_queued=True))
+        if self.lost is None:
+            self._send(Command(orders=self._take_orders(), cancel_queued=True))
 
     def close(self) -> None:
         """TierPeers: every job ended; the workers release their movers."""
-        self._send(Command(close_tier=True))
+        if self.lost is None:
+            self._send(Command(close_tier=True))
 
     # -- the rest ------------------------------------------------------------------------------
     def _take_orders(self) -> tuple[IOOrder, ...]:
@@ -117,7 +128,14 @@ class TPDriver:
         return orders
 
     def _send(self, command: Command) -> None:
-        for report in self.channel.send(command):
+        if self.lost is not None:
+            raise WorkerLost(self.lost)
+        try:
+            reports = self.channel.send(command)
+        except Exception as exc:  # gloo: the connection to a worker closed, or timed out
+            self.lost = self._loss(exc)
+            raise WorkerLost(self.lost) from exc
+        for report in reports:
             if report is None:  # rank 0's place
                 continue
             for outcome in report.outcomes:
@@ -126,15 +144,28 @@ class TPDriver:
                 if job_id in self._outcomes:
                     self._staged.setdefault(job_id, Counter()).update(pairs)
 
+    def _loss(self, exc: Exception) -> str:
+        """What to tell the user when the channel failed: which workers exited, if known."""
+        dead = [f"{p.name} (exit code {p.exitcode})" for p in self.processes
+                if not p.is_alive()]
+        who = (f"tensor-parallel worker {', '.join(dead)} exited" if dead else
+               "a tensor-parallel worker stopped answering")
+        return f"{who}; this engine cannot continue and must be rebuilt ({exc})"
+
     def shutdown(self) -> None:
         """Stop the workers and leave the process group (once)."""
         if self._closed:
             return
         self._closed = True
         try:
-            self.channel.send(Command(stop=True))
+            if self.lost is None:
+                self.channel.send(Command(stop=True))
         finally:
-            dist.destroy_process_group()
+            try:
+                dist.destroy_process_group()
+            except Exception:  # noqa: BLE001 - a lost worker leaves the group broken
+                if self.lost is None:
+                    raise
             _stop(self.processes)
 
 

@@ -53,6 +53,21 @@ def test_tp2_matches_tp1(llama_dir, reference):
         assert all(abs(got[t].logprob - want[t].logprob) < 1e-4 for t in got)
 
 
+@pytest.mark.slow  # starts a worker process (~3-5 s on the CPU VM)
+def test_a_worker_that_died_is_named_and_the_engine_still_closes(llama_dir):
+    from hifc.parallel.tp_driver import WorkerLost
+
+    llm = LLM(llama_dir, device="cpu", num_gpu_blocks=32, block_size=16, tensor_parallel_size=2)
+    worker = llm.engine.tp.processes[0]
+    worker.kill()
+    worker.join(10)
+    with pytest.raises(WorkerLost, match=f"worker {worker.name} \\(exit code -9\\) exited"):
+        llm.generate(PROMPTS, PARAMS, use_tqdm=False)
+    with pytest.raises(WorkerLost):  # the engine stays unusable
+        llm.generate(PROMPTS, PARAMS, use_tqdm=False)
+    llm.close()  # no error: nothing is sent to the ranks that are gone
+
+
 @pytest.mark.slow  # starts a worker process per architecture
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3", "gemma2", "phi3"])
 def test_tp2_matches_tp1_for_other_architectures(tmp_path, arch):
