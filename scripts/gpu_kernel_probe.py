@@ -6,7 +6,11 @@ Prints (and with --json writes) for the 8B and 32B presets' shapes:
   largest difference from the Triton output;
 - decode attention (batch 1 and 32): the current launch plan against other tile / split shapes;
 - the projections at M = 1, 32, 128 (decode) and 8192 (prefill): F.linear (cuBLAS) in GB/s of
-  weights read and TFLOP/s.
+  weights read and TFLOP/s;
+- ``balance``: decode attention over unequal contexts (GovReport-like, 4.5k-17.4k tokens) and
+  equal ones, one program per (sequence, KV head) against fixed-size KV segments;
+- ``layouts``: fresh-prompt attention as the engine calls it (q, k, v strided views of one fused
+  projection) against contiguous inputs, one prompt and several, and torch's varlen kernels.
 
 Usage: PYTHONPATH=$PWD python3 scripts/gpu_kernel_probe.py [--parts prefill,decode,gemm] [--json F]
 """
@@ -21,6 +25,7 @@ import triton
 import triton.language as tl
 import triton.testing
 
+from hifc.bench.probes import profile_kernels
 from hifc.layers.attention import AttentionMetadata, write_kv_cache
 from hifc.layers.triton_attention import LaunchPlan, TritonAttentionBackend, paged_attention
 
@@ -218,6 +223,122 @@ def decode_attention(name, s, batch, context, dev, dtype, copy_gbps):
     return rows
 
 
+def balance(name, s, dev, dtype, copy_gbps):
+    """Decode attention over unequal and equal contexts: the current plan against fixed-size
+    segments (segment_tiles x tile keys), with as many segments as a max_model_len of 32k needs
+    (what a CUDA graph plans with) and as the batch's longest needs."""
+    import random
+    rng = random.Random(0)
+    cases = [("govreport", [rng.randrange(4500, 17400) for _ in range(32)]),
+             ("govreport", [rng.randrange(4500, 17400) for _ in range(64)]),
+             ("equal", [4096] * 32), ("equal", [4096] * 128), ("equal", [1100] * 32),
+             ("short-mixed", [rng.randrange(200, 3000) for _ in range(128)])]
+    rows = []
+    scale = s["d"] ** -0.5
+    for label, seq_lens in cases:
+        batch = len(seq_lens)
+        kv, tables, _, _ = build_cache(seq_lens, s["hkv"], s["d"], dtype, dev)
+        q = torch.randn(batch, s["hq"], s["d"], device=dev, dtype=dtype)
+        meta = meta_for(seq_lens, [1] * batch, tables, dev)
+        current = TritonAttentionBackend().plan(q, kv, meta)
+        floor_ms = 2 * sum(seq_lens) * s["hkv"] * s["d"] * kv.element_size() / copy_gbps / 1e6
+        ref = paged_attention(q, kv, meta, scale, current)
+        plans = {"current": current,
+                 "no split": LaunchPlan(current.block_m, current.block_q, 128, 1, 4, 2)}
+        tiles = -(-max(seq_lens) // 128)
+        for seg in (8, 16, 32, 64):
+            for bound, width in (("longest", tiles), ("32k", 256)):
+                n = 1 << max(0, (-(-width // seg) - 1).bit_length())
+                if n > 1:
+                    plans[f"seg {seg} tiles, {bound} ({n})"] = LaunchPlan(
+                        current.block_m, current.block_q, 128, n, 4, 2, seg)
+        outs = [torch.empty_like(q) for _ in range(8)]
+        for key, plan in plans.items():
+            out = paged_attention(q, kv, meta, scale, plan)
+            t = graph_ms([lambda o=o, p=plan: paged_attention(q, kv, meta, scale, p, o)
+                          for o in outs] * 4)
+            rows.append({"model": name, "case": label, "batch": batch,
+                         "mean_len": sum(seq_lens) / batch, "max_len": max(seq_lens),
+                         "plan": key, "detail": str(plan), "us": t * 1e3,
+                         "over_floor": t / floor_ms,
+                         "max_diff": (out.float() - ref.float()).abs().max().item()})
+        del kv
+        torch.cuda.empty_cache()
+    return rows
+
+
+def layouts(name, s, dev, dtype):
+    """Fresh prompts' attention: SDPA on strided views of a fused qkv output (as the engine
+    calls it, plus the copy back into [T, Hq, D]) against contiguous [1, H, L, D] inputs, per
+    prompt; torch's varlen flash and cuDNN kernels over the packed batch; the Triton kernel."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from hifc.layers.triton_attention import dense_prefill_attention
+    hq, hkv, d = s["hq"], s["hkv"], s["d"]
+    scale = d ** -0.5
+    rows = []
+    for lens in ([8192], [4096] * 2, [2048] * 4, [1024] * 8, [1024] * 32, [512] * 16):
+        total = sum(lens)
+        qkv = torch.randn(total, (hq + 2 * hkv) * d, device=dev, dtype=dtype)
+        q = qkv[:, :hq * d].view(total, hq, d)
+        k = qkv[:, hq * d:(hq + hkv) * d].view(total, hkv, d)
+        v = qkv[:, (hq + hkv) * d:].view(total, hkv, d)
+        kv, tables, _, _ = build_cache(lens, hkv, d, dtype, dev)  # other K/V: Triton's diff
+        meta = meta_for(lens, lens, tables, dev)
+        flops = sum(4 * hq * d * n * n / 2 for n in lens)
+        out = torch.empty(total, hq, d, device=dev, dtype=dtype)
+        ref = dense_prefill_attention(q, k, v, meta, scale, out).clone()
+        cu = meta.query_start_loc
+        qc, kc, vc = q.contiguous(), k.contiguous(), v.contiguous()
+        group = hq // hkv
+        ke, ve = kc.repeat_interleave(group, 1), vc.repeat_interleave(group, 1)
+        contiguous = [(x[a:b].transpose(0, 1).unsqueeze(0).contiguous() for x in (qc, kc, vc))
+                      for a, b in zip(meta.query_start_loc_cpu, meta.query_start_loc_cpu[1:])]
+        contiguous = [tuple(c) for c in contiguous]
+
+        def per_prompt_contiguous():
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                for qs, ks, vs in contiguous:
+                    F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale,
+                                                   enable_gqa=True)
+
+        def flash_varlen():
+            return torch.ops.aten._flash_attention_forward(
+                q, k, v, cu, cu, max(lens), max(lens), 0.0, True, False, scale=scale)[0]
+
+        def cudnn_varlen():
+            return torch.ops.aten._cudnn_attention_forward(
+                qc, ke, ve, None, cu, cu, max(lens), max(lens), False, 0.0, True, False,
+                scale=scale)[0]
+
+        plan = TritonAttentionBackend().plan(q, kv, meta)
+        variants = {"engine path (strided views, copy out)":
+                    lambda: dense_prefill_attention(q, k, v, meta, scale, out),
+                    "per prompt, contiguous [1,H,L,D]": per_prompt_contiguous,
+                    "flash varlen (packed, GQA)": flash_varlen,
+                    "cudnn varlen (packed, K/V expanded)": cudnn_varlen,
+                    "triton paged": lambda: paged_attention(q, kv, meta, scale, plan, out)}
+        for key, fn in variants.items():
+            row = {"model": name, "prompts": len(lens), "tokens": lens[0], "variant": key}
+            try:
+                got = fn()
+                if isinstance(got, torch.Tensor) and got.shape == ref.shape:
+                    row["max_diff"] = (got.float() - ref.float()).abs().max().item()
+                t = bench_ms(fn)
+                row.update(ms=t, tflops=flops / t / 1e9)
+                # device time alone (the wall time above includes host work per call)
+                kernels = profile_kernels(lambda: [fn() for _ in range(5)], top=1000)
+                row["device_ms"] = sum(k["ms"] for k in kernels) / 5
+                row["device_tflops"] = flops / row["device_ms"] / 1e9
+                row["kernels"] = [(k["name"][:60], k["calls"] / 5, round(k["ms"] / 5, 4))
+                                  for k in kernels[:4]]
+            except Exception as e:  # noqa: BLE001 - a kernel that refuses is a result
+                row["error"] = str(e)[:200]
+            rows.append(row)
+        del qkv, kv, qc, kc, vc, ke, ve, contiguous
+        torch.cuda.empty_cache()
+    return rows
+
+
 def gemms(name, s, dev, dtype):
     h, i = s["hidden"], s["inter"]
     qkv = (s["hq"] + 2 * s["hkv"]) * s["d"]
@@ -284,7 +405,8 @@ def main() -> None:
     torch.manual_seed(0)
     parts = args.parts.split(",")
     result = {"copy_gbps": copy_rate(dev), "torch": torch.__version__,
-              "cudnn": torch.backends.cudnn.version(), "prefill": [], "decode": [], "gemm": []}
+              "cudnn": torch.backends.cudnn.version(), "prefill": [], "decode": [], "gemm": [],
+              "balance": [], "layouts": []}
     a = torch.randn(8192, 8192, device=dev, dtype=dtype)
     t = bench_ms(lambda: a @ a)
     result["matmul_tflops"] = 2 * 8192 ** 3 / t / 1e9
@@ -304,6 +426,14 @@ def main() -> None:
                 result["decode"].extend(rows)
                 for r in rows[:6] + [r for r in rows if r.get("current")]:
                     print("decode", json.dumps(r), flush=True)
+        if "balance" in parts and name == "8b":
+            for r in balance(name, s, dev, dtype, result["copy_gbps"]):
+                result["balance"].append(r)
+                print("balance", json.dumps(r), flush=True)
+        if "layouts" in parts:
+            for r in layouts(name, s, dev, dtype):
+                result["layouts"].append(r)
+                print("layouts", json.dumps(r), flush=True)
         if "gemm" in parts:
             for r in gemms(name, s, dev, dtype):
                 result["gemm"].append(r)

@@ -68,7 +68,8 @@ def matmul_tflops(device, dtype, n: int | None = None, repeats: int = 10) -> flo
 def graph_capture_info(engine) -> dict:
     """The decode CUDA graphs the engine captured: batch sizes, capture time and memory."""
     graphs = engine.runner.decode_graphs
-    return {"captured_sizes": sorted(graphs.graphs) if graphs else [],
+    return {"captured_sizes": graphs.captured_sizes if graphs else [],
+            "context_caps": graphs.context_caps if graphs and graphs.graphs else [],
             "capture_seconds": graphs.capture_seconds if graphs else 0.0,
             "capture_mib": graphs.capture_bytes / 2**20 if graphs else 0.0}
 
@@ -82,11 +83,12 @@ def replay_times(engine, batch: int, profile: bool, repeats: int = 20) -> dict:
     graphs = engine.runner.decode_graphs
     if engine.tp is not None:
         return {}
-    size = graphs.batch_size_for_rows(batch) if graphs is not None and graphs.graphs else None
-    if size is None:
+    key = graphs.last_replayed if graphs is not None else None
+    if key is None or key[0] != graphs.batch_size_for_rows(batch):
         return {}
     import torch
-    graph = graphs.graphs[size]
+    graph = graphs.graphs[key]
+    size = key[0]
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with torch.cuda.device(engine.device):
         sync(engine.device)
@@ -95,7 +97,8 @@ def replay_times(engine, batch: int, profile: bool, repeats: int = 20) -> dict:
             graph.replay()
         end.record()
         end.synchronize()
-        result = {"padded_batch": size, "forward_ms": start.elapsed_time(end) / repeats}
+        result = {"padded_batch": size, "context_cap": key[1],
+                  "forward_ms": start.elapsed_time(end) / repeats}
         if profile:
             result["kernels"] = profile_replay(graph)
     return result

@@ -17,10 +17,14 @@ scale multiplies the accumulator once at the end.
 
 Programs find their sequence by binary search over ``query_start_loc`` (sequence i's q blocks
 start at ``query_start_loc[i] // BLOCK_Q + i``), so the grid depends only on T and B and nothing is
-built on the host per step. With NUM_SEGMENTS > 1 each program also takes one slice of the KV
-tiles and writes unnormalised partials (acc, running max, running sum); a second kernel merges
-them. That helps decode batches with few sequences and long contexts, where one program per
-(sequence, KV head) leaves most of the GPU idle.
+built on the host per step (a decode-only step skips the search: q block i is sequence i). With
+NUM_SEGMENTS > 1 each program also takes one slice of the KV tiles and writes unnormalised
+partials (acc, running max, running sum); a second kernel merges them, and a sequence whose
+tiles fit one segment is written directly. Slices are a sequence's tiles over NUM_SEGMENTS but
+at least SEGMENT_TILES long. Decode batches with few sequences and long contexts split evenly
+(one program per (sequence, KV head) would leave most of the GPU idle); batches that fill the
+GPU split long contexts into segments of one size, so that programs over the longest contexts
+do not run alone at the end of the launch.
 
 A step whose every sequence is a fresh prompt (no cached context: its keys are exactly its new
 tokens) with at least ``DENSE_PREFILL_MIN_TOKENS`` tokens in some sequence, in 16-bit, without a
@@ -50,6 +54,13 @@ from hifc.layers.triton_jit import tl, triton
 LOG2E = 1.4426950408889634
 DENSE_PREFILL_MIN_TOKENS = 512  # a fresh prompt this long attends through torch's fused SDPA
 DENSE_PREFILL_MAX_SEQS = 8  # SDPA runs once per sequence: no more of them than this in a step
+# Decode batches that fill the GPU split contexts longer than this into segments of at least
+# this many keys, at most BALANCED_MAX_SEGMENTS of them. 8B shapes on an H200, 32 contexts of
+# 4.5k-17.4k tokens: 345-354 us per launch against 401-431 us unsplit; but planned so when all
+# contexts are short, a launch is slower (equal 4k contexts: 134 against 125 us), hence a CUDA
+# graph per context cap (scripts/gpu_kernel_probe.py --parts balance, docs/RESULTS.md).
+BALANCED_SEGMENT_KEYS = 4096
+BALANCED_MAX_SEGMENTS = 8
 
 
 @_jit
@@ -137,7 +148,7 @@ def _attend_tile(q, m_i, l_i, acc, tile, block_row, k_base, v_base, kv_end, firs
 # inside a running batch on the H200)
 @_jit(do_not_specialize=["num_seqs", "stride_bt"])
 def _paged_attention_kernel(
-    out_ptr, segm_out_ptr, segm_max_ptr, segm_sum_ptr,
+    out_ptr, segm_out_ptr, segm_max_ptr, segm_sum_ptr, segm_count_ptr,
     q_ptr, k_cache_ptr, v_cache_ptr,
     block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, k_scale_ptr, v_scale_ptr,
     qk_scale, softcap_log2, window, num_seqs,
@@ -149,7 +160,8 @@ def _paged_attention_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
-    NUM_SEGMENTS: tl.constexpr, SLIDING: tl.constexpr, SOFTCAP: tl.constexpr,
+    NUM_SEGMENTS: tl.constexpr, SEGMENT_TILES: tl.constexpr, DECODE_ONLY: tl.constexpr,
+    SLIDING: tl.constexpr, SOFTCAP: tl.constexpr,
     KV_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     # Later q blocks of a sequence see more keys: hand them out first.
@@ -157,12 +169,18 @@ def _paged_attention_kernel(
     kv_head = tl.program_id(1)
     segment = tl.program_id(2)
 
-    seq = _find_seq_idx(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q)
-    q_start = tl.load(query_start_loc_ptr + seq)
-    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
-    q_block_local = q_block - (q_start // BLOCK_Q + seq)
-    if q_block_local * BLOCK_Q >= q_len:
-        return
+    if DECODE_ONLY:  # one new token per sequence: q block i is sequence i's token
+        seq = q_block
+        q_start = q_block
+        q_len = 1
+        q_block_local = 0
+    else:
+        seq = _find_seq_idx(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q)
+        q_start = tl.load(query_start_loc_ptr + seq)
+        q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+        q_block_local = q_block - (q_start // BLOCK_Q + seq)
+        if q_block_local * BLOCK_Q >= q_len:
+            return
     seq_len = tl.load(seq_lens_ptr + seq)
     context_len = seq_len - q_len
 
@@ -193,8 +211,16 @@ def _paged_attention_kernel(
     else:
         first_tile = 0
         full_lo = 0
+    used_segments = 1
     if NUM_SEGMENTS > 1:
-        tiles_per_segment = tl.cdiv(num_tiles - first_tile, NUM_SEGMENTS)
+        # NUM_SEGMENTS slices of the block's tiles, each at least SEGMENT_TILES long: with a
+        # large minimum, segments have one size in every sequence (short ones use fewer), so
+        # programs carry similar work whatever the sequences' lengths
+        tiles_per_segment = tl.maximum(tl.cdiv(num_tiles - first_tile, NUM_SEGMENTS),
+                                       SEGMENT_TILES)
+        used_segments = tl.cdiv(num_tiles - first_tile, tiles_per_segment)
+        if segment >= used_segments:
+            return
         tile_lo = first_tile + segment * tiles_per_segment
         tile_hi = tl.minimum(tile_lo + tiles_per_segment, num_tiles)
     else:
@@ -235,7 +261,10 @@ def _paged_attention_kernel(
 
     if KV_FP8:  # p @ (v8 * v_scale) = (p @ v8) * v_scale; partials merge linearly
         acc = acc * tl.load(v_scale_ptr + kv_head)
-    if NUM_SEGMENTS == 1:
+    if NUM_SEGMENTS > 1 and segment == 0:  # the merge kernel reads how many partials a row has
+        tl.store(segm_count_ptr + token, tl.full([BLOCK_M], 1, tl.int32) * used_segments,
+                 mask=row_valid)
+    if used_segments == 1:
         # padding rows past the sequence's new tokens may see no key (l_i 0): never stored
         out = acc / tl.where(row_valid, l_i, 1.0)[:, None]
         o_offs = token[:, None] * stride_o_t + head[:, None] * stride_o_h + offs_d[None, :]
@@ -251,21 +280,24 @@ def _paged_attention_kernel(
 
 @_jit
 def _merge_segments_kernel(
-    out_ptr, segm_out_ptr, segm_max_ptr, segm_sum_ptr,
+    out_ptr, segm_out_ptr, segm_max_ptr, segm_sum_ptr, segm_count_ptr,
     stride_o_t, stride_o_h,
     NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     NUM_SEGMENTS: tl.constexpr, SEGMENTS_PAD: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
+    used = tl.load(segm_count_ptr + token)
+    if used == 1:  # the attention kernel wrote this row's output itself
+        return
     offs_s = tl.arange(0, SEGMENTS_PAD)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    s_valid = offs_s < NUM_SEGMENTS
+    s_valid = offs_s < used
     d_valid = offs_d < HEAD_DIM
     part = (token * NUM_Q_HEADS + head) * NUM_SEGMENTS + offs_s  # [S]
     m = tl.load(segm_max_ptr + part, mask=s_valid, other=float("-inf"))
     m_all = tl.max(m, axis=0)  # finite: the segment holding the row's own key saw it
-    w = tl.exp2(m - m_all)  # empty segments (max -inf) weigh 0
+    w = tl.exp2(m - m_all)  # segments that no key of this row reached (max -inf) weigh 0
     total = tl.sum(tl.load(segm_sum_ptr + part, mask=s_valid, other=0.0) * w, axis=0)
     acc = tl.load(segm_out_ptr + part[:, None] * HEAD_DIM_PAD + offs_d[None, :],
                   mask=s_valid[:, None] & d_valid[None, :], other=0.0)  # [S, Dp]
@@ -288,12 +320,17 @@ class LaunchPlan:
     num_segments: int  # 1: one pass; >1: split-KV partials plus a merge kernel
     num_warps: int
     num_stages: int
+    # with num_segments > 1, the fewest KV tiles per segment: a sequence uses as many segments
+    # as its tiles fill, at most num_segments (1: every sequence uses them all)
+    segment_tiles: int = 1
 
 
 def plan_launch(max_query_len: int, max_seq_len: int, num_seqs: int, num_q_heads: int,
                 num_kv_heads: int, head_dim: int, elem_size: int, num_sms: int,
                 split_kv: bool | None = None) -> LaunchPlan:
-    """Choose tile shapes. split_kv: None = split decode-only batches that underfill the GPU."""
+    """Choose tile shapes. split_kv: None = split decode-only batches that underfill the GPU
+    (into about one program per SM) or that may hold long contexts (into segments of
+    BALANCED_SEGMENT_KEYS keys or more); True / False force a split on or off."""
     group = num_q_heads // num_kv_heads
     head_dim_pad = _next_pow2(head_dim)
     max_block_m = 128 if head_dim_pad <= 128 else 64
@@ -314,18 +351,26 @@ def plan_launch(max_query_len: int, max_seq_len: int, num_seqs: int, num_q_heads
         # 10.6 / 132 / 495 us per launch at batch 1 / 32 / 128, 3 stages 11.1 / 140 / 504
         # (scripts/gpu_kernel_probe.py, docs/RESULTS.md)
         tile, num_warps, num_stages = 128, 4, 2
-    num_segments = 1
+    num_segments, segment_tiles = 1, 1
     programs = num_seqs * num_kv_heads
+    few = 2 * programs <= num_sms
     if split_kv is None:
-        # Split only when one program per (sequence, KV head) leaves most SMs idle: at B=32 with
-        # 8 KV heads (256 programs) splitting was slower (147-179 us vs 137), at B=1 4x faster.
-        split_kv = max_query_len == 1 and 2 * programs <= num_sms and max_seq_len >= 8 * tile
-    if split_kv:
+        # Split when one program per (sequence, KV head) leaves most SMs idle (at B=1, 4x
+        # faster), or when a decode batch may hold contexts longer than one balanced segment.
+        split_kv = max_query_len == 1 and ((few and max_seq_len >= 8 * tile)
+                                           or max_seq_len > BALANCED_SEGMENT_KEYS)
+    if split_kv and few:
         # About one program per SM, each with at least 2 KV tiles; a power of two bounds the
         # number of compiled variants.
         want = max(2, min(-(-num_sms // programs), max_seq_len // (2 * tile), 64))
         num_segments = 1 << (want.bit_length() - 1)
-    return LaunchPlan(block_m, block_q, tile, num_segments, num_warps, num_stages)
+    elif split_kv:
+        # Many programs: segments of one size (a sequence uses as many as its length fills), so
+        # a step's longest contexts do not leave their programs running alone at its end.
+        want = max(2, min(-(-max_seq_len // BALANCED_SEGMENT_KEYS), BALANCED_MAX_SEGMENTS))
+        num_segments = 1 << (want - 1).bit_length()
+        segment_tiles = max(1, BALANCED_SEGMENT_KEYS // tile)
+    return LaunchPlan(block_m, block_q, tile, num_segments, num_warps, num_stages, segment_tiles)
 
 
 class TritonAttentionBackend:
@@ -359,6 +404,13 @@ class TritonAttentionBackend:
         return plan_launch(meta.max_query_len, max_keys, meta.num_seqs, q.shape[1],
                            kv_cache.shape[-2], q.shape[2], q.element_size(), self.num_sms(q.device),
                            self.split_kv)
+
+    def graph_context_caps(self, max_model_len: int) -> list[int]:
+        """The contexts a decode CUDA graph is planned for, ascending: steps whose sequences all
+        fit BALANCED_SEGMENT_KEYS replay a graph without the balanced split."""
+        if self.split_kv is not None or max_model_len <= BALANCED_SEGMENT_KEYS:
+            return [max_model_len]
+        return [BALANCED_SEGMENT_KEYS, max_model_len]
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata, scale: float, sliding_window: int | None = None,
@@ -435,7 +487,9 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
     group = num_q_heads // num_kv_heads
     head_dim_pad = max(16, _next_pow2(head_dim))
     num_seqs = meta.num_seqs
-    num_q_blocks = num_tokens // plan.block_q + num_seqs  # upper bound; spare programs exit
+    decode_only = meta.max_query_len == 1 and num_tokens == num_seqs
+    # an upper bound (spare programs exit), but exactly one per sequence in a decode-only step
+    num_q_blocks = num_seqs if decode_only else num_tokens // plan.block_q + num_seqs
     k_cache, v_cache = kv_cache[0], kv_cache[1]  # [NB, BS, Hkv, D]
     fp8 = kv_cache.dtype == FP8
     # [Hkv] each; without float8 unused (any tensor will do)
@@ -447,10 +501,11 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
         segm_max = torch.empty(num_tokens, num_q_heads, plan.num_segments, dtype=torch.float32,
                                device=q.device)
         segm_sum = torch.empty_like(segm_max)
+        segm_count = torch.empty(num_tokens, dtype=torch.int32, device=q.device)
     else:
-        segm_out = segm_max = segm_sum = out  # unused
+        segm_out = segm_max = segm_sum = segm_count = out  # unused
     _paged_attention_kernel[(num_q_blocks, num_kv_heads, plan.num_segments)](
-        out, segm_out, segm_max, segm_sum,
+        out, segm_out, segm_max, segm_sum, segm_count,
         q, k_cache, v_cache,
         meta.block_tables, meta.seq_lens, meta.query_start_loc, k_scale, v_scale,
         # soft-capping: tanh(q.k * scale / cap) * cap, in log2 units
@@ -465,14 +520,16 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
         HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
         BLOCK_SIZE=meta.block_size, TILE=plan.tile,
         BLOCK_M=plan.block_m, BLOCK_Q=plan.block_q,
-        NUM_SEGMENTS=plan.num_segments, SLIDING=sliding_window is not None,
+        NUM_SEGMENTS=plan.num_segments, SEGMENT_TILES=plan.segment_tiles,
+        DECODE_ONLY=decode_only,
+        SLIDING=sliding_window is not None,
         SOFTCAP=logit_softcap is not None, KV_FP8=fp8,
         DOT_PRECISION="tf32x3" if q.dtype == torch.float32 else "tf32",
         num_warps=plan.num_warps, num_stages=plan.num_stages,
     )
     if split:
         _merge_segments_kernel[(num_tokens, num_q_heads)](
-            out, segm_out, segm_max, segm_sum,
+            out, segm_out, segm_max, segm_sum, segm_count,
             out.stride(0), out.stride(1),
             NUM_Q_HEADS=num_q_heads, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
             NUM_SEGMENTS=plan.num_segments, SEGMENTS_PAD=max(2, _next_pow2(plan.num_segments)),

@@ -14,8 +14,11 @@ What makes a replay valid for any step:
   ``AttentionMetadata`` are stale at replay, so only backends that read lengths from device
   memory may be captured (``TritonAttentionBackend`` does: its grid depends on the number of
   rows only, and it sizes split-KV segments from the device-side sequence lengths);
-- the launch plan is fixed per batch size: it is planned from ``max_seq_len = max_model_len``
-  (the longest sequence any step may hold), not from the step's own lengths;
+- the launch plan is fixed per graph: it is planned from a context cap (``max_seq_len``), not
+  from the step's own lengths. The backend names the caps (``graph_context_caps``): the Triton
+  backend's are a short one, under which no decode step splits its keys into balanced segments,
+  and max_model_len; each batch size has a graph per cap, and a step replays the one of the
+  smallest cap that holds its longest sequence;
 - padding rows write no K/V (slot -1, skipped by the Triton KV write) and attend to one key of
   block 0, so they read only initialised memory; their logits are dropped.
 
@@ -97,8 +100,11 @@ class DecodeGraphs:
         self.device_buffer = (torch.zeros(self.layout.numel, dtype=torch.int32, device=device)
                               if pin else self.host_buffer)
         self._copied = torch.cuda.Event() if pin else None  # host buffer free again
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self._logits: dict[int, torch.Tensor] = {}  # graph outputs [b, V] float32
+        caps = getattr(backend, "graph_context_caps", None)
+        self.context_caps = caps(max_model_len) if caps is not None else [max_model_len]
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (batch, cap) -> graph
+        self._logits: dict[tuple[int, int], torch.Tensor] = {}  # graph outputs [b, V] float32
+        self.last_replayed: tuple[int, int] | None = None
         self.capture_seconds = 0.0
         self.capture_bytes = 0  # device memory the graphs' pool holds after capture
 
@@ -112,8 +118,18 @@ class DecodeGraphs:
             return None
         return self.batch_size_for_rows(len(work))
 
-    def _forward(self, batch: int, seq_lens_cpu: list[int]) -> torch.Tensor:
-        """The padded forward over the device buffer's first ``batch`` rows -> logits [b, V]."""
+    @property
+    def captured_sizes(self) -> list[int]:
+        return sorted({batch for batch, _ in self.graphs})
+
+    def context_cap_for(self, seq_lens: list[int]) -> int:
+        """The smallest context cap that holds every sequence of a step."""
+        longest = max(seq_lens)
+        return next(cap for cap in self.context_caps if cap >= longest)
+
+    def _forward(self, batch: int, seq_lens_cpu: list[int], cap: int) -> torch.Tensor:
+        """The padded forward over the device buffer's first ``batch`` rows, planned for
+        contexts up to ``cap`` -> logits [b, V]."""
         x = decode_input_views(self.device_buffer, self.layout, batch)
         meta = AttentionMetadata(
             slot_mapping=x.slot_mapping.long(),
@@ -123,7 +139,7 @@ class DecodeGraphs:
             query_start_loc_cpu=list(range(batch + 1)),
             seq_lens_cpu=seq_lens_cpu,
             max_query_len=1,
-            max_seq_len=self.max_model_len,  # fixes the launch plan for any step of this size
+            max_seq_len=cap,  # fixes the launch plan for any step of this size and cap
             block_size=self.block_size,
         )
         ctx = AttentionContext(meta, self.kv_caches, self.backend, self.model.attention_layers,
@@ -159,15 +175,18 @@ class DecodeGraphs:
             return None
         if not self.graphs:
             seq_lens = self._load(work, batch, pending)
-            return self._forward(batch, seq_lens + [1] * (batch - len(work)))[:len(work)]
+            return self._forward(batch, seq_lens + [1] * (batch - len(work)),
+                                 self.context_cap_for(seq_lens))[:len(work)]
         with torch.cuda.device(self.device):
-            self._load(work, batch, pending)
-            self.graphs[batch].replay()
-        return self._logits[batch][:len(work)]
+            key = (batch, self.context_cap_for(self._load(work, batch, pending)))
+            self.graphs[key].replay()
+        self.last_replayed = key
+        return self._logits[key][:len(work)]
 
     @torch.inference_mode()
     def capture(self, warmup_runs: int = 2) -> None:
-        """Capture one graph per batch size, largest first, into one shared memory pool.
+        """Capture one graph per batch size and context cap, largest first, into one shared
+        memory pool.
 
         Call once the KV cache exists. Inputs during warm-up and capture are all padding rows,
         so nothing is written to the KV cache."""
@@ -185,17 +204,26 @@ class DecodeGraphs:
                 for batch in reversed(self.batch_sizes):
                     self._load([], batch)
                     padding = [1] * batch
-                    for _ in range(warmup_runs):  # compiles Triton kernels, sets up cuBLAS
-                        self._forward(batch, padding)
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=pool, stream=stream):
-                        self._logits[batch] = self._forward(batch, padding)
-                    self.graphs[batch] = graph
+                    logits = None  # one output per batch size ([b, V] float32, the bulk of
+                    for cap in self.context_caps:  # the pool): later caps' graphs copy into it
+                        for _ in range(warmup_runs):  # compiles Triton kernels, sets up cuBLAS
+                            self._forward(batch, padding, cap)
+                        graph = torch.cuda.CUDAGraph()
+                        with torch.cuda.graph(graph, pool=pool, stream=stream):
+                            out = self._forward(batch, padding, cap)
+                            if logits is None:
+                                logits = out
+                            else:
+                                logits.copy_(out)
+                            del out
+                        self._logits[batch, cap] = logits
+                        self.graphs[batch, cap] = graph
             torch.cuda.current_stream(self.device).wait_stream(stream)
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()  # warm-up memory; the graphs' pool stays
             self.capture_bytes = torch.cuda.memory_reserved(self.device) - reserved
         self.capture_seconds = time.perf_counter() - t0
-        logger.info("captured %d decode CUDA graphs (batch %d..%d) in %.1f s, %.0f MiB",
-                    len(self.graphs), self.batch_sizes[0], self.batch_sizes[-1],
+        logger.info("captured %d decode CUDA graphs (batch %d..%d, contexts up to %s) in %.1f s, "
+                    "%.0f MiB", len(self.graphs), self.batch_sizes[0], self.batch_sizes[-1],
+                    " / ".join(map(str, self.context_caps)),
                     self.capture_seconds, self.capture_bytes / 2**20)

@@ -3,6 +3,7 @@
 Runs on a CUDA GPU. Without one, set TRITON_INTERPRET=1 (with triton installed) to run the same
 cases on the CPU through Triton's interpreter (slow: select a few with -k).
 """
+import dataclasses
 import math
 import os
 import random
@@ -161,6 +162,37 @@ def test_decode_only(split_kv, group, block_size, dtype):
     check(backend, *step, dtype)
 
 
+class FixedSegments(TritonAttentionBackend):
+    """Every launch split into num_segments segments of at least segment_tiles tiles."""
+
+    def __init__(self, num_segments, segment_tiles):
+        super().__init__(split_kv=False)
+        self.segments = dict(num_segments=num_segments, segment_tiles=segment_tiles)
+
+    def plan(self, q, kv_cache, meta, sliding_window=None):
+        return dataclasses.replace(super().plan(q, kv_cache, meta, sliding_window),
+                                   **self.segments)
+
+
+@device_test
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
+def test_decode_with_fixed_size_segments(dtype):
+    # Segments of at least 2 tiles: the short sequences use one (written directly, no merge),
+    # the longer ones several, the longest all 8 (then longer than 2 tiles each).
+    contexts = [0, 5, 60, 300, 1000, 2100, 4095, 40]
+    step = make_step([1] * len(contexts), contexts, 8, 2, 128, 16, dtype, seed=17)
+    backend = FixedSegments(8, 2)
+    plan = backend.plan(step[0], step[3], step[4])
+    assert plan.tile * plan.segment_tiles * plan.num_segments < max(contexts)
+    check(backend, *step, dtype)
+
+
+@device_test
+def test_fixed_size_segments_on_mixed_batch_with_window():
+    step = make_step(WINDOW_QUERY, WINDOW_CONTEXT, 4, 2, 32, 16, torch.float32, seed=23)
+    check(FixedSegments(4, 2), *step, torch.float32, 33, 2.0)
+
+
 @device_test
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_split_kv_on_mixed_batch(dtype):
@@ -250,13 +282,20 @@ def test_same_result_as_torch_backend():
     assert ((out - ref).norm() / ref.norm()).item() < 1e-3
 
 
-def test_plan_splits_only_small_long_decodes():
+def test_plan_splits_small_long_decodes_and_long_full_ones():
     common = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, elem_size=2, num_sms=132)
-    assert plan_launch(1, 4096, 1, **common).num_segments == 16
+    one = plan_launch(1, 4096, 1, **common)  # 8 programs: ~1 per SM, each 2 tiles
+    assert (one.num_segments, one.segment_tiles) == (16, 1)
     assert plan_launch(1, 4096, 32, **common).num_segments == 1
     assert plan_launch(1, 4096, 128, **common).num_segments == 1
     assert plan_launch(1, 100, 1, **common).num_segments == 1
     assert plan_launch(512, 4096, 1, **common).num_segments == 1
+    # a full batch that may hold longer contexts: segments of 32 tiles (4096 keys), at most 8
+    long = plan_launch(1, 17341, 32, **common)
+    assert (long.num_segments, long.segment_tiles) == (8, 32)
+    assert plan_launch(1, 4097, 128, **common).num_segments == 2
+    assert plan_launch(1, 131072, 32, **common).num_segments == 8
+    assert plan_launch(2, 17341, 32, **common).num_segments == 1  # not for prefill chunks
     prefill = plan_launch(8192, 8192, 1, **common)
     assert prefill.block_m == 128 and prefill.block_q == 32
 

@@ -61,7 +61,7 @@ def test_fp8_paged_attention_compiles_to_hardware_conversions(max_query_len, num
     plan = plan_launch(max_query_len, 4096, num_seqs, 32, 8, 128, 2, 132, split_kv)
     assert (plan.num_segments > 1) == split_kv
     signature = {"out_ptr": "*bf16", "segm_out_ptr": "*fp32", "segm_max_ptr": "*fp32",
-                 "segm_sum_ptr": "*fp32", "q_ptr": "*bf16", "k_cache_ptr": "*fp8e4nv",
+                 "segm_sum_ptr": "*fp32", "segm_count_ptr": "*i32", "q_ptr": "*bf16", "k_cache_ptr": "*fp8e4nv",
                  "v_cache_ptr": "*fp8e4nv", "block_tables_ptr": "*i32", "seq_lens_ptr": "*i32",
                  "query_start_loc_ptr": "*i32", "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32",
                  "qk_scale": "fp32", "softcap_log2": "fp32", "window": "i32", "num_seqs": "i32"}
@@ -70,7 +70,8 @@ def test_fp8_paged_attention_compiles_to_hardware_conversions(max_query_len, num
         "stride_k_head", "stride_v_blk", "stride_v_off", "stride_v_head", "stride_bt")})
     constexprs = dict(NUM_Q_HEADS=32, GROUP=4, HEAD_DIM=128, HEAD_DIM_PAD=128, BLOCK_SIZE=64,
                       TILE=plan.tile, BLOCK_M=plan.block_m, BLOCK_Q=plan.block_q,
-                      NUM_SEGMENTS=plan.num_segments, SLIDING=True, SOFTCAP=True, KV_FP8=True,
+                      NUM_SEGMENTS=plan.num_segments, SEGMENT_TILES=plan.segment_tiles,
+                      DECODE_ONLY=max_query_len == 1, SLIDING=True, SOFTCAP=True, KV_FP8=True,
                       DOT_PRECISION="tf32")
     ptx = compile_ptx(_paged_attention_kernel, signature, constexprs, plan.num_warps,
                       plan.num_stages)

@@ -2,6 +2,7 @@
 eager (padded, not captured) engines give identical greedy outputs, the torch backend stays
 unpadded."""
 import importlib.util
+import random
 
 import pytest
 import torch
@@ -23,7 +24,7 @@ def test_replay_equals_the_padded_and_the_unpadded_forward():
                                     num_gpu_blocks=256, max_num_seqs=16, max_model_len=1024)
     runner = engine.runner
     graphs = runner.decode_graphs
-    assert sorted(graphs.graphs) == capture_sizes(16) == [1, 2, 4, 8, 16]
+    assert graphs.captured_sizes == capture_sizes(16) == [1, 2, 4, 8, 16]
     runner.kv_cache.normal_()  # a cache full of keys and values
     eager = DecodeGraphs(runner.model, runner.kv_caches, runner.backend, runner.block_size,
                          1024, graphs.batch_sizes, runner.device)
@@ -39,6 +40,34 @@ def test_replay_equals_the_padded_and_the_unpadded_forward():
     assert graphs.run(decode_work([3] * 17, 16)) is None  # above the largest size: eager
 
 
+@torch.inference_mode()
+def test_steps_replay_the_graph_planned_for_their_longest_context(monkeypatch):
+    # Balanced segments above 256 keys (4096 in the engine), so that a tiny model has both caps:
+    # at batch 40 (80 programs) a step over longer contexts splits them, a short one does not.
+    from hifc.layers import triton_attention
+    monkeypatch.setattr(triton_attention, "BALANCED_SEGMENT_KEYS", 256)
+    engine = LLMEngine.from_options(MODEL, device="cuda", dtype="float32", block_size=16,
+                                    num_gpu_blocks=4096, max_num_seqs=40, max_model_len=1024)
+    runner = engine.runner
+    graphs = runner.decode_graphs
+    assert graphs.context_caps == [256, 1024]
+    assert len(graphs.graphs) == 2 * len(graphs.batch_sizes)
+    runner.kv_cache.normal_()
+    eager = DecodeGraphs(runner.model, runner.kv_caches, runner.backend, runner.block_size,
+                         1024, graphs.batch_sizes, runner.device)
+    rng = random.Random(0)
+    for lens, key in [([200] * 40, (40, 256)), ([256] * 39 + [257], (40, 1024)),
+                      ([rng.randrange(1, 1024) for _ in range(37)], (40, 1024)),
+                      ([5, 900, 17], (4, 1024)), ([5, 90, 17], (4, 256))]:
+        work = decode_work(lens, 16, seed=len(lens))
+        replayed = graphs.run(work).clone()
+        assert graphs.last_replayed == key
+        padded = eager.run(work)
+        unpadded = runner.eager_logits(work)
+        torch.testing.assert_close(replayed, padded, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(replayed, unpadded, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("model", ["random:tiny-llama", "random:tiny-qwen2"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("max_num_seqs", [12, 5])  # 5: admissions mix prefill into decode
@@ -51,7 +80,7 @@ def test_graph_and_eager_engines_give_identical_greedy_outputs(model, dtype, max
     assert not eager.engine.runner.decode_graphs.graphs  # padded like the graphs, not captured
     expected = output_tokens(eager, prompts, params)
     graphed = LLM(model, **common)
-    assert sorted(graphed.engine.runner.decode_graphs.graphs) == capture_sizes(max_num_seqs)
+    assert graphed.engine.runner.decode_graphs.captured_sizes == capture_sizes(max_num_seqs)
     assert output_tokens(graphed, prompts, params) == expected
     stats = graphed.stats()
     assert 0 < stats["graph_decode_steps"] < stats["steps"]

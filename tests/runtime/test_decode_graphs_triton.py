@@ -139,10 +139,45 @@ def test_graph_decode_with_fp8_cache(split):
     assert err < TOLERANCE[torch.float32], f"relative error {err:.2e}"
 
 
-def test_graph_plans_depend_only_on_the_batch_size():
-    """Split-KV for small batches, fixed by max_model_len: the plan a graph captures."""
-    plans = {b: plan_launch(1, 32768, b, 32, 8, 128, 2, H200_SMS) for b in (1, 2, 4, 8, 16)}
-    assert [plans[b].num_segments for b in (1, 2, 4, 8, 16)] == [16, 8, 4, 2, 1]
+def test_graph_plans_depend_only_on_the_batch_size_and_cap():
+    """Split-KV for small batches, balanced segments for larger ones over long contexts, fixed
+    by the graph's context cap: the plans graphs capture."""
+    sizes = (1, 2, 4, 8, 16, 128)
+    plans = {b: plan_launch(1, 32768, b, 32, 8, 128, 2, H200_SMS) for b in sizes}
+    assert [plans[b].num_segments for b in sizes] == [16, 8, 4, 2, 8, 8]
+    assert [plans[b].segment_tiles for b in sizes] == [1, 1, 1, 1, 32, 32]
+    short = {b: plan_launch(1, 4096, b, 32, 8, 128, 2, H200_SMS) for b in sizes}
+    assert [short[b].num_segments for b in sizes] == [16, 8, 4, 2, 1, 1]
+    assert TritonAttentionBackend().graph_context_caps(32768) == [4096, 32768]
+    assert TritonAttentionBackend().graph_context_caps(4096) == [4096]
+    assert TritonAttentionBackend(split_kv=False).graph_context_caps(32768) == [32768]
+
+
+@pytest.mark.skipif(DEVICE == "cpu", reason="40 sequences of up to 9k keys: GPU only")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_balanced_segments_under_a_graph_plan(dtype):
+    """A padded decode step of 37 sequences of 1 to 9,000 keys under the plan of a 32k cap at
+    batch 40 (balanced segments): padding rows write nothing, real rows match the reference."""
+    import random
+    rng = random.Random(3)
+    seq_lens = [1, 4096, 4097, 9000] + [rng.randrange(1, 9000) for _ in range(33)]
+    batch, max_model_len = 40, 32768
+    q, k, v, kv_cache, graph_meta, real_meta = padded_step(
+        seq_lens, batch, max_model_len, 16, 8, 2, 128, dtype, seed=4)
+    plan = plan_launch(1, max_model_len, batch, 8, 2, 128, q.element_size(), H200_SMS)
+    assert plan.num_segments > 1 and plan.segment_tiles > 1
+    n = len(seq_lens)
+    ref_cache = kv_cache.clone()
+    write_kv_cache(k[:n], v[:n], ref_cache, real_meta.slot_mapping)
+    ref = reference_paged_attention(q[:n].float(), ref_cache.float(), real_meta,
+                                    1 / math.sqrt(128))
+    triton_write_kv_cache(k, v, kv_cache, graph_meta.slot_mapping)
+    assert torch.equal(kv_cache, ref_cache), "padding rows must not write the cache"
+    out = torch.full_like(q, float("nan"))
+    paged_attention(q, kv_cache, graph_meta, 1 / math.sqrt(128), plan, out)
+    assert torch.isfinite(out).all()
+    err = ((out[:n].float() - ref).norm() / ref.norm()).item()
+    assert err < TOLERANCE[dtype], f"relative error {err:.2e}"
 
 
 @pytest.mark.slow
