@@ -3,6 +3,7 @@ max_model_len, actual lengths read from device memory, padding rows. Runs on a C
 the CPU through Triton's interpreter with TRITON_INTERPRET=1 (fp32 only there)."""
 import math
 import os
+import random
 
 import numpy as np
 import pytest
@@ -82,14 +83,20 @@ def test_plan_from_max_model_len_reads_actual_lengths(seq_lens, batch, dtype, sp
     plan = plan_launch(1, max_model_len, batch, 4, 2, 32, q.element_size(), H200_SMS,
                        split_kv=split)
     assert (plan.num_segments > 1) == split
+    check_padded_step(q, k, v, kv_cache, graph_meta, real_meta, plan, n, dtype)
+
+
+def check_padded_step(q, k, v, kv_cache, graph_meta, real_meta, plan, n, dtype):
+    """The first n rows are real: padding rows write no K/V and read initialised keys only,
+    real rows match the reference."""
+    scale = 1 / math.sqrt(q.shape[-1])
     ref_cache = kv_cache.clone()
     write_kv_cache(k[:n], v[:n], ref_cache, real_meta.slot_mapping)
-    ref = reference_paged_attention(q[:n].float(), ref_cache.float(), real_meta,
-                                    1 / math.sqrt(32))
+    ref = reference_paged_attention(q[:n].float(), ref_cache.float(), real_meta, scale)
     triton_write_kv_cache(k, v, kv_cache, graph_meta.slot_mapping)
     assert torch.equal(kv_cache, ref_cache), "padding rows must not write the cache"
     out = torch.full_like(q, float("nan"))
-    paged_attention(q, kv_cache, graph_meta, 1 / math.sqrt(32), plan, out)
+    paged_attention(q, kv_cache, graph_meta, scale, plan, out)
     assert torch.isfinite(out).all(), "padding rows must read initialised keys only"
     err = ((out[:n].float() - ref).norm() / ref.norm()).item()
     assert err < TOLERANCE[dtype], f"relative error {err:.2e}"
@@ -157,8 +164,7 @@ def test_graph_plans_depend_only_on_the_batch_size_and_cap():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_balanced_segments_under_a_graph_plan(dtype):
     """A padded decode step of 37 sequences of 1 to 9,000 keys under the plan of a 32k cap at
-    batch 40 (balanced segments): padding rows write nothing, real rows match the reference."""
-    import random
+    batch 40 (balanced segments)."""
     rng = random.Random(3)
     seq_lens = [1, 4096, 4097, 9000] + [rng.randrange(1, 9000) for _ in range(33)]
     batch, max_model_len = 40, 32768
@@ -166,18 +172,7 @@ def test_balanced_segments_under_a_graph_plan(dtype):
         seq_lens, batch, max_model_len, 16, 8, 2, 128, dtype, seed=4)
     plan = plan_launch(1, max_model_len, batch, 8, 2, 128, q.element_size(), H200_SMS)
     assert plan.num_segments > 1 and plan.segment_tiles > 1
-    n = len(seq_lens)
-    ref_cache = kv_cache.clone()
-    write_kv_cache(k[:n], v[:n], ref_cache, real_meta.slot_mapping)
-    ref = reference_paged_attention(q[:n].float(), ref_cache.float(), real_meta,
-                                    1 / math.sqrt(128))
-    triton_write_kv_cache(k, v, kv_cache, graph_meta.slot_mapping)
-    assert torch.equal(kv_cache, ref_cache), "padding rows must not write the cache"
-    out = torch.full_like(q, float("nan"))
-    paged_attention(q, kv_cache, graph_meta, 1 / math.sqrt(128), plan, out)
-    assert torch.isfinite(out).all()
-    err = ((out[:n].float() - ref).norm() / ref.norm()).item()
-    assert err < TOLERANCE[dtype], f"relative error {err:.2e}"
+    check_padded_step(q, k, v, kv_cache, graph_meta, real_meta, plan, len(seq_lens), dtype)
 
 
 @pytest.mark.slow
