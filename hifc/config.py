@@ -71,6 +71,10 @@ class EngineConfig:
     enable_chunked_prefill: bool = option(
         True, "prefill long prompts in chunks that share each step's token budget with the "
         "decoding sequences")
+    long_prefill_token_threshold: int = option(
+        0, "with chunked prefill, the most tokens one sequence prefills in a step (0: no cap "
+        "beyond max_num_batched_tokens): a long prompt spreads over more, shorter steps, so "
+        "the sequences decoding beside it keep a short time per output token")
     preemption: str | None = option(
         None, "recompute, swap or auto (default: swap when a tier is set)",
         choices=PREEMPTION_MODES)
@@ -111,6 +115,14 @@ class EngineConfig:
         for name in ("enforce_eager", "enable_prefix_caching", "enable_chunked_prefill"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if isinstance(self.long_prefill_token_threshold, bool) \
+                or not isinstance(self.long_prefill_token_threshold, int) \
+                or self.long_prefill_token_threshold < 0:
+            raise ValueError(f"long_prefill_token_threshold must be a non-negative integer, "
+                             f"got {self.long_prefill_token_threshold!r}")
+        if self.long_prefill_token_threshold and not self.enable_chunked_prefill:
+            raise ValueError("long_prefill_token_threshold needs enable_chunked_prefill: "
+                             "without it a prompt is prefilled in one step")
         if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
             raise ValueError(f"async_scheduling must be True, False or None (auto), "
                              f"got {self.async_scheduling!r}")

@@ -3,7 +3,8 @@
     PYTHONPATH=$PWD python3 scripts/gpu_chunked_prefill.py --json OUT/chunked_prefill.json
     PYTHONPATH=$PWD python3 scripts/gpu_chunked_prefill.py --device cpu     # smoke run, tiny
 
-stall: per mode (chunked prefill off, then on with each budget of --budgets), one engine
+stall: per mode (--modes: chunked prefill off, then on with each budget, or budget:threshold
+for a long_prefill_token_threshold beside the budget), one engine
 (random:ds-r1-llama-8b, bf16, Triton, decode CUDA graphs). 32 sequences with ~1k-token prompts
 decode; after --warm-steps decode steps a 32k-token prompt is added. Every step's outputs time
 the decoders' tokens: the inter-token latency of the 32 decoders from the long prompt's arrival
@@ -52,7 +53,7 @@ class Sizes:
     warm_steps: int
     long_prompt: int
     long_tokens: int
-    budgets: tuple[int, ...]
+    modes: tuple[str, ...]  # "off", "<budget>" or "<budget>:<long_prefill_token_threshold>"
     parity_model_cases: tuple[tuple[str, str, str], ...]  # (name, model, dtype)
     parity_groups: int
     parity_per_group: int
@@ -65,7 +66,7 @@ class Sizes:
 
 GPU = Sizes(model="random:ds-r1-llama-8b", dtype="bfloat16", block_size=64, kv_cache_gib=24.0,
             decoders=32, decoder_prompt=1024, decoder_tokens=160, warm_steps=16,
-            long_prompt=32768, long_tokens=8, budgets=(512, 2048),
+            long_prompt=32768, long_tokens=8, modes=("off", "512", "2048"),
             # bf16 matmuls round by batch shape and random weights tie often: the float32 run
             # is the correctness signal
             parity_model_cases=(("8b bf16", "random:ds-r1-llama-8b", "bfloat16"),
@@ -74,7 +75,7 @@ GPU = Sizes(model="random:ds-r1-llama-8b", dtype="bfloat16", block_size=64, kv_c
             parity_tokens=32, parity_budget=512, hit_prompt=8192)
 CPU = Sizes(model="random:tiny-llama", dtype="float32", block_size=16, kv_cache_gib=0.05,
             decoders=4, decoder_prompt=64, decoder_tokens=40, warm_steps=4,
-            long_prompt=512, long_tokens=4, budgets=(64,),
+            long_prompt=512, long_tokens=4, modes=("off", "64", "256:32"),
             parity_model_cases=(("tiny-llama fp32", "random:tiny-llama", "float32"),),
             parity_groups=2, parity_per_group=2, parity_prefix=48, parity_tail=(5, 60),
             parity_tokens=8, parity_budget=32, hit_prompt=256)
@@ -135,21 +136,25 @@ def stall_scenario(engine: LLMEngine, sizes: Sizes, seed: int, tag: str) -> dict
 
 def run_stall(args, sizes: Sizes) -> list[dict]:
     rows = []
-    modes = [("off", None)] + [("on", b) for b in sizes.budgets]
-    for mode, budget in modes:
-        chunked = budget is not None
+    for mode in sizes.modes:
+        chunked = mode != "off"
+        budget, _, threshold = mode.partition(":")
         model_len = sizes.long_prompt + sizes.long_tokens + sizes.block_size
+        budget = int(budget) if chunked else model_len
+        threshold = int(threshold or 0)
         options = dict(device=args.device, dtype=sizes.dtype, block_size=sizes.block_size,
                        kv_cache_gib=sizes.kv_cache_gib, max_model_len=model_len,
                        max_num_seqs=sizes.decoders + 8, enable_chunked_prefill=chunked,
-                       max_num_batched_tokens=budget if chunked else model_len)
+                       max_num_batched_tokens=budget, long_prefill_token_threshold=threshold)
         engine = LLMEngine.from_options(sizes.model, **options)
         stall_scenario(engine, sizes, seed=1000, tag="warm")  # compiles every kernel plan
-        row = {"chunked_prefill": mode, "budget": budget or model_len,
+        row = {"chunked_prefill": "on" if chunked else "off", "budget": budget,
+               "long_prefill_token_threshold": threshold,
                **stall_scenario(engine, sizes, seed=1, tag="run"),
                "released": released(engine)}
         rows.append(row)
-        print(f"chunked {mode:<3} budget {row['budget']:>6}  ITL median "
+        print(f"chunked {row['chunked_prefill']:<3} budget {budget:>6} threshold {threshold:>5}"
+              f"  ITL median "
               f"{row['itl_median_ms']:7.2f} ms  p99 {row['itl_p99_ms']:8.2f} ms  max "
               f"{row['itl_max_ms']:8.2f} ms  p99/median {row['p99_over_median']:5.2f}  "
               f"decode step {row['decode_step_median_ms']:6.2f} ms  long prompt TTFT "
@@ -263,13 +268,14 @@ def main() -> int:
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                         help="cpu: a smoke run on tiny presets")
     parser.add_argument("--parts", default="stall,parity,hit")
-    parser.add_argument("--budgets", help="chunked prefill budgets of the stall part, comma-"
-                        "separated (default 512,2048 on cuda)")
+    parser.add_argument("--modes", help="the stall part's modes, comma-separated: off, a "
+                        "chunked prefill budget, or budget:long_prefill_token_threshold "
+                        "(default off,512,2048 on cuda)")
     parser.add_argument("--json")
     args = parser.parse_args()
     sizes = GPU if args.device == "cuda" else CPU
-    if args.budgets:
-        sizes = dataclasses.replace(sizes, budgets=tuple(int(b) for b in args.budgets.split(",")))
+    if args.modes:
+        sizes = dataclasses.replace(sizes, modes=tuple(args.modes.split(",")))
     if args.device == "cuda":
         import torch
         if not torch.cuda.is_available():

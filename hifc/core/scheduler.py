@@ -6,7 +6,8 @@ a sequence samples its next token only in the step that computes its last known 
 
 1. Running sequences: decodes first (one token each), then the prompts being prefilled, in
    admission order, each with a chunk of what is left of the budget (the whole rest of the
-   prompt without chunked prefill, or nothing this step if it does not fit). When the pool has
+   prompt without chunked prefill, or nothing this step if it does not fit; with
+   ``long_prefill_token_threshold``, no chunk longer than that). When the pool has
    no block for a sequence, the newest running sequence not yet scheduled in this step is
    preempted until it fits. The sequence sits out the step instead when a swap-out in flight
    will release enough blocks, or when it is itself the newest and is prefilling (it keeps
@@ -163,7 +164,8 @@ class Scheduler(SwapMixin):
     def _chunk(self, num_to_compute: int, budget: int) -> int:
         """Tokens to compute in this step out of ``num_to_compute`` (0: none this step)."""
         if self.limits.chunked_prefill:
-            return min(num_to_compute, budget)
+            cap = self.limits.long_prefill_token_threshold
+            return min(num_to_compute, budget, cap if cap > 0 else budget)
         return num_to_compute if num_to_compute <= budget else 0
 
     def _schedule_running(self, out: SchedulerOutput) -> tuple[int, bool]:

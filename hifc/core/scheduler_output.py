@@ -86,3 +86,4 @@ class SchedulerLimits:
     max_num_batched_tokens: int
     max_model_len: int
     chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0  # the most tokens a sequence prefills per step (0: any)

@@ -152,7 +152,8 @@ class LLMEngine:
         store = self._store_level() if self._uses_prefix_store() else None
         self.scheduler = Scheduler(
             SchedulerLimits(config.max_num_seqs, self.limits.max_num_batched_tokens,
-                            self.limits.max_model_len, config.enable_chunked_prefill),
+                            self.limits.max_model_len, config.enable_chunked_prefill,
+                            config.long_prefill_token_threshold),
             self.kv_manager, self.preemption, self.tier, store)
         swapper = (KVSwapper(self.tier, kv_cache, self.model_salt if store else None)
                    if self.tier else None)

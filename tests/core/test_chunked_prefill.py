@@ -34,6 +34,24 @@ def test_decodes_go_first_and_keep_decoding_while_a_prompt_is_chunked():
     assert len(seqs["d"].output_token_ids) == 4 and seqs["p"].output_token_ids == [5]
 
 
+def test_long_prefill_token_threshold_caps_each_sequence_chunk():
+    # budget 64, threshold 12: two prompts take 12-token chunks side by side, the decode its
+    # token; a short prompt under the cap goes whole
+    sched, kv = make_scheduler(budget=64, max_len=256, num_blocks=32, long_prefill=12)
+    seqs = {"d": make_seq("d", 4, max_tokens=20)}
+    sched.add(seqs["d"])
+    assert shape(run_step(sched, seqs)) == [("d", 0, 4, True)]
+    for rid, n in (("p", 30), ("q", 20), ("s", 5)):
+        seqs[rid] = make_seq(rid, n, max_tokens=2, arrival=1)
+        sched.add(seqs[rid])
+    steps = [shape(run_step(sched, seqs)) for _ in range(3)]
+    assert steps == [[("d", 4, 1, True), ("p", 0, 12, False), ("q", 0, 12, False),
+                      ("s", 0, 5, True)],
+                     [("d", 5, 1, True), ("s", 5, 1, True), ("p", 12, 12, False),
+                      ("q", 12, 8, True)],
+                     [("d", 6, 1, True), ("q", 20, 1, True), ("p", 24, 6, True)]]
+
+
 def test_without_chunking_a_prompt_waits_for_a_budget_that_holds_it_whole():
     sched, kv = make_scheduler(budget=40, max_len=40, chunked=False)
     seqs = {"a1": make_seq("a1", 5, max_tokens=3), "a2": make_seq("a2", 5, max_tokens=3),

@@ -23,6 +23,26 @@ def test_prompts_longer_than_the_budget_are_chunked_with_the_same_outputs():
     assert chunked.stats()["steps"] >= n_prompt // 24 > whole.stats()["steps"]
 
 
+def test_long_prefill_token_threshold_gives_the_same_outputs_in_more_steps():
+    prompts = random_prompts(4, (40, 300), seed=6)
+    common = dict(device="cpu", block_size=16, num_gpu_blocks=128, enable_prefix_caching=False)
+    plain = LLM(TINY, **common)
+    capped = LLM(TINY, long_prefill_token_threshold=16, **common)
+    assert output_tokens(capped, prompts, PARAMS) == output_tokens(plain, prompts, PARAMS)
+    longest = max(map(len, prompts))
+    assert capped.stats()["steps"] >= -(-longest // 16) + PARAMS.max_tokens - 1
+    assert capped.stats()["steps"] > plain.stats()["steps"]
+
+
+def test_long_prefill_token_threshold_is_checked():
+    with pytest.raises(ValueError, match="long_prefill_token_threshold must be a non-negative"):
+        LLM(TINY, device="cpu", num_gpu_blocks=64, long_prefill_token_threshold=-1)
+    with pytest.raises(ValueError, match="long_prefill_token_threshold needs "
+                                         "enable_chunked_prefill"):
+        LLM(TINY, device="cpu", num_gpu_blocks=64, long_prefill_token_threshold=64,
+            enable_chunked_prefill=False)
+
+
 def test_default_budget_with_chunked_prefill():
     llm = LLM(TINY, device="cpu", block_size=16, num_gpu_blocks=128, max_num_seqs=9000)
     assert llm.engine.limits.max_num_batched_tokens == 9000  # a decode token for each
