@@ -158,9 +158,17 @@ class AttentionBackend(Protocol):
         kv_scale: the K and V scales ([2, Hkv] float32) of a float8 cache, else None."""
         ...
 
+    def graph_context_caps(self, max_model_len: int) -> list[int]:
+        """The longest contexts a padded decode step is planned for, ascending, the last
+        max_model_len: a step runs planned for the smallest that holds its sequences."""
+        ...
+
 
 class TorchAttentionBackend:
     """Runs anywhere; the reference the Triton kernels are checked against."""
+
+    def graph_context_caps(self, max_model_len: int) -> list[int]:
+        return [max_model_len]  # it plans nothing
 
     def forward(self, q, k, v, kv_cache, meta, scale, sliding_window=None, logit_softcap=None,
                 kv_scale=None):

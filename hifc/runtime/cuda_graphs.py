@@ -100,8 +100,7 @@ class DecodeGraphs:
         self.device_buffer = (torch.zeros(self.layout.numel, dtype=torch.int32, device=device)
                               if pin else self.host_buffer)
         self._copied = torch.cuda.Event() if pin else None  # host buffer free again
-        caps = getattr(backend, "graph_context_caps", None)
-        self.context_caps = caps(max_model_len) if caps is not None else [max_model_len]
+        self.context_caps = backend.graph_context_caps(max_model_len)
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (batch, cap) -> graph
         self._logits: dict[tuple[int, int], torch.Tensor] = {}  # graph outputs [b, V] float32
         self.last_replayed: tuple[int, int] | None = None
