@@ -96,10 +96,7 @@ class EngineConfig:
         check_choice("block_size", self.block_size, BLOCK_SIZES)
         check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         _positive_int("max_num_seqs", self.max_num_seqs)
-        if isinstance(self.max_logprobs, bool) or not isinstance(self.max_logprobs, int) \
-                or self.max_logprobs < 0:
-            raise ValueError(f"max_logprobs must be a non-negative integer, "
-                             f"got {self.max_logprobs!r}")
+        _non_negative_int("max_logprobs", self.max_logprobs)
         for name in ("max_model_len", "max_num_batched_tokens", "num_gpu_blocks"):
             if getattr(self, name) is not None:
                 _positive_int(name, getattr(self, name))
@@ -115,11 +112,7 @@ class EngineConfig:
         for name in ("enforce_eager", "enable_prefix_caching", "enable_chunked_prefill"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        if isinstance(self.long_prefill_token_threshold, bool) \
-                or not isinstance(self.long_prefill_token_threshold, int) \
-                or self.long_prefill_token_threshold < 0:
-            raise ValueError(f"long_prefill_token_threshold must be a non-negative integer, "
-                             f"got {self.long_prefill_token_threshold!r}")
+        _non_negative_int("long_prefill_token_threshold", self.long_prefill_token_threshold)
         if self.long_prefill_token_threshold and not self.enable_chunked_prefill:
             raise ValueError("long_prefill_token_threshold needs enable_chunked_prefill: "
                              "without it a prompt is prefilled in one step")
@@ -189,3 +182,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
 def _positive_int(name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _non_negative_int(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")

@@ -91,13 +91,12 @@ class TPDriver:
         self._outcomes[order.job_id] = []
 
     def collect(self) -> None:
-        if self.lost is None and (self._orders or any(len(o) < self.size - 1
-                                                      for o in self._outcomes.values())):
-            self._send(Command(orders=self._take_orders(), reply=True))
+        if self._orders or any(len(o) < self.size - 1 for o in self._outcomes.values()):
+            self._send_to_peers(Command(orders=self._take_orders(), reply=True))
 
     def request_wait(self, job_id: int, timeout: float | None) -> None:
-        if self.lost is None:
-            self._send(Command(orders=self._take_orders(), wait=(job_id, timeout), reply=True))
+        self._send_to_peers(Command(orders=self._take_orders(), wait=(job_id, timeout),
+                                    reply=True))
 
     def tracks(self, job_id: int) -> bool:
         return self.lost is None and job_id in self._outcomes
@@ -114,13 +113,16 @@ class TPDriver:
         return self._outcomes.pop(job_id)
 
     def cancel_queued(self) -> None:
-        if self.lost is None:
-            self._send(Command(orders=self._take_orders(), cancel_queued=True))
+        self._send_to_peers(Command(orders=self._take_orders(), cancel_queued=True))
 
     def close(self) -> None:
         """TierPeers: every job ended; the workers release their movers."""
+        self._send_to_peers(Command(close_tier=True))
+
+    def _send_to_peers(self, command: Command) -> None:
+        """A tier command: dropped once a worker is lost."""
         if self.lost is None:
-            self._send(Command(close_tier=True))
+            self._send(command)
 
     # -- the rest ------------------------------------------------------------------------------
     def _take_orders(self) -> tuple[IOOrder, ...]:

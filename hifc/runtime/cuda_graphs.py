@@ -102,7 +102,8 @@ class DecodeGraphs:
         self._copied = torch.cuda.Event() if pin else None  # host buffer free again
         self.context_caps = backend.graph_context_caps(max_model_len)
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (batch, cap) -> graph
-        self._logits: dict[tuple[int, int], torch.Tensor] = {}  # graph outputs [b, V] float32
+        # batch size -> its graphs' output [b, V] float32 (one buffer for every cap)
+        self._logits: dict[int, torch.Tensor] = {}
         self.last_replayed: tuple[int, int] | None = None
         self.capture_seconds = 0.0
         self.capture_bytes = 0  # device memory the graphs' pool holds after capture
@@ -180,7 +181,7 @@ class DecodeGraphs:
             key = (batch, self.context_cap_for(self._load(work, batch, pending)))
             self.graphs[key].replay()
         self.last_replayed = key
-        return self._logits[key][:len(work)]
+        return self._logits[batch][:len(work)]
 
     @torch.inference_mode()
     def capture(self, warmup_runs: int = 2) -> None:
@@ -203,19 +204,19 @@ class DecodeGraphs:
                 for batch in reversed(self.batch_sizes):
                     self._load([], batch)
                     padding = [1] * batch
-                    logits = None  # one output per batch size ([b, V] float32, the bulk of
-                    for cap in self.context_caps:  # the pool): later caps' graphs copy into it
+                    for cap in self.context_caps:
                         for _ in range(warmup_runs):  # compiles Triton kernels, sets up cuBLAS
                             self._forward(batch, padding, cap)
                         graph = torch.cuda.CUDAGraph()
                         with torch.cuda.graph(graph, pool=pool, stream=stream):
                             out = self._forward(batch, padding, cap)
-                            if logits is None:
-                                logits = out
+                            # one output per batch size (logits are the bulk of the pool): the
+                            # later caps' graphs copy into the first one's
+                            if batch in self._logits:
+                                self._logits[batch].copy_(out)
                             else:
-                                logits.copy_(out)
+                                self._logits[batch] = out
                             del out
-                        self._logits[batch, cap] = logits
                         self.graphs[batch, cap] = graph
             torch.cuda.current_stream(self.device).wait_stream(stream)
             torch.cuda.synchronize(self.device)
