@@ -75,6 +75,12 @@ class EngineConfig:
         0, "with chunked prefill, the most tokens one sequence prefills in a step (0: no cap "
         "beyond max_num_batched_tokens): a long prompt spreads over more, shorter steps, so "
         "the sequences decoding beside it keep a short time per output token")
+    prefill_attention_budget: int = option(
+        0, "with chunked prefill, the most query-key pairs the prompt chunks of one step attend "
+        "over, summed (0: no limit; else at least max_model_len): a chunk of n tokens after c "
+        "computed ones attends over n*c + n*(n+1)/2 pairs, so chunks shrink as a long prompt "
+        "advances and each step's attention work stays within the budget, keeping the time "
+        "per output token of the sequences decoding beside it even")
     preemption: str | None = option(
         None, "recompute, swap or auto (default: swap when a tier is set)",
         choices=PREEMPTION_MODES)
@@ -112,10 +118,11 @@ class EngineConfig:
         for name in ("enforce_eager", "enable_prefix_caching", "enable_chunked_prefill"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        _non_negative_int("long_prefill_token_threshold", self.long_prefill_token_threshold)
-        if self.long_prefill_token_threshold and not self.enable_chunked_prefill:
-            raise ValueError("long_prefill_token_threshold needs enable_chunked_prefill: "
-                             "without it a prompt is prefilled in one step")
+        for name in ("long_prefill_token_threshold", "prefill_attention_budget"):
+            _non_negative_int(name, getattr(self, name))
+            if getattr(self, name) and not self.enable_chunked_prefill:
+                raise ValueError(f"{name} needs enable_chunked_prefill: without it a prompt is "
+                                 "prefilled in one step")
         if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
             raise ValueError(f"async_scheduling must be True, False or None (auto), "
                              f"got {self.async_scheduling!r}")

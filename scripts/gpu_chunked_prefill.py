@@ -4,12 +4,13 @@
     PYTHONPATH=$PWD python3 scripts/gpu_chunked_prefill.py --device cpu     # smoke run, tiny
 
 stall: per mode (--modes: chunked prefill off, then on with each budget, or budget:threshold
-for a long_prefill_token_threshold beside the budget), one engine
+for a long_prefill_token_threshold beside the budget, or budget:threshold:pairs for a
+prefill_attention_budget too), one engine
 (random:ds-r1-llama-8b, bf16, Triton, decode CUDA graphs). 32 sequences with ~1k-token prompts
 decode; after --warm-steps decode steps a 32k-token prompt is added. Every step's outputs time
 the decoders' tokens: the inter-token latency of the 32 decoders from the long prompt's arrival
-to their end (median, p99, max, p99/median: today's one-step prefill stalls them all for one
-long step), the median step with decodes only, and the long prompt's TTFT. Each mode first runs
+to their end (median, p99, max, p99/median: a one-step prefill stalls them all for one long
+step), the median step with decodes only and p99 over it, and the long prompt's TTFT. Each mode first runs
 the same scenario on other random prompts, untimed, so that Triton compiles every kernel plan
 before the clock starts.
 
@@ -53,7 +54,7 @@ class Sizes:
     warm_steps: int
     long_prompt: int
     long_tokens: int
-    modes: tuple[str, ...]  # "off", "<budget>" or "<budget>:<long_prefill_token_threshold>"
+    modes: tuple[str, ...]  # "off", "<budget>", "<budget>:<threshold>[:<attention pairs>]"
     parity_model_cases: tuple[tuple[str, str, str], ...]  # (name, model, dtype)
     parity_groups: int
     parity_per_group: int
@@ -75,7 +76,7 @@ GPU = Sizes(model="random:ds-r1-llama-8b", dtype="bfloat16", block_size=64, kv_c
             parity_tokens=32, parity_budget=512, hit_prompt=8192)
 CPU = Sizes(model="random:tiny-llama", dtype="float32", block_size=16, kv_cache_gib=0.05,
             decoders=4, decoder_prompt=64, decoder_tokens=40, warm_steps=4,
-            long_prompt=512, long_tokens=4, modes=("off", "64", "256:32"),
+            long_prompt=512, long_tokens=4, modes=("off", "64", "256:32", "256:0:4096"),
             parity_model_cases=(("tiny-llama fp32", "random:tiny-llama", "float32"),),
             parity_groups=2, parity_per_group=2, parity_prefix=48, parity_tail=(5, 60),
             parity_tokens=8, parity_budget=32, hit_prompt=256)
@@ -130,6 +131,7 @@ def stall_scenario(engine: LLMEngine, sizes: Sizes, seed: int, tag: str) -> dict
             "itl_samples": len(gaps),
             "p99_over_median": quantile(gaps, 0.99) / statistics.median(gaps),
             "decode_step_median_ms": 1e3 * statistics.median(decode_only),
+            "p99_over_decode_step": quantile(gaps, 0.99) / statistics.median(decode_only),
             "steps_while_prefilling": sum(p for _, p in step_kinds),
             "long_ttft_s": long_first - long_added}
 
@@ -138,26 +140,28 @@ def run_stall(args, sizes: Sizes) -> list[dict]:
     rows = []
     for mode in sizes.modes:
         chunked = mode != "off"
-        budget, _, threshold = mode.partition(":")
+        budget, threshold, pairs = (mode.split(":") + ["0", "0"])[:3]
         model_len = sizes.long_prompt + sizes.long_tokens + sizes.block_size
         budget = int(budget) if chunked else model_len
-        threshold = int(threshold or 0)
+        threshold, pairs = int(threshold), int(pairs)
         options = dict(device=args.device, dtype=sizes.dtype, block_size=sizes.block_size,
                        kv_cache_gib=sizes.kv_cache_gib, max_model_len=model_len,
                        max_num_seqs=sizes.decoders + 8, enable_chunked_prefill=chunked,
-                       max_num_batched_tokens=budget, long_prefill_token_threshold=threshold)
+                       max_num_batched_tokens=budget, long_prefill_token_threshold=threshold,
+                       prefill_attention_budget=pairs)
         engine = LLMEngine.from_options(sizes.model, **options)
         stall_scenario(engine, sizes, seed=1000, tag="warm")  # compiles every kernel plan
         row = {"chunked_prefill": "on" if chunked else "off", "budget": budget,
-               "long_prefill_token_threshold": threshold,
+               "long_prefill_token_threshold": threshold, "prefill_attention_budget": pairs,
                **stall_scenario(engine, sizes, seed=1, tag="run"),
                "released": released(engine)}
         rows.append(row)
         print(f"chunked {row['chunked_prefill']:<3} budget {budget:>6} threshold {threshold:>5}"
-              f"  ITL median "
+              f" pairs {pairs:>8}  ITL median "
               f"{row['itl_median_ms']:7.2f} ms  p99 {row['itl_p99_ms']:8.2f} ms  max "
               f"{row['itl_max_ms']:8.2f} ms  p99/median {row['p99_over_median']:5.2f}  "
-              f"decode step {row['decode_step_median_ms']:6.2f} ms  long prompt TTFT "
+              f"decode step {row['decode_step_median_ms']:6.2f} ms (p99 over it "
+              f"{row['p99_over_decode_step']:5.2f})  long prompt TTFT "
               f"{row['long_ttft_s']:6.3f} s in {row['steps_while_prefilling']} steps",
               flush=True)
         del engine
@@ -269,13 +273,17 @@ def main() -> int:
                         help="cpu: a smoke run on tiny presets")
     parser.add_argument("--parts", default="stall,parity,hit")
     parser.add_argument("--modes", help="the stall part's modes, comma-separated: off, a "
-                        "chunked prefill budget, or budget:long_prefill_token_threshold "
-                        "(default off,512,2048 on cuda)")
+                        "chunked prefill budget, or budget:long_prefill_token_threshold"
+                        "[:prefill_attention_budget] (default off,512,2048 on cuda)")
+    parser.add_argument("--decoder-tokens", type=int, help="tokens each decoder generates "
+                        "(default 160 on cuda): more keep them decoding past a long prefill")
     parser.add_argument("--json")
     args = parser.parse_args()
     sizes = GPU if args.device == "cuda" else CPU
     if args.modes:
         sizes = dataclasses.replace(sizes, modes=tuple(args.modes.split(",")))
+    if args.decoder_tokens:
+        sizes = dataclasses.replace(sizes, decoder_tokens=args.decoder_tokens)
     if args.device == "cuda":
         import torch
         if not torch.cuda.is_available():

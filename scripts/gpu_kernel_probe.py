@@ -9,6 +9,8 @@ Prints (and with --json writes) for the 8B and 32B presets' shapes:
   weights read and TFLOP/s;
 - ``balance``: decode attention over unequal contexts (GovReport-like, 4.5k-17.4k tokens) and
   equal ones, one program per (sequence, KV head) against fixed-size KV segments;
+- ``chunks``: a short prompt chunk over a long context beside 32 decodes (a step under a prefill
+  attention budget), the planned launch (balanced segments) against no split;
 - ``layouts``: fresh-prompt attention as the engine calls it (q, k, v strided views of one fused
   projection) against contiguous inputs, one prompt and several, and torch's varlen kernels.
 
@@ -267,6 +269,39 @@ def balance(name, s, dev, dtype, copy_gbps):
     return rows
 
 
+def chunks(name, s, dev, dtype):
+    """A prompt chunk of c tokens after p computed ones, beside 32 decodes of ~1.1k-token
+    contexts (and alone): the planned launch (balanced segments for short steps over long
+    contexts) against one program per q block; time per launch and the chunk's TFLOP/s."""
+    rows = []
+    scale = s["d"] ** -0.5
+    hq, d = s["hq"], s["d"]
+    for context in (4096, 16384, 32000):
+        for size in (32, 64, 128, 256, 512):
+            for decoders in ((32, 0) if size in (64, 512) else (32,)):
+                seq_lens = [1100] * decoders + [context + size]
+                query_lens = [1] * decoders + [size]
+                kv, tables, _, _ = build_cache(seq_lens, s["hkv"], d, dtype, dev)
+                q = torch.randn(sum(query_lens), hq, d, device=dev, dtype=dtype)
+                meta = meta_for(seq_lens, query_lens, tables, dev)
+                pairs = size * context + size * (size + 1) // 2 + 1100 * decoders
+                planned = TritonAttentionBackend().plan(q, kv, meta)
+                plans = {"planned": planned,
+                         "no split": TritonAttentionBackend(split_kv=False).plan(q, kv, meta)}
+                ref = paged_attention(q, kv, meta, scale, plans["no split"])
+                out = torch.empty_like(q)
+                for key, plan in plans.items():
+                    got = paged_attention(q, kv, meta, scale, plan, out)
+                    t = bench_ms(lambda p=plan: paged_attention(q, kv, meta, scale, p, out))
+                    rows.append({"model": name, "context": context, "chunk": size,
+                                 "decoders": decoders, "plan": key, "segments": plan.num_segments,
+                                 "us": t * 1e3, "tflops": 4 * hq * d * pairs / t / 1e9,
+                                 "max_diff": (got.float() - ref.float()).abs().max().item()})
+                del kv
+                torch.cuda.empty_cache()
+    return rows
+
+
 def layouts(name, s, dev, dtype):
     """Fresh prompts' attention: SDPA on strided views of a fused qkv output (as the engine
     calls it, plus the copy back into [T, Hq, D]) against contiguous [1, H, L, D] inputs, per
@@ -406,7 +441,7 @@ def main() -> None:
     parts = args.parts.split(",")
     result = {"copy_gbps": copy_rate(dev), "torch": torch.__version__,
               "cudnn": torch.backends.cudnn.version(), "prefill": [], "decode": [], "gemm": [],
-              "balance": [], "layouts": []}
+              "balance": [], "layouts": [], "chunks": []}
     a = torch.randn(8192, 8192, device=dev, dtype=dtype)
     t = bench_ms(lambda: a @ a)
     result["matmul_tflops"] = 2 * 8192 ** 3 / t / 1e9
@@ -430,6 +465,10 @@ def main() -> None:
             for r in balance(name, s, dev, dtype, result["copy_gbps"]):
                 result["balance"].append(r)
                 print("balance", json.dumps(r), flush=True)
+        if "chunks" in parts:
+            for r in chunks(name, s, dev, dtype):
+                result["chunks"].append(r)
+                print("chunks", json.dumps(r), flush=True)
         if "layouts" in parts:
             for r in layouts(name, s, dev, dtype):
                 result["layouts"].append(r)

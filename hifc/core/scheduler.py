@@ -7,7 +7,9 @@ a sequence samples its next token only in the step that computes its last known 
 1. Running sequences: decodes first (one token each), then the prompts being prefilled, in
    admission order, each with a chunk of what is left of the budget (the whole rest of the
    prompt without chunked prefill, or nothing this step if it does not fit; with
-   ``long_prefill_token_threshold``, no chunk longer than that). When the pool has
+   ``long_prefill_token_threshold``, no chunk longer than that; with
+   ``prefill_attention_budget``, a step's prompt chunks attend over at most that many
+   query-key pairs in all, so chunks shrink as a long prompt advances). When the pool has
    no block for a sequence, the newest running sequence not yet scheduled in this step is
    preempted until it fits. The sequence sits out the step instead when a swap-out in flight
    will release enough blocks, or when it is itself the newest and is prefilling (it keeps
@@ -53,6 +55,7 @@ I/O through ``swap_out_done`` / ``swap_in_done`` / ``prefix_read_done`` /
 from __future__ import annotations
 
 import bisect
+import math
 from collections import Counter, deque
 from dataclasses import dataclass
 
@@ -74,6 +77,33 @@ class _Load:
 
     num_gpu: int
     hashes: list[bytes]
+
+
+def attention_pairs(context: int, num_new: int) -> int:
+    """Query-key pairs a chunk of ``num_new`` tokens after ``context`` computed ones attends
+    over (causal: token i sees the context and tokens 0..i of the chunk)."""
+    return num_new * context + num_new * (num_new + 1) // 2
+
+
+def longest_chunk_within(context: int, pairs: int) -> int:
+    """The most tokens after ``context`` computed ones whose chunk attends over at most
+    ``pairs`` query-key pairs: the largest n with n^2 + (2 context + 1) n <= 2 pairs."""
+    b = 2 * context + 1
+    return max(0, (math.isqrt(b * b + 8 * pairs) - b) // 2)
+
+
+@dataclass
+class _StepBudget:
+    """What is left of a step's budgets: tokens, and query-key pairs for prompt chunks (None:
+    no such limit)."""
+
+    tokens: int
+    pairs: int | None
+
+    def take(self, context: int, num_new: int, num_to_compute: int) -> None:
+        self.tokens -= num_new
+        if self.pairs is not None and num_to_compute > 1:
+            self.pairs -= attention_pairs(context, num_new)
 
 
 class Scheduler(SwapMixin):
@@ -150,7 +180,9 @@ class Scheduler(SwapMixin):
         self._finished_since_step = []
         if self.store is not None:  # before this step's allocations may evict them
             out.prefix_writes = self.store.select_writes()
-        budget, starved = self._schedule_running(out)
+        budget = _StepBudget(self.limits.max_num_batched_tokens,
+                             self.limits.prefill_attention_budget or None)
+        starved = self._schedule_running(out, budget)
         if not (out.preempted_request_ids or starved):
             self._start_swap_ins(out)
             # No new request takes blocks freed by a swap-out before its sequence is back,
@@ -161,17 +193,21 @@ class Scheduler(SwapMixin):
                 self._admit_waiting(out, budget)
         return out
 
-    def _chunk(self, num_to_compute: int, budget: int) -> int:
-        """Tokens to compute in this step out of ``num_to_compute`` (0: none this step)."""
-        if self.limits.chunked_prefill:
-            cap = self.limits.long_prefill_token_threshold
-            return min(num_to_compute, budget, cap if cap > 0 else budget)
-        return num_to_compute if num_to_compute <= budget else 0
+    def _chunk(self, context: int, num_to_compute: int, budget: _StepBudget) -> int:
+        """Tokens to compute in this step out of ``num_to_compute`` after ``context`` computed
+        ones (0: none this step)."""
+        if not self.limits.chunked_prefill:
+            return num_to_compute if num_to_compute <= budget.tokens else 0
+        num_new = min(num_to_compute, budget.tokens)
+        if self.limits.long_prefill_token_threshold > 0:
+            num_new = min(num_new, self.limits.long_prefill_token_threshold)
+        if budget.pairs is not None and num_to_compute > 1:
+            num_new = min(num_new, longest_chunk_within(context, budget.pairs))
+        return num_new
 
-    def _schedule_running(self, out: SchedulerOutput) -> tuple[int, bool]:
-        """Schedule the running sequences (decodes first). Returns the token budget left and
+    def _schedule_running(self, out: SchedulerOutput, budget: _StepBudget) -> bool:
+        """Schedule the running sequences (decodes first), taking from ``budget``. Returns
         whether a sequence sat out the step for lack of blocks."""
-        budget = self.limits.max_num_batched_tokens
         max_len = self.limits.max_model_len
         ending = {s.request_id for s in self.running if s.ends_by_length_with_pending(max_len)}
         ready = [s for s in self.running if s.request_id not in ending]
@@ -184,7 +220,7 @@ class Scheduler(SwapMixin):
         starved = False
         while queue:
             seq = queue.pop(0)
-            num_new = self._chunk(seq.num_tokens_to_compute, budget)
+            num_new = self._chunk(seq.num_computed_tokens, seq.num_tokens_to_compute, budget)
             if num_new == 0:  # no budget left this step
                 kept.add(seq.request_id)
                 continue
@@ -205,15 +241,15 @@ class Scheduler(SwapMixin):
                     break
             else:
                 self._allocate(seq, target)
+                budget.take(seq.num_computed_tokens, num_new, seq.num_tokens_to_compute)
                 out.scheduled.append(self._schedule_work(seq, num_new))
                 kept.add(seq.request_id)
-                budget -= num_new
         self.running = [s for s in self.running if s.request_id in kept]
-        return budget, starved
+        return starved
 
-    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+    def _admit_waiting(self, out: SchedulerOutput, budget: _StepBudget) -> None:
         block_size = self.kv.block_size
-        while (self.waiting and budget > 0
+        while (self.waiting and budget.tokens > 0
                and len(self.running) + len(self.loading) < self.limits.max_num_seqs):
             seq = self.waiting[0]
             prefix = self.kv.cached_prefix(seq)
@@ -226,7 +262,7 @@ class Scheduler(SwapMixin):
                     break
             else:
                 num_cached = len(prefix) * block_size
-                num_new = self._chunk(seq.num_tokens - num_cached, budget)
+                num_new = self._chunk(num_cached, seq.num_tokens - num_cached, budget)
                 if num_new == 0:
                     break
                 reserve = self._readmit_reserve(seq, num_cached + num_new)
@@ -240,8 +276,8 @@ class Scheduler(SwapMixin):
                     seq.num_cached_tokens = num_cached
                 seq.status = SequenceStatus.RUNNING
                 self.running.append(seq)
+                budget.take(num_cached, num_new, seq.num_tokens - num_cached)
                 out.scheduled.append(self._schedule_work(seq, num_new))
-                budget -= num_new
             if self.kv.prefix_caching:
                 self.prefix_cache_queries += seq.num_tokens
                 self.prefix_cache_hits += len(prefix) * block_size

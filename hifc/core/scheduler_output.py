@@ -87,3 +87,5 @@ class SchedulerLimits:
     max_model_len: int
     chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0  # the most tokens a sequence prefills per step (0: any)
+    # the most query-key pairs a step's prompt chunks attend over, summed (0: no limit)
+    prefill_attention_budget: int = 0

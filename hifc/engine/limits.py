@@ -98,6 +98,10 @@ def resolve_limits(config: EngineConfig, arch: ModelArchConfig, dtype: torch.dty
         raise ValueError(f"max_num_batched_tokens ({batched}) must be at least max_model_len "
                          f"({model_len}) without chunked prefill: prompts are prefilled in one "
                          "step")
+    if 0 < config.prefill_attention_budget < model_len:
+        raise ValueError(f"prefill_attention_budget ({config.prefill_attention_budget}) must be 0 "
+                         f"or at least max_model_len ({model_len}): one token at the end of the "
+                         "longest sequence attends over that many keys")
     return ResolvedLimits(num_blocks, model_len, batched, block_bytes)
 
 

@@ -153,7 +153,8 @@ class LLMEngine:
         self.scheduler = Scheduler(
             SchedulerLimits(config.max_num_seqs, self.limits.max_num_batched_tokens,
                             self.limits.max_model_len, config.enable_chunked_prefill,
-                            config.long_prefill_token_threshold),
+                            config.long_prefill_token_threshold,
+                            config.prefill_attention_budget),
             self.kv_manager, self.preemption, self.tier, store)
         swapper = (KVSwapper(self.tier, kv_cache, self.model_salt if store else None)
                    if self.tier else None)

@@ -61,6 +61,10 @@ DENSE_PREFILL_MAX_SEQS = 8  # SDPA runs once per sequence: no more of them than 
 # graph per context cap (scripts/gpu_kernel_probe.py --parts balance, docs/RESULTS.md).
 BALANCED_SEGMENT_KEYS = 4096
 BALANCED_MAX_SEGMENTS = 8
+# Steps with prompt chunks split the same way when a context is longer than one segment and the
+# step has at most this many tokens (the partials take tokens x heads x segments x head_dim x 4
+# bytes): a short chunk late in a long prompt is a few q blocks, each over the whole context.
+MIXED_SPLIT_MAX_TOKENS = 1024
 
 
 @_jit
@@ -327,10 +331,12 @@ class LaunchPlan:
 
 def plan_launch(max_query_len: int, max_seq_len: int, num_seqs: int, num_q_heads: int,
                 num_kv_heads: int, head_dim: int, elem_size: int, num_sms: int,
-                split_kv: bool | None = None) -> LaunchPlan:
+                split_kv: bool | None = None, num_tokens: int | None = None) -> LaunchPlan:
     """Choose tile shapes. split_kv: None = split decode-only batches that underfill the GPU
-    (into about one program per SM) or that may hold long contexts (into segments of
-    BALANCED_SEGMENT_KEYS keys or more); True / False force a split on or off."""
+    (into about one program per SM) or that may hold long contexts, and steps of at most
+    MIXED_SPLIT_MAX_TOKENS tokens (default max_query_len x num_seqs) with prompt chunks and
+    long contexts (into segments of BALANCED_SEGMENT_KEYS keys or more); True / False force a
+    split on or off."""
     group = num_q_heads // num_kv_heads
     head_dim_pad = _next_pow2(head_dim)
     max_block_m = 128 if head_dim_pad <= 128 else 64
@@ -357,8 +363,14 @@ def plan_launch(max_query_len: int, max_seq_len: int, num_seqs: int, num_q_heads
     if split_kv is None:
         # Split when one program per (sequence, KV head) leaves most SMs idle (at B=1, 4x
         # faster), or when a decode batch may hold contexts longer than one balanced segment.
-        split_kv = max_query_len == 1 and ((few and max_seq_len >= 8 * tile)
-                                           or max_seq_len > BALANCED_SEGMENT_KEYS)
+        if max_query_len == 1:
+            split_kv = (few and max_seq_len >= 8 * tile) or max_seq_len > BALANCED_SEGMENT_KEYS
+        else:
+            if num_tokens is None:
+                num_tokens = max_query_len * num_seqs
+            split_kv = (max_seq_len > BALANCED_SEGMENT_KEYS
+                        and num_tokens <= MIXED_SPLIT_MAX_TOKENS)
+            few = False  # a chunk's q blocks are more programs than its sequences
     if split_kv and few:
         # About one program per SM, each with at least 2 KV tiles; a power of two bounds the
         # number of compiled variants.
@@ -376,8 +388,8 @@ def plan_launch(max_query_len: int, max_seq_len: int, num_seqs: int, num_q_heads
 class TritonAttentionBackend:
     """Paged attention on CUDA through Triton; same contract as TorchAttentionBackend.
 
-    split_kv: None (default) splits the KV sequence across programs for decode-only batches that
-    would not fill the GPU; True/False force it on/off (any batch works either way).
+    split_kv: None (default) splits the KV sequence across programs as ``plan_launch`` says;
+    True/False force it on/off (any batch works either way).
     triton_kv_write: scatter the new K/V with the fused Triton kernel instead of torch.
     """
 
@@ -403,7 +415,7 @@ class TritonAttentionBackend:
                     min(meta.max_seq_len, sliding_window + meta.max_query_len))
         return plan_launch(meta.max_query_len, max_keys, meta.num_seqs, q.shape[1],
                            kv_cache.shape[-2], q.shape[2], q.element_size(), self.num_sms(q.device),
-                           self.split_kv)
+                           self.split_kv, num_tokens=q.shape[0])
 
     def graph_context_caps(self, max_model_len: int) -> list[int]:
         """The contexts a decode CUDA graph is planned for, ascending: steps whose sequences all

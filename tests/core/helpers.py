@@ -31,13 +31,13 @@ class FakeTier:
 
 def make_scheduler(num_blocks=8, block_size=16, max_num_seqs=8, max_len=128, mode="recompute",
                    tier=None, budget=None, prefix_caching=False, chunked=True, on_evict=None,
-                   long_prefill=0):
+                   long_prefill=0, attention_budget=0):
     """A scheduler and its KV manager (watermark 0). ``budget``: max_num_batched_tokens
     (default max(max_len, max_num_seqs))."""
     kv = KVCacheManager(num_blocks, block_size, watermark=0.0,
                         salt=SALT if prefix_caching else None, on_evict=on_evict)
     limits = SchedulerLimits(max_num_seqs, budget or max(max_len, max_num_seqs), max_len,
-                             chunked, long_prefill)
+                             chunked, long_prefill, attention_budget)
     return Scheduler(limits, kv, PreemptionPolicy(mode, block_bytes=4096), tier), kv
 
 

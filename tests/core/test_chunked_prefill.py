@@ -1,5 +1,8 @@
 """Chunked prefill in the scheduler: the step's token budget goes to decodes first, then to
 prompt chunks; a sequence samples only when its last chunk runs."""
+import pytest
+
+from hifc.core.scheduler import attention_pairs, longest_chunk_within
 from hifc.core.sequence import SequenceStatus
 from tests.core.helpers import FakeTier, make_scheduler, make_seq, run_step
 
@@ -50,6 +53,48 @@ def test_long_prefill_token_threshold_caps_each_sequence_chunk():
                      [("d", 5, 1, True), ("s", 5, 1, True), ("p", 12, 12, False),
                       ("q", 12, 8, True)],
                      [("d", 6, 1, True), ("q", 20, 1, True), ("p", 24, 6, True)]]
+
+
+@pytest.mark.parametrize("context", [0, 1, 7, 100, 4095, 32767])
+def test_longest_chunk_within_is_the_largest_chunk_that_fits_the_pairs(context):
+    for pairs in (0, 1, context, context + 1, 3 * context + 5, 10**6, 2**21 + 3):
+        n = longest_chunk_within(context, pairs)
+        assert attention_pairs(context, n) <= pairs < attention_pairs(context, n + 1)
+
+
+def test_prefill_attention_budget_shrinks_chunks_as_the_prompt_advances():
+    # 600 query-key pairs per step: 34 tokens from 0 (595 pairs), then 14 after 34 (581),
+    # 11 after 48 (594), ...; the decode beside it is not counted
+    sched, kv = make_scheduler(budget=64, max_len=256, num_blocks=32, attention_budget=600)
+    seqs = {"d": make_seq("d", 4, max_tokens=40)}
+    sched.add(seqs["d"])
+    run_step(sched, seqs)
+    seqs["p"] = make_seq("p", 120, max_tokens=2, arrival=1)
+    sched.add(seqs["p"])
+    chunks = []
+    while not chunks or not chunks[-1][2]:
+        out = run_step(sched, seqs)
+        assert out.scheduled[0].request_id == "d" and len(out.scheduled[0].token_ids) == 1
+        (p,) = [w for w in out.scheduled if w.request_id == "p"]
+        chunks.append((p.start_pos, len(p.token_ids), p.samples))
+    assert chunks[:3] == [(0, 34, False), (34, 14, False), (48, 11, False)]
+    sizes = [n for _, n, _ in chunks]
+    assert sum(sizes) == 120 and sizes == sorted(sizes, reverse=True)
+    for start, n, _ in chunks:
+        assert attention_pairs(start, n) <= 600 < attention_pairs(start, n + 1) or \
+            start + n == 120
+
+
+def test_prefill_attention_budget_is_shared_by_the_chunks_of_a_step():
+    # 300 pairs: the first prompt takes 24 tokens (300 pairs), the second none this step;
+    # the token budget alone would have given both their whole prompt
+    sched, kv = make_scheduler(budget=64, max_len=128, num_blocks=32, attention_budget=300)
+    seqs = {"a": make_seq("a", 30, max_tokens=2), "b": make_seq("b", 20, max_tokens=2)}
+    for s in seqs.values():
+        sched.add(s)
+    assert shape(run_step(sched, seqs)) == [("a", 0, 24, False)]
+    # a: 6 left after 24 (6*24 + 21 = 165 pairs); b: 15 tokens in the 135 pairs left (120)
+    assert shape(run_step(sched, seqs)) == [("a", 24, 6, True), ("b", 0, 15, False)]
 
 
 def test_without_chunking_a_prompt_waits_for_a_budget_that_holds_it_whole():

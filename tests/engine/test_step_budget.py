@@ -3,6 +3,7 @@
 import pytest
 
 from hifc import LLM, SamplingParams
+from hifc.core.scheduler import longest_chunk_within
 from hifc.engine.limits import DEFAULT_BATCHED_TOKENS
 from tests.runtime.helpers import output_tokens, random_prompts
 
@@ -34,13 +35,35 @@ def test_long_prefill_token_threshold_gives_the_same_outputs_in_more_steps():
     assert capped.stats()["steps"] > plain.stats()["steps"]
 
 
-def test_long_prefill_token_threshold_is_checked():
-    with pytest.raises(ValueError, match="long_prefill_token_threshold must be a non-negative"):
-        LLM(TINY, device="cpu", num_gpu_blocks=64, long_prefill_token_threshold=-1)
-    with pytest.raises(ValueError, match="long_prefill_token_threshold needs "
-                                         "enable_chunked_prefill"):
-        LLM(TINY, device="cpu", num_gpu_blocks=64, long_prefill_token_threshold=64,
-            enable_chunked_prefill=False)
+def test_prefill_attention_budget_gives_the_same_outputs_with_shrinking_chunks():
+    prompts = random_prompts(4, (40, 300), seed=7)
+    common = dict(device="cpu", block_size=16, num_gpu_blocks=128, enable_prefix_caching=False,
+                  max_model_len=512)
+    plain = LLM(TINY, **common)
+    budgeted = LLM(TINY, prefill_attention_budget=2048, **common)
+    assert output_tokens(budgeted, prompts, PARAMS) == output_tokens(plain, prompts, PARAMS)
+    # the longest prompt alone needs a step per chunk that fits 2048 pairs
+    context, steps = 0, 0
+    while context < max(map(len, prompts)):
+        context += longest_chunk_within(context, 2048)
+        steps += 1
+    assert budgeted.stats()["steps"] >= steps + PARAMS.max_tokens - 1 > plain.stats()["steps"]
+
+
+@pytest.mark.parametrize("name", ["long_prefill_token_threshold", "prefill_attention_budget"])
+def test_prefill_chunk_limits_are_checked(name):
+    with pytest.raises(ValueError, match=f"{name} must be a non-negative"):
+        LLM(TINY, device="cpu", num_gpu_blocks=64, **{name: -1})
+    with pytest.raises(ValueError, match=f"{name} needs enable_chunked_prefill"):
+        LLM(TINY, device="cpu", num_gpu_blocks=64, enable_chunked_prefill=False,
+            **{name: 1024})
+
+
+def test_prefill_attention_budget_holds_a_token_at_max_model_len():
+    with pytest.raises(ValueError, match=r"prefill_attention_budget \(511\) must be 0 or at least "
+                                         r"max_model_len \(512\)"):
+        LLM(TINY, device="cpu", num_gpu_blocks=64, max_model_len=512,
+            prefill_attention_budget=511)
 
 
 def test_default_budget_with_chunked_prefill():

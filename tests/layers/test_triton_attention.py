@@ -194,6 +194,18 @@ def test_fixed_size_segments_on_mixed_batch_with_window():
 
 
 @device_test
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_default_plan_splits_a_short_chunk_over_a_long_context(dtype):
+    # decodes beside a 48-token chunk after 6,000 computed tokens (a prompt chunked under a
+    # prefill attention budget): balanced segments, the chunk's rows merged from up to 2
+    step = make_step([1, 48, 1, 1], [900, 6000, 5000, 30], 8, 2, 64, 64, dtype, seed=29)
+    backend = TritonAttentionBackend()
+    plan = backend.plan(step[0], step[3], step[4])
+    assert plan.num_segments == 2 and plan.block_q > 1
+    check(backend, *step, dtype)
+
+
+@device_test
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_split_kv_on_mixed_batch(dtype):
     step = make_step(MIXED_QUERY, MIXED_CONTEXT, 8, 2, 128, 64, dtype, seed=11)
@@ -295,7 +307,12 @@ def test_plan_splits_small_long_decodes_and_long_full_ones():
     assert (long.num_segments, long.segment_tiles) == (8, 32)
     assert plan_launch(1, 4097, 128, **common).num_segments == 2
     assert plan_launch(1, 131072, 32, **common).num_segments == 8
-    assert plan_launch(2, 17341, 32, **common).num_segments == 1  # not for prefill chunks
+    # steps with prompt chunks over long contexts, up to MIXED_SPLIT_MAX_TOKENS tokens
+    chunk = plan_launch(64, 32768, 33, num_tokens=96, **common)
+    assert (chunk.num_segments, chunk.segment_tiles) == (8, 32)
+    assert plan_launch(2, 17341, 32, **common).num_segments == 8  # 64 tokens at most
+    assert plan_launch(512, 32768, 33, num_tokens=1025, **common).num_segments == 1
+    assert plan_launch(512, 4096, 33, num_tokens=544, **common).num_segments == 1
     prefill = plan_launch(8192, 8192, 1, **common)
     assert prefill.block_m == 128 and prefill.block_q == 32
 
