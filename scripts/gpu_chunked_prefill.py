@@ -10,7 +10,9 @@ prefill_attention_budget too), one engine
 decode; after --warm-steps decode steps a 32k-token prompt is added. Every step's outputs time
 the decoders' tokens: the inter-token latency of the 32 decoders from the long prompt's arrival
 to their end (median, p99, max, p99/median: a one-step prefill stalls them all for one long
-step), the median step with decodes only and p99 over it, and the long prompt's TTFT. Each mode first runs
+step), the median step with decodes only and p99 over it, and the long prompt's TTFT; then, untimed,
+ten steps at a few points of the long prompt's prefill under the profiler (wall and kernel time
+per step). Each mode first runs
 the same scenario on other random prompts, untimed, so that Triton compiles every kernel plan
 before the clock starts.
 
@@ -136,6 +138,43 @@ def stall_scenario(engine: LLMEngine, sizes: Sizes, seed: int, tag: str) -> dict
             "long_ttft_s": long_first - long_added}
 
 
+def profile_chunk_steps(engine: LLMEngine, sizes: Sizes, marks: tuple[int, ...]) -> list[dict]:
+    """The scenario again, untimed; from each of ``marks`` (steps into the long prompt's
+    prefill) ten steps run under the profiler: wall time and kernel time per step, and the
+    long prompt's computed tokens there."""
+    rng = random.Random(2)
+    vocab = engine.arch.vocab_size
+    params = SamplingParams(max_tokens=sizes.decoder_tokens, temperature=0, ignore_eos=True)
+    ids = [f"prof-d{i}" for i in range(sizes.decoders)]
+    for rid in ids:
+        engine.add_request(rid, random_prompt(rng, sizes.decoder_prompt, vocab), params)
+    for _ in range(sizes.warm_steps + 1):
+        engine.step()
+    engine.add_request("prof-long", random_prompt(rng, sizes.long_prompt, vocab),
+                       SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
+    long_seq = next(s for s in engine.scheduler.waiting if s.request_id == "prof-long")
+    rows, done = [], 0
+    for mark in marks:
+        while done < mark and long_seq.num_computed_tokens < sizes.long_prompt:
+            engine.step()
+            done += 1
+        if long_seq.num_computed_tokens >= sizes.long_prompt:
+            break
+        context = long_seq.num_computed_tokens
+        t0 = time.perf_counter()
+        kernels = probes.profile_kernels(lambda: [engine.step() for _ in range(10)], top=10000)
+        wall = (time.perf_counter() - t0) / 10
+        done += 10
+        rows.append({"prefill_step": mark, "context": context, "wall_ms": 1e3 * wall,
+                     "kernel_ms": sum(k["ms"] for k in kernels) / 10,
+                     "top": [(k["name"][:50], k["calls"] / 10, round(k["ms"] / 10, 3))
+                             for k in kernels[:5]]})
+    engine.abort_request(ids + ["prof-long"])
+    while engine.has_unfinished_requests():
+        engine.step()
+    return rows
+
+
 def run_stall(args, sizes: Sizes) -> list[dict]:
     rows = []
     for mode in sizes.modes:
@@ -153,8 +192,10 @@ def run_stall(args, sizes: Sizes) -> list[dict]:
         stall_scenario(engine, sizes, seed=1000, tag="warm")  # compiles every kernel plan
         row = {"chunked_prefill": "on" if chunked else "off", "budget": budget,
                "long_prefill_token_threshold": threshold, "prefill_attention_budget": pairs,
-               **stall_scenario(engine, sizes, seed=1, tag="run"),
-               "released": released(engine)}
+               **stall_scenario(engine, sizes, seed=1, tag="run")}
+        if chunked and args.device == "cuda":
+            row["profiled_steps"] = profile_chunk_steps(engine, sizes, (10, 100, 250))
+        row["released"] = released(engine)
         rows.append(row)
         print(f"chunked {row['chunked_prefill']:<3} budget {budget:>6} threshold {threshold:>5}"
               f" pairs {pairs:>8}  ITL median "
@@ -164,6 +205,10 @@ def run_stall(args, sizes: Sizes) -> list[dict]:
               f"{row['p99_over_decode_step']:5.2f})  long prompt TTFT "
               f"{row['long_ttft_s']:6.3f} s in {row['steps_while_prefilling']} steps",
               flush=True)
+        for p in row.get("profiled_steps", []):
+            print(f"  prefill step {p['prefill_step']:>4} (context {p['context']:>6}): wall "
+                  f"{p['wall_ms']:6.2f} ms, kernels {p['kernel_ms']:6.2f} ms per step; top "
+                  f"{p['top'][:3]}", flush=True)
         del engine
         probes.free_device_memory(args.device)
     return rows

@@ -19,6 +19,7 @@ Usage: PYTHONPATH=$PWD python3 scripts/gpu_kernel_probe.py [--parts prefill,deco
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 import torch
@@ -287,7 +288,9 @@ def chunks(name, s, dev, dtype):
                 pairs = size * context + size * (size + 1) // 2 + 1100 * decoders
                 planned = TritonAttentionBackend().plan(q, kv, meta)
                 plans = {"planned": planned,
-                         "no split": TritonAttentionBackend(split_kv=False).plan(q, kv, meta)}
+                         "no split": TritonAttentionBackend(split_kv=False).plan(q, kv, meta),
+                         "8 x 4096 keys": dataclasses.replace(
+                             planned, num_segments=8, segment_tiles=4096 // planned.tile)}
                 ref = paged_attention(q, kv, meta, scale, plans["no split"])
                 out = torch.empty_like(q)
                 for key, plan in plans.items():
@@ -295,6 +298,7 @@ def chunks(name, s, dev, dtype):
                     t = bench_ms(lambda p=plan: paged_attention(q, kv, meta, scale, p, out))
                     rows.append({"model": name, "context": context, "chunk": size,
                                  "decoders": decoders, "plan": key, "segments": plan.num_segments,
+                                 "segment_tiles": plan.segment_tiles,
                                  "us": t * 1e3, "tflops": 4 * hq * d * pairs / t / 1e9,
                                  "max_diff": (got.float() - ref.float()).abs().max().item()})
                 del kv

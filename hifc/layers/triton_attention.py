@@ -61,10 +61,16 @@ DENSE_PREFILL_MAX_SEQS = 8  # SDPA runs once per sequence: no more of them than 
 # graph per context cap (scripts/gpu_kernel_probe.py --parts balance, docs/RESULTS.md).
 BALANCED_SEGMENT_KEYS = 4096
 BALANCED_MAX_SEGMENTS = 8
-# Steps with prompt chunks split the same way when a context is longer than one segment and the
-# step has at most this many tokens (the partials take tokens x heads x segments x head_dim x 4
-# bytes): a short chunk late in a long prompt is a few q blocks, each over the whole context.
+# Steps with prompt chunks and at most MIXED_SPLIT_MAX_TOKENS tokens split contexts longer
+# than BALANCED_SEGMENT_KEYS into segments of MIXED_SEGMENT_KEYS keys or more: a short chunk
+# late in a long prompt is a few q blocks, each over the whole context. Tokens x segments stay
+# within MIXED_SPLIT_ROWS (the partials take tokens x heads x segments x head_dim x 4 bytes).
+# 8B shapes on an H200, a 32-token chunk after 32k tokens beside 32 decodes: 916 us unsplit,
+# 209 us in 8 segments of 4,096 keys (scripts/gpu_kernel_probe.py --parts chunks).
 MIXED_SPLIT_MAX_TOKENS = 1024
+MIXED_SEGMENT_KEYS = 2048
+MIXED_SPLIT_ROWS = 8192
+MIXED_MAX_SEGMENTS = 32
 
 
 @_jit
@@ -331,12 +337,12 @@ class LaunchPlan:
 
 def plan_launch(max_query_len: int, max_seq_len: int, num_seqs: int, num_q_heads: int,
                 num_kv_heads: int, head_dim: int, elem_size: int, num_sms: int,
-                split_kv: bool | None = None, num_tokens: int | None = None) -> LaunchPlan:
+                split_kv: bool | None = None, num_tokens: int = 0) -> LaunchPlan:
     """Choose tile shapes. split_kv: None = split decode-only batches that underfill the GPU
     (into about one program per SM) or that may hold long contexts, and steps of at most
-    MIXED_SPLIT_MAX_TOKENS tokens (default max_query_len x num_seqs) with prompt chunks and
-    long contexts (into segments of BALANCED_SEGMENT_KEYS keys or more); True / False force a
-    split on or off."""
+    MIXED_SPLIT_MAX_TOKENS tokens (0: take max_query_len x num_seqs) with prompt chunks and
+    long contexts (into segments of BALANCED_SEGMENT_KEYS or MIXED_SEGMENT_KEYS keys or more);
+    True / False force a split on or off."""
     group = num_q_heads // num_kv_heads
     head_dim_pad = _next_pow2(head_dim)
     max_block_m = 128 if head_dim_pad <= 128 else 64
@@ -360,18 +366,25 @@ def plan_launch(max_query_len: int, max_seq_len: int, num_seqs: int, num_q_heads
     num_segments, segment_tiles = 1, 1
     programs = num_seqs * num_kv_heads
     few = 2 * programs <= num_sms
-    if split_kv is None:
+    auto = split_kv is None
+    if auto:
         # Split when one program per (sequence, KV head) leaves most SMs idle (at B=1, 4x
         # faster), or when a decode batch may hold contexts longer than one balanced segment.
         if max_query_len == 1:
             split_kv = (few and max_seq_len >= 8 * tile) or max_seq_len > BALANCED_SEGMENT_KEYS
         else:
-            if num_tokens is None:
-                num_tokens = max_query_len * num_seqs
             split_kv = (max_seq_len > BALANCED_SEGMENT_KEYS
-                        and num_tokens <= MIXED_SPLIT_MAX_TOKENS)
-            few = False  # a chunk's q blocks are more programs than its sequences
-    if split_kv and few:
+                        and (num_tokens or max_query_len * num_seqs) <= MIXED_SPLIT_MAX_TOKENS)
+    if split_kv and auto and max_query_len > 1:
+        # A step with prompt chunks (whose q blocks are more programs than its sequences):
+        # segments of MIXED_SEGMENT_KEYS keys, as many as the longest context fills, within the
+        # partials' rows.
+        rows = MIXED_SPLIT_ROWS // (num_tokens or max_query_len * num_seqs)
+        want = min(1 << (-(-max_seq_len // MIXED_SEGMENT_KEYS) - 1).bit_length(),
+                   1 << max(0, rows.bit_length() - 1), MIXED_MAX_SEGMENTS)
+        num_segments = max(2, want)
+        segment_tiles = max(1, MIXED_SEGMENT_KEYS // tile)
+    elif split_kv and few:
         # About one program per SM, each with at least 2 KV tiles; a power of two bounds the
         # number of compiled variants.
         want = max(2, min(-(-num_sms // programs), max_seq_len // (2 * tile), 64))
