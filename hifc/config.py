@@ -74,7 +74,9 @@ class EngineConfig:
     long_prefill_token_threshold: int = option(
         0, "with chunked prefill, the most tokens one sequence prefills in a step (0: no cap "
         "beyond max_num_batched_tokens): a long prompt spreads over more, shorter steps, so "
-        "the sequences decoding beside it keep a short time per output token")
+        "the sequences decoding beside it keep a short time per output token. At most 256: "
+        "with CUDA graphs, a step of decodes beside one such chunk replays a graph too "
+        "(captured per decode batch size at start-up)")
     prefill_attention_budget: int = option(
         0, "with chunked prefill, the most query-key pairs the prompt chunks of one step attend "
         "over, summed (0: no limit; else at least max_model_len): a chunk of n tokens after c "

@@ -29,6 +29,7 @@ Exit status 1 if a parity list differs or a run leaves a GPU block held.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import dataclasses
 import json
 import random
@@ -165,10 +166,17 @@ def profile_chunk_steps(engine: LLMEngine, sizes: Sizes, marks: tuple[int, ...])
         kernels = probes.profile_kernels(lambda: [engine.step() for _ in range(10)], top=10000)
         wall = (time.perf_counter() - t0) / 10
         done += 10
+        host = cProfile.Profile()
+        t0 = time.perf_counter()
+        host.runcall(lambda: [engine.step() for _ in range(10)])
+        unprofiled_wall = (time.perf_counter() - t0) / 10
+        done += 10
         rows.append({"prefill_step": mark, "context": context, "wall_ms": 1e3 * wall,
                      "kernel_ms": sum(k["ms"] for k in kernels) / 10,
                      "top": [(k["name"][:50], k["calls"] / 10, round(k["ms"] / 10, 3))
-                             for k in kernels[:5]]})
+                             for k in kernels[:5]],
+                     "cprofile_wall_ms": 1e3 * unprofiled_wall,
+                     "host": probes.host_functions(host, 10, top=15)})
     engine.abort_request(ids + ["prof-long"])
     while engine.has_unfinished_requests():
         engine.step()
@@ -193,6 +201,7 @@ def run_stall(args, sizes: Sizes) -> list[dict]:
         row = {"chunked_prefill": "on" if chunked else "off", "budget": budget,
                "long_prefill_token_threshold": threshold, "prefill_attention_budget": pairs,
                **stall_scenario(engine, sizes, seed=1, tag="run")}
+        row["graph_chunk_steps"] = engine.stats()["graph_chunk_steps"]  # both scenarios
         if chunked and args.device == "cuda":
             row["profiled_steps"] = profile_chunk_steps(engine, sizes, (10, 100, 250))
         row["released"] = released(engine)
@@ -203,12 +212,15 @@ def run_stall(args, sizes: Sizes) -> list[dict]:
               f"{row['itl_max_ms']:8.2f} ms  p99/median {row['p99_over_median']:5.2f}  "
               f"decode step {row['decode_step_median_ms']:6.2f} ms (p99 over it "
               f"{row['p99_over_decode_step']:5.2f})  long prompt TTFT "
-              f"{row['long_ttft_s']:6.3f} s in {row['steps_while_prefilling']} steps",
-              flush=True)
+              f"{row['long_ttft_s']:6.3f} s in {row['steps_while_prefilling']} steps, "
+              f"{row['graph_chunk_steps']} chunk steps replayed (both runs)", flush=True)
         for p in row.get("profiled_steps", []):
             print(f"  prefill step {p['prefill_step']:>4} (context {p['context']:>6}): wall "
                   f"{p['wall_ms']:6.2f} ms, kernels {p['kernel_ms']:6.2f} ms per step; top "
                   f"{p['top'][:3]}", flush=True)
+            print(f"    under cProfile {p['cprofile_wall_ms']:6.2f} ms per step; host: "
+                  + "; ".join(f"{h['function']} {h['ms_per_step']:.2f}" for h in p["host"]),
+                  flush=True)
         del engine
         probes.free_device_memory(args.device)
     return rows

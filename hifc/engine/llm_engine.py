@@ -45,6 +45,7 @@ from hifc.parallel.tensor_parallel import start_tensor_parallel
 from hifc.parallel.tp_control import WorkerSetup
 from hifc.parallel.tp_driver import TPDriver
 from hifc.parallel.tp_launch import shard_arch, shard_scales
+from hifc.runtime.cuda_graphs import chunk_graph_tokens
 from hifc.runtime.kv_cache import allocate_kv_cache, kv_cache_scales, scale_digest
 from hifc.runtime.model_runner import ModelRunner
 from hifc.runtime.step_result import LaunchedStep
@@ -136,8 +137,10 @@ class LLMEngine:
             attention_backend(config.attention_backend, self.device, self.kv_dtype),
             config.block_size, self.device, config.seed, kv_scales, followers=self.tp)
         # after the KV cache exists; CPU / torch backend: decode stays unpadded
-        self.runner.setup_padded_decode(self.limits.max_model_len, config.max_num_seqs,
-                                        capture=not config.enforce_eager)
+        self.runner.setup_padded_decode(
+            self.limits.max_model_len, config.max_num_seqs, capture=not config.enforce_eager,
+            chunk_tokens=chunk_graph_tokens(config.long_prefill_token_threshold,
+                                            self.limits.max_model_len))
         # the KV blocks' shape, dtype and scales: names the model for the prefix cache (and a
         # persistent store, see model_salt) and shapes the tier's records
         self.kv_geometry = geometry_of(kv_cache, scale_digest(kv_scales))
@@ -441,6 +444,7 @@ class LLMEngine:
             "steps": self.num_steps,
             "overlapped_steps": self.num_overlapped_steps,
             "graph_decode_steps": self.runner.num_graph_decode_steps,
+            "graph_chunk_steps": self.runner.num_graph_chunk_steps,
             "prompt_tokens": self.num_prompt_tokens,
             "generation_tokens": self.num_generated_tokens,
             "preemptions": sched.num_preemptions,

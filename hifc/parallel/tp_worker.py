@@ -20,6 +20,7 @@ from hifc.loader import load_model
 from hifc.parallel.tp_control import Command, ControlChannel, WorkerSetup
 from hifc.parallel.tp_launch import (Rendezvous, control_group, join_group, rank_device,
                                      rank_tier_config, shard_arch, shard_scales)
+from hifc.runtime.cuda_graphs import chunk_graph_tokens
 from hifc.runtime.kv_cache import allocate_kv_cache, kv_cache_scales, scale_digest
 from hifc.runtime.model_runner import ModelRunner
 from hifc.tiers.factory import geometry_of, make_mover
@@ -52,8 +53,10 @@ def run_worker(config: EngineConfig, rank: int, rendezvous: Rendezvous,
         runner = ModelRunner(loaded.model, kv_cache,
                              attention_backend(config.attention_backend, device, kv_dtype),
                              config.block_size, device, config.seed, kv_scales)
-        runner.setup_padded_decode(setup.max_model_len, config.max_num_seqs,
-                                   capture=not config.enforce_eager)
+        runner.setup_padded_decode(
+            setup.max_model_len, config.max_num_seqs, capture=not config.enforce_eager,
+            chunk_tokens=chunk_graph_tokens(config.long_prefill_token_threshold,
+                                            setup.max_model_len))
         jobs = None
         if config.tier.enabled:
             mover = make_mover(rank_tier_config(config.tier, rank),

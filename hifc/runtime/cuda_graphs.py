@@ -1,4 +1,5 @@
-"""CUDA graphs of decode steps: one captured model forward + logits per batch size.
+"""CUDA graphs of decode steps: one captured model forward + logits per batch size (and, with
+``chunk_tokens``, per batch size of decodes beside one prompt chunk).
 
 A decode-only step of n sequences is padded to the smallest captured size b >= n. Its inputs are
 packed into one pinned host buffer (``hifc.runtime.inputs.write_decode_inputs``), copied to the
@@ -6,7 +7,14 @@ device buffer the graphs were captured over in one transfer (then the input ids 
 step sampled on the device, where the host does not know them yet, are copied into their rows),
 and graph b is replayed; the logits
 of the n real rows go to the (eager, per-request seeded) sampler. Prefill and mixed steps, and
-decode batches above the largest size, run eagerly.
+decode batches above the largest size, run eagerly, except, with ``chunk_tokens`` C: a step of
+n decodes followed by one prompt chunk of 2..C known tokens (what the scheduler makes of a
+long prompt under ``long_prefill_token_threshold``) replays a graph of b >= n decode rows plus
+C + 1 chunk tokens (``hifc.runtime.inputs.ChunkInputLayout``: the chunk, then a padding
+sequence of the tokens it leaves), whose logits are the decodes' and the chunk's last token's.
+Such a step costs its device time only; run eagerly, its ~10 kernel launches per layer cost
+the host more than the device (8B preset: ~20 ms per step against ~13 ms of kernels,
+docs/RESULTS.md).
 
 What makes a replay valid for any step:
 - every tensor the graph reads lives at a fixed address: the packed device buffer, the KV cache
@@ -32,17 +40,22 @@ from __future__ import annotations
 import bisect
 import logging
 import time
+from functools import partial
 
 import torch
 
 from hifc.core.scheduler import ScheduledSeq
 from hifc.layers.attention import AttentionBackend, AttentionContext, AttentionMetadata
-from hifc.runtime.inputs import (DecodeInputLayout, PendingInputs, decode_input_views,
-                                 fits_decode_layout, write_decode_inputs)
+from hifc.runtime.inputs import (ChunkInputLayout, DecodeInputLayout, PendingInputs,
+                                 chunk_input_views, decode_input_views, fits_chunk_layout,
+                                 fits_decode_layout, write_chunk_inputs, write_decode_inputs)
 
 logger = logging.getLogger(__name__)
 
 MAX_CAPTURE_SIZE = 256
+# Chunk graphs hold at most this many chunk tokens: their steps stay short, and never take the
+# dense-prefill path (DENSE_PREFILL_MIN_TOKENS), which reads host-side lengths.
+MAX_CHUNK_GRAPH_TOKENS = 256
 
 
 def capture_sizes(max_num_seqs: int, limit: int = MAX_CAPTURE_SIZE) -> list[int]:
@@ -59,6 +72,13 @@ def padded_batch_size(num_seqs: int, sizes: list[int]) -> int | None:
     """The smallest size in ``sizes`` (ascending) that holds num_seqs rows; None if none does."""
     i = bisect.bisect_left(sizes, num_seqs)
     return sizes[i] if i < len(sizes) else None
+
+
+def chunk_graph_tokens(long_prefill_token_threshold: int, max_model_len: int) -> int:
+    """The chunk size of the chunk graphs an engine captures: its long_prefill_token_threshold
+    when that is at most MAX_CHUNK_GRAPH_TOKENS (and below max_model_len), else 0 (none)."""
+    t = long_prefill_token_threshold
+    return t if 2 <= t <= MAX_CHUNK_GRAPH_TOKENS and t < max_model_len else 0
 
 
 def graphs_unsupported_reason(device: torch.device, backend: AttentionBackend,
@@ -82,9 +102,13 @@ class DecodeGraphs:
     def __init__(self, model: torch.nn.Module, kv_caches: list[torch.Tensor],
                  backend: AttentionBackend, block_size: int, max_model_len: int,
                  batch_sizes: list[int], device: torch.device,
-                 kv_scales: list[torch.Tensor] | None = None):
+                 kv_scales: list[torch.Tensor] | None = None, chunk_tokens: int = 0):
         if not batch_sizes or sorted(set(batch_sizes)) != list(batch_sizes) or batch_sizes[0] < 1:
             raise ValueError(f"batch_sizes must be ascending positive sizes, got {batch_sizes}")
+        if chunk_tokens and not 2 <= chunk_tokens <= min(MAX_CHUNK_GRAPH_TOKENS,
+                                                         max_model_len - 1):
+            raise ValueError(f"chunk_tokens must be 0 or 2..{MAX_CHUNK_GRAPH_TOKENS} (and below "
+                             f"max_model_len), got {chunk_tokens}")
         self.model = model
         self.kv_caches = kv_caches
         self.kv_scales = kv_scales  # per layer [2, Hkv] float32 for a float8 cache
@@ -99,12 +123,25 @@ class DecodeGraphs:
         self._host = self.host_buffer.numpy()  # the same memory, filled row by row
         self.device_buffer = (torch.zeros(self.layout.numel, dtype=torch.int32, device=device)
                               if pin else self.host_buffer)
-        self._copied = torch.cuda.Event() if pin else None  # host buffer free again
+        self._copied = torch.cuda.Event() if pin else None  # host buffers free again
+        self.chunk_layout = (ChunkInputLayout(max(batch_sizes), self.layout.max_blocks,
+                                              chunk_tokens) if chunk_tokens else None)
+        if self.chunk_layout is not None:
+            self.chunk_host_buffer = torch.zeros(self.chunk_layout.numel, dtype=torch.int32,
+                                                 pin_memory=pin)
+            self._chunk_host = self.chunk_host_buffer.numpy()
+            self.chunk_device_buffer = (
+                torch.zeros(self.chunk_layout.numel, dtype=torch.int32, device=device)
+                if pin else self.chunk_host_buffer)
         self.context_caps = backend.graph_context_caps(max_model_len)
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (batch, cap) -> graph
-        # batch size -> its graphs' output [b, V] float32 (one buffer for every cap)
+        # (decode rows, cap) -> graph of those decodes beside one prompt chunk
+        self.chunk_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        # batch size -> its graphs' output [b (+1 with chunk graphs), V] float32 (one buffer
+        # for every cap, the decode graphs' in its first b rows)
         self._logits: dict[int, torch.Tensor] = {}
-        self.last_replayed: tuple[int, int] | None = None
+        self.last_replayed: tuple[int, int] | None = None  # the last decode graph replayed
+        self.num_chunk_steps = 0  # steps run through the chunk path (replayed or not)
         self.capture_seconds = 0.0
         self.capture_bytes = 0  # device memory the graphs' pool holds after capture
 
@@ -164,15 +201,78 @@ class DecodeGraphs:
             input_ids.index_copy_(0, pending.index, pending.token_ids.to(torch.int32))
         return seq_lens
 
+    def chunk_batch_for(self, work: list[ScheduledSeq]) -> int | None:
+        """The padded number of decode rows a step of decodes plus one prompt chunk runs at
+        through the chunk graphs, or None when it cannot."""
+        if self.chunk_layout is None or not fits_chunk_layout(work, self.chunk_layout):
+            return None
+        return self.batch_size_for_rows(len(work) - 1)
+
+    def _forward_chunk(self, batch: int, seq_lens_cpu: list[int], cap: int) -> torch.Tensor:
+        """The padded forward of ``batch`` decode rows and the chunk over the chunk buffer,
+        planned for contexts up to ``cap`` -> logits [b + 1, V]: the decode rows', then the
+        chunk's last token's (in the row after the step's real decodes)."""
+        layout = self.chunk_layout
+        x = chunk_input_views(self.chunk_device_buffer, layout, batch)
+        chunk_len = layout.chunk + 1 - seq_lens_cpu[-1]  # the padding sequence takes the rest
+        tokens = batch + layout.chunk + 1
+        meta = AttentionMetadata(
+            slot_mapping=x.slot_mapping.long(),
+            query_start_loc=x.query_start_loc,
+            seq_lens=x.seq_lens,
+            block_tables=x.block_tables,
+            query_start_loc_cpu=list(range(batch + 1)) + [batch + chunk_len, tokens],
+            seq_lens_cpu=seq_lens_cpu,
+            max_query_len=layout.chunk + 1,  # fixes the launch plan, as max_seq_len does
+            max_seq_len=cap,
+            block_size=self.block_size,
+        )
+        ctx = AttentionContext(meta, self.kv_caches, self.backend, self.model.attention_layers,
+                               self.kv_scales)
+        hidden = self.model(x.input_ids.long(), x.positions.long(), ctx)  # [T, H]
+        return self.model.compute_logits(hidden.index_select(0, x.logits_index.long()))
+
+    def _load_chunk(self, work: list[ScheduledSeq], batch: int,
+                    pending: PendingInputs | None = None) -> list[int]:
+        """``_load`` for a step of decodes plus one prompt chunk (known to fit): its pending
+        ids are decodes', whose rows are their index among the step's tokens here too."""
+        if self._copied is not None:
+            self._copied.synchronize()
+        seq_lens = write_chunk_inputs(work, batch, self.block_size, self.chunk_layout,
+                                      self._chunk_host)
+        if self._copied is not None:
+            n = self.chunk_layout.prefix_len(batch)
+            self.chunk_device_buffer[:n].copy_(self.chunk_host_buffer[:n], non_blocking=True)
+            self._copied.record()
+        if pending is not None:
+            input_ids = chunk_input_views(self.chunk_device_buffer, self.chunk_layout,
+                                          batch).input_ids
+            input_ids.index_copy_(0, pending.index, pending.token_ids.to(torch.int32))
+        return seq_lens
+
+    def _run_chunk(self, work: list[ScheduledSeq], batch: int,
+                   pending: PendingInputs | None) -> torch.Tensor:
+        self.num_chunk_steps += 1
+        if not self.chunk_graphs:
+            seq_lens = self._load_chunk(work, batch, pending)
+            return self._forward_chunk(batch, seq_lens, self.context_cap_for(seq_lens))[
+                :len(work)]
+        with torch.cuda.device(self.device):
+            seq_lens = self._load_chunk(work, batch, pending)
+            self.chunk_graphs[batch, self.context_cap_for(seq_lens)].replay()
+        return self._logits[batch][:len(work)]
+
     @torch.inference_mode()
-    def run(self, work: list[ScheduledSeq],
-            pending: PendingInputs | None = None) -> torch.Tensor | None:
-        """Logits ([n, V] float32) of a decode step, or None if the step must run eagerly.
-        ``pending``: the rows whose input id is one the previous step sampled, on the device.
-        The result is a view of the graph's output: read it before the next step."""
+    def run(self, work: list[ScheduledSeq], pending: PendingInputs | None = None,
+            chunk: bool = True) -> torch.Tensor | None:
+        """Logits ([n, V] float32, in ``work`` order) of a decode step or (``chunk``) of a step
+        of decodes plus one prompt chunk, or None if the step must run eagerly. ``pending``: the
+        rows whose input id is one the previous step sampled, on the device. The result is a
+        view of the graph's output: read it before the next step."""
         batch = self.batch_size_for(work)
         if batch is None:
-            return None
+            chunk_batch = self.chunk_batch_for(work) if chunk else None
+            return None if chunk_batch is None else self._run_chunk(work, chunk_batch, pending)
         if not self.graphs:
             seq_lens = self._load(work, batch, pending)
             return self._forward(batch, seq_lens + [1] * (batch - len(work)),
@@ -183,9 +283,27 @@ class DecodeGraphs:
         self.last_replayed = key
         return self._logits[batch][:len(work)]
 
+    def _capture(self, forward, batch: int, pool, stream: torch.cuda.Stream,
+                 warmup_runs: int) -> torch.cuda.CUDAGraph:
+        """Warm up and capture ``forward`` (-> logits) for batch size ``batch``. The graphs of
+        one batch size share one output (logits are the bulk of the pool): the first captured
+        owns it, the later ones copy into its first rows."""
+        for _ in range(warmup_runs):  # compiles Triton kernels, sets up cuBLAS
+            forward()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool, stream=stream):
+            out = forward()
+            if batch in self._logits:
+                self._logits[batch][:out.shape[0]].copy_(out)
+            else:
+                self._logits[batch] = out
+            del out
+        return graph
+
     @torch.inference_mode()
     def capture(self, warmup_runs: int = 2) -> None:
-        """Capture one graph per batch size and context cap, largest first, into one shared
+        """Capture one graph per batch size and context cap (and with ``chunk_tokens`` one of
+        decodes beside a prompt chunk per batch size and cap), largest first, into one shared
         memory pool.
 
         Call once the KV cache exists. Inputs during warm-up and capture are all padding rows,
@@ -202,28 +320,26 @@ class DecodeGraphs:
             stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(stream):
                 for batch in reversed(self.batch_sizes):
+                    if self.chunk_layout is not None:  # first: its logits hold b + 1 rows
+                        padding = self._load_chunk([], batch)
+                        for cap in self.context_caps:
+                            self.chunk_graphs[batch, cap] = self._capture(
+                                partial(self._forward_chunk, batch, padding, cap), batch, pool,
+                                stream, warmup_runs)
                     self._load([], batch)
                     padding = [1] * batch
                     for cap in self.context_caps:
-                        for _ in range(warmup_runs):  # compiles Triton kernels, sets up cuBLAS
-                            self._forward(batch, padding, cap)
-                        graph = torch.cuda.CUDAGraph()
-                        with torch.cuda.graph(graph, pool=pool, stream=stream):
-                            out = self._forward(batch, padding, cap)
-                            # one output per batch size (logits are the bulk of the pool): the
-                            # later caps' graphs copy into the first one's
-                            if batch in self._logits:
-                                self._logits[batch].copy_(out)
-                            else:
-                                self._logits[batch] = out
-                            del out
-                        self.graphs[batch, cap] = graph
+                        self.graphs[batch, cap] = self._capture(
+                            partial(self._forward, batch, padding, cap), batch, pool, stream,
+                            warmup_runs)
             torch.cuda.current_stream(self.device).wait_stream(stream)
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()  # warm-up memory; the graphs' pool stays
             self.capture_bytes = torch.cuda.memory_reserved(self.device) - reserved
         self.capture_seconds = time.perf_counter() - t0
-        logger.info("captured %d decode CUDA graphs (batch %d..%d, contexts up to %s) in %.1f s, "
-                    "%.0f MiB", len(self.graphs), self.batch_sizes[0], self.batch_sizes[-1],
+        logger.info("captured %d decode CUDA graphs and %d with a %d-token prompt chunk (batch "
+                    "%d..%d, contexts up to %s) in %.1f s, %.0f MiB", len(self.graphs),
+                    len(self.chunk_graphs), self.chunk_layout.chunk if self.chunk_layout else 0,
+                    self.batch_sizes[0], self.batch_sizes[-1],
                     " / ".join(map(str, self.context_caps)),
                     self.capture_seconds, self.capture_bytes / 2**20)

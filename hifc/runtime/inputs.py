@@ -215,3 +215,139 @@ def write_decode_inputs(work: list[ScheduledSeq], batch: int, block_size: int,
         row[:len(w.block_table)] = w.block_table
     tables[n:, 0] = 0
     return seq_lens
+
+
+# ---- decodes plus one prompt chunk in persistent buffers (CUDA graphs) -------------------------
+@dataclass(frozen=True)
+class ChunkInputLayout:
+    """Where each input of a step of decodes plus one prompt chunk sits in one packed int32
+    buffer.
+
+    A graph of ``b`` decode rows runs b + chunk + 1 tokens in b + 2 sequences: the decodes
+    (padded to b rows as in :class:`DecodeInputLayout`), the chunk's c <= chunk tokens, and a
+    padding sequence of the chunk + 1 - c tokens left (at least one). The buffer holds, with
+    T = max_batch + chunk + 1 and R = max_batch + 2: ``input_ids [T] | positions [T] |
+    slot_mapping [T] | seq_lens [R] | query_start_loc [R+1] | logits_index [max_batch+1] |
+    block_tables [R, max_blocks]``; a graph of b rows reads the first b + chunk + 1 tokens and
+    b + 2 sequences of each, and ``logits_index``'s first b + 1 entries (the decodes' tokens,
+    then the chunk's last).
+    """
+
+    max_batch: int
+    max_blocks: int
+    chunk: int
+
+    def __post_init__(self) -> None:
+        if self.max_batch < 1 or self.max_blocks < 1 or self.chunk < 2:
+            raise ValueError("max_batch and max_blocks must be positive and chunk at least 2")
+
+    @property
+    def max_tokens(self) -> int:
+        return self.max_batch + self.chunk + 1
+
+    @property
+    def max_rows(self) -> int:
+        return self.max_batch + 2
+
+    @property
+    def block_tables_offset(self) -> int:
+        return 3 * self.max_tokens + 2 * self.max_rows + 1 + self.max_batch + 1
+
+    @property
+    def numel(self) -> int:
+        return self.prefix_len(self.max_batch)
+
+    def prefix_len(self, batch: int) -> int:
+        """Elements a graph of ``batch`` decode rows reads from the start of the buffer."""
+        return self.block_tables_offset + (batch + 2) * self.max_blocks
+
+
+@dataclass(frozen=True)
+class ChunkInputs:
+    """Views of a packed chunk buffer for ``batch`` decode rows (int32): tokens [b+chunk+1],
+    sequences [b+2] (+1), logits_index [b+1], block_tables [b+2, max_blocks]."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    seq_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    logits_index: torch.Tensor
+    block_tables: torch.Tensor
+
+
+def chunk_input_views(buffer: torch.Tensor, layout: ChunkInputLayout,
+                      batch: int) -> ChunkInputs:
+    if not 1 <= batch <= layout.max_batch:
+        raise ValueError(f"batch {batch} is outside 1..{layout.max_batch}")
+    t, r = layout.max_tokens, layout.max_rows
+    tokens, rows = batch + layout.chunk + 1, batch + 2
+    logits_at = 3 * t + 2 * r + 1
+    bt = layout.block_tables_offset
+    return ChunkInputs(
+        input_ids=buffer[0:tokens],
+        positions=buffer[t:t + tokens],
+        slot_mapping=buffer[2 * t:2 * t + tokens],
+        seq_lens=buffer[3 * t:3 * t + rows],
+        query_start_loc=buffer[3 * t + r:3 * t + r + rows + 1],
+        logits_index=buffer[logits_at:logits_at + batch + 1],
+        block_tables=buffer[bt:bt + rows * layout.max_blocks].view(rows, layout.max_blocks),
+    )
+
+
+def fits_chunk_layout(work: list[ScheduledSeq], layout: ChunkInputLayout) -> bool:
+    """True for a step of decodes (one new token each, at least one) followed by one prompt
+    chunk of 2..layout.chunk known tokens, that the layout holds."""
+    if not 2 <= len(work) <= layout.max_batch + 1:
+        return False
+    chunk = work[-1]
+    return (2 <= len(chunk.token_ids) <= layout.chunk
+            and PENDING_TOKEN not in chunk.token_ids
+            and all(len(w.block_table) <= layout.max_blocks for w in work)
+            and all(len(w.token_ids) == 1 for w in work[:-1]))
+
+
+def write_chunk_inputs(work: list[ScheduledSeq], batch: int, block_size: int,
+                       layout: ChunkInputLayout, buffer: np.ndarray) -> list[int]:
+    """Write a step that ``fits_chunk_layout`` (decodes, then the chunk) with its decodes padded
+    to ``batch`` rows into ``buffer`` ([layout.numel] int32, host memory); an empty ``work``
+    writes padding only (a one-token chunk at position 0). Returns the sequence lengths of the
+    step's b + 2 sequences, as the attention metadata's host side lists them.
+
+    Padding decode rows are those of :func:`write_decode_inputs`. The padding sequence after
+    the chunk holds its remaining tokens: token 0 at positions 0.., slot PAD_SLOT, its keys in
+    block 0 (finite, never garbage memory); its logits are never read.
+    """
+    decodes, chunk = (work[:-1], work[-1]) if work else ([], None)
+    n = len(decodes)
+    t, r, pad = layout.max_tokens, layout.max_rows, batch - n
+    chunk_ids = chunk.token_ids if chunk else [0]
+    start = chunk.start_pos if chunk else 0
+    table = chunk.block_table if chunk else [0]
+    c = len(chunk_ids)
+    tail = layout.chunk + 1 - c
+    tokens = batch + layout.chunk + 1
+    positions = [w.start_pos for w in decodes]
+    chunk_pos = list(range(start, start + c))
+    decode_slots = [w.block_table[p // block_size] * block_size + p % block_size
+                    for w, p in zip(decodes, positions)]
+    chunk_slots = ([table[p // block_size] * block_size + p % block_size for p in chunk_pos]
+                   if chunk else [PAD_SLOT])
+    seq_lens = [p + 1 for p in positions] + [1] * pad + [start + c, tail]
+    buffer[0:tokens] = [w.token_ids[0] for w in decodes] + [0] * pad + chunk_ids + [0] * tail
+    buffer[t:t + tokens] = positions + [0] * pad + chunk_pos + list(range(tail))
+    buffer[2 * t:2 * t + tokens] = (decode_slots + [PAD_SLOT] * pad + chunk_slots
+                                    + [PAD_SLOT] * tail)
+    buffer[3 * t:3 * t + batch + 2] = seq_lens
+    buffer[3 * t + r:3 * t + r + batch + 3] = list(range(batch + 1)) + [batch + c, tokens]
+    logits_at = 3 * t + 2 * r + 1
+    buffer[logits_at:logits_at + batch + 1] = (list(range(n)) + [batch + c - 1]
+                                               + [0] * pad)
+    bt = layout.block_tables_offset
+    tables = buffer[bt:bt + (batch + 2) * layout.max_blocks].reshape(batch + 2, layout.max_blocks)
+    for row, w in zip(tables, decodes):
+        row[:len(w.block_table)] = w.block_table
+    tables[n:batch, 0] = 0
+    tables[batch, :len(table)] = table
+    tables[batch + 1, :-(-tail // block_size)] = 0
+    return seq_lens

@@ -61,27 +61,32 @@ class ModelRunner:
         self._last_sampled: DeviceTokens | None = None  # the last launched step's ids
         self.followers = followers  # the other tensor-parallel ranks (None: one rank)
 
-    def setup_padded_decode(self, max_model_len: int, max_num_seqs: int, capture: bool) -> None:
+    def setup_padded_decode(self, max_model_len: int, max_num_seqs: int, capture: bool,
+                            chunk_tokens: int = 0) -> None:
         """Run decode-only steps padded to the batch sizes of ``capture_sizes`` from persistent
         input buffers, if this device and backend allow it: replayed from CUDA graphs captured
         now (capture=True), or the same padded computation run eagerly (capture=False, which
         ``enforce_eager`` picks, so that eager and graph runs compute bit-identical logits: the
-        matrix kernels' results depend on the batch size they run at). Where padding is not
-        possible here, decode steps run unpadded."""
+        matrix kernels' results depend on the batch size they run at). With ``chunk_tokens``,
+        steps of decodes plus one prompt chunk of up to that many tokens too. Where padding is
+        not possible here, decode steps run unpadded."""
         num_slots = self.kv_cache.shape[2] * self.block_size
         reason = graphs_unsupported_reason(self.device, self.backend, num_slots)
         if reason is not None:
             logger.info("decode steps run unpadded (no CUDA graphs): %s", reason)
             return
-        self.use_padded_decode(max_model_len, capture_sizes(max_num_seqs), capture=capture)
+        self.use_padded_decode(max_model_len, capture_sizes(max_num_seqs), capture=capture,
+                               chunk_tokens=chunk_tokens)
 
     def use_padded_decode(self, max_model_len: int, batch_sizes: list[int],
-                          capture: bool) -> None:
-        """Run decode-only steps of up to max(batch_sizes) sequences padded to the next size,
-        from persistent input buffers: replayed from CUDA graphs captured now (capture=True,
-        CUDA only) or run eagerly (capture=False: the same computation)."""
+                          capture: bool, chunk_tokens: int = 0) -> None:
+        """Run decode-only steps of up to max(batch_sizes) sequences padded to the next size
+        (and with ``chunk_tokens``, such decodes plus one prompt chunk of up to that many
+        tokens), from persistent input buffers: replayed from CUDA graphs captured now
+        (capture=True, CUDA only) or run eagerly (capture=False: the same computation)."""
         graphs = DecodeGraphs(self.model, self.kv_caches, self.backend, self.block_size,
-                              max_model_len, batch_sizes, self.device, self.kv_scales)
+                              max_model_len, batch_sizes, self.device, self.kv_scales,
+                              chunk_tokens)
         if capture:
             graphs.capture()
         self.decode_graphs = graphs
@@ -91,6 +96,12 @@ class ModelRunner:
         """Decode steps replayed from a CUDA graph."""
         graphs = self.decode_graphs
         return self.num_padded_decode_steps if graphs is not None and graphs.graphs else 0
+
+    @property
+    def num_graph_chunk_steps(self) -> int:
+        """Steps of decodes plus a prompt chunk replayed from a CUDA graph."""
+        graphs = self.decode_graphs
+        return graphs.num_chunk_steps if graphs is not None and graphs.chunk_graphs else 0
 
     def eager_logits(self, work: list[ScheduledSeq]) -> torch.Tensor:
         """Compute the step's K/V from unpadded inputs; returns the logits ([S, V]) of the last
@@ -116,15 +127,16 @@ class ModelRunner:
         last = inputs.build_logits_indices(work, query_start_loc, self.device)
         return self.model.compute_logits(hidden.index_select(0, last))  # [S, V]
 
-    def _padded_logits(self, work: list[ScheduledSeq],
-                       pending: inputs.PendingInputs | None) -> torch.Tensor | None:
-        """Logits ([S, V]) of the samplers of a decode-only step run padded (None: the step
-        runs eagerly). A one-token prompt chunk before the last is such a row, not sampled."""
+    def _padded_logits(self, work: list[ScheduledSeq], pending: inputs.PendingInputs | None,
+                       spans: list[tuple[int, int, int]]) -> torch.Tensor | None:
+        """Logits ([S, V]) of the samplers of a decode-only step, or of decodes plus a prompt
+        chunk that needs no prompt logprobs (``spans``), run padded (None: the step runs
+        eagerly). A one-token prompt chunk before the last is such a row, not sampled."""
         graphs = self.decode_graphs
-        logits = graphs.run(work, pending) if graphs is not None else None
+        logits = graphs.run(work, pending, chunk=not spans) if graphs is not None else None
         if logits is None:
             return None
-        self.num_padded_decode_steps += 1
+        self.num_padded_decode_steps += len(work[-1].token_ids) == 1
         if all(w.samples for w in work):
             return logits  # [B, V]
         rows = [i for i, w in enumerate(work) if w.samples]
@@ -160,7 +172,7 @@ class ModelRunner:
             self.followers.announce(work, spans)
         pending = self._pending_inputs(work, previous)
         hidden = query_start_loc = None
-        logits = self._padded_logits(work, pending)
+        logits = self._padded_logits(work, pending, spans)
         if logits is None:
             hidden, query_start_loc = self.eager_forward(work, pending)
             logits = self._sampler_logits(work, hidden, query_start_loc)  # [S, V]
@@ -180,7 +192,7 @@ class ModelRunner:
         announced (its K/V, and the logits rank 0 computes, which gather over the ranks)."""
         if not work:
             return
-        if self._padded_logits(work, None) is not None:
+        if self._padded_logits(work, None, spans) is not None:
             return
         hidden, query_start_loc = self.eager_forward(work)
         self._sampler_logits(work, hidden, query_start_loc)

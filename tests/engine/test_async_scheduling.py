@@ -130,17 +130,23 @@ def test_greedy_outputs_are_unchanged_under_preemption(tier, tmp_path):
         assert stats["swap_in_blocks"] > 0 and stats["tier_blocks_used"] == 0
 
 
-def test_padded_decode_reads_the_pending_tokens_on_the_device():
+@pytest.mark.parametrize("chunk_tokens", [0, 8])
+def test_padded_decode_reads_the_pending_tokens_on_the_device(chunk_tokens):
+    # chunk_tokens: steps of decodes beside a prompt chunk of <= 8 tokens run padded too
     prompts = prompts_with_shared_prefix(6, seed=2)
-    params = stops_midway(prompts, num_gpu_blocks=64)
+    options = dict(num_gpu_blocks=64, long_prefill_token_threshold=chunk_tokens)
+    params = stops_midway(prompts, **options)
     results = []
     for async_scheduling in (False, True):
-        llm = make_llm(async_scheduling, num_gpu_blocks=64)
-        llm.engine.runner.backend = SkipPaddingReference()  # padding slots are not written
-        llm.engine.runner.use_padded_decode(llm.engine.limits.max_model_len, [1, 2, 4],
-                                            capture=False)
+        llm = make_llm(async_scheduling, **options)
+        runner = llm.engine.runner
+        runner.backend = SkipPaddingReference()  # padding slots are not written
+        sizes = [1, 2, 4, 8] if chunk_tokens else [1, 2, 4]
+        runner.use_padded_decode(llm.engine.limits.max_model_len, sizes, capture=False,
+                                 chunk_tokens=chunk_tokens)
         results.append(completions(llm.generate(prompts, params, use_tqdm=False)))
-        assert llm.engine.runner.num_padded_decode_steps > 0
+        assert runner.num_padded_decode_steps > 0
+        assert (runner.decode_graphs.num_chunk_steps > 0) == bool(chunk_tokens)
     assert_same(results[1], results[0])
 
 

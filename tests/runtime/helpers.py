@@ -21,6 +21,17 @@ class SkipPaddingReference(TorchAttentionBackend):
                                          kv_scale)
 
 
+def chunk_work(decode_lens: list[int], chunk_start: int, chunk_len: int, block_size: int,
+               seed: int = 0, samples: bool = False) -> list[ScheduledSeq]:
+    """A step of decodes of these lengths, then a prompt chunk of chunk_len tokens after
+    chunk_start computed ones (disjoint shuffled blocks)."""
+    work = decode_work(decode_lens + [chunk_start + chunk_len], block_size, seed=seed)
+    last = work[-1]
+    work[-1] = ScheduledSeq(last.request_id, [7 + i % 100 for i in range(chunk_len)], chunk_start,
+                            last.block_table, SamplingParams(), samples=samples)
+    return work
+
+
 def decode_work(seq_lens: list[int], block_size: int, seed: int = 0,
                 vocab: int = 512) -> list[ScheduledSeq]:
     """One decode step (one new token each) for sequences of these lengths, disjoint shuffled

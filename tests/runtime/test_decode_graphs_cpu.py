@@ -9,12 +9,13 @@ MODEL = "random:tiny-llama"
 SIZES = [1, 2, 4]  # 5 or more sequences decode unpadded (eagerly)
 
 
-def make_llm(padded: bool, **options):
+def make_llm(padded: bool, chunk_tokens: int = 0, **options):
     llm = LLM(MODEL, device="cpu", dtype="float32", block_size=16, **options)
     if padded:
         runner = llm.engine.runner
         runner.backend = SkipPaddingReference()
-        runner.use_padded_decode(llm.engine.limits.max_model_len, SIZES, capture=False)
+        runner.use_padded_decode(llm.engine.limits.max_model_len, SIZES, capture=False,
+                                 chunk_tokens=chunk_tokens)
     return llm
 
 
@@ -62,3 +63,33 @@ def test_cpu_engine_runs_eagerly_either_way(enforce_eager):
     out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, ignore_eos=True),
                        use_tqdm=False)
     assert len(out[0].token_ids) == 4 and llm.stats()["graph_decode_steps"] == 0
+
+
+@pytest.mark.parametrize("threshold", [16, 24])
+def test_decodes_beside_a_prompt_chunk_run_padded_with_the_unpadded_outputs(threshold):
+    # chunks of up to 16 / 24 tokens (the chunk region: 16) beside 1-4 decodes: steps whose
+    # chunk fits run through the chunk path, the others eagerly; outputs unchanged
+    prompts = random_prompts(6, (20, 90), seed=threshold)
+    params = staggered(6, max_tokens=8)
+    options = dict(num_gpu_blocks=96, max_num_seqs=4, long_prefill_token_threshold=threshold)
+    ref = output_tokens(make_llm(False, **options), prompts, params)
+    llm = make_llm(True, chunk_tokens=16, **options)
+    assert output_tokens(llm, prompts, params) == ref
+    graphs = llm.engine.runner.decode_graphs
+    assert graphs.num_chunk_steps > 0 and llm.engine.runner.num_padded_decode_steps > 0
+    assert llm.stats()["graph_chunk_steps"] == 0  # run padded, never replayed: no graphs on CPU
+    assert llm.stats()["gpu_blocks_free"] == llm.stats()["gpu_blocks_total"]
+
+
+def test_a_chunk_that_asks_for_prompt_logprobs_runs_eagerly():
+    prompts = random_prompts(3, (40, 60), seed=4)
+    params = [SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)] * 2 + [
+        SamplingParams(max_tokens=3, temperature=0, prompt_logprobs=1, ignore_eos=True)]
+    options = dict(num_gpu_blocks=64, long_prefill_token_threshold=8)
+    ref = make_llm(False, **options).generate(prompts, params, use_tqdm=False)
+    llm = make_llm(True, chunk_tokens=8, **options)
+    got = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in ref]
+    assert len(got[2].prompt_logprobs) == len(prompts[2])
+    for mine, theirs in zip(got[2].prompt_logprobs[1:], ref[2].prompt_logprobs[1:]):
+        assert mine.keys() == theirs.keys()

@@ -9,7 +9,8 @@ import torch
 
 from hifc import LLM, LLMEngine, SamplingParams
 from hifc.runtime.cuda_graphs import DecodeGraphs, capture_sizes
-from tests.runtime.helpers import decode_work, output_tokens, random_prompts, staggered
+from tests.runtime.helpers import (chunk_work, decode_work, output_tokens, random_prompts,
+                                   staggered)
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
@@ -38,6 +39,45 @@ def test_replay_equals_the_padded_and_the_unpadded_forward():
         torch.testing.assert_close(replayed, padded, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(replayed, unpadded, rtol=1e-4, atol=1e-4)
     assert graphs.run(decode_work([3] * 17, 16)) is None  # above the largest size: eager
+
+
+@torch.inference_mode()
+def test_chunk_replay_equals_the_padded_and_the_unpadded_forward():
+    # long_prefill_token_threshold 16: graphs of decodes beside a prompt chunk of <= 16 tokens
+    engine = LLMEngine.from_options(MODEL, device="cuda", dtype="float32", block_size=16,
+                                    num_gpu_blocks=256, max_num_seqs=16, max_model_len=1024,
+                                    long_prefill_token_threshold=16)
+    runner = engine.runner
+    graphs = runner.decode_graphs
+    assert sorted(graphs.chunk_graphs) == sorted(graphs.graphs)
+    runner.kv_cache.normal_()
+    eager = DecodeGraphs(runner.model, runner.kv_caches, runner.backend, runner.block_size,
+                         1024, graphs.batch_sizes, runner.device, chunk_tokens=16)
+    for seed, (lens, start, n) in enumerate([([1, 17, 200], 0, 16), ([513, 2], 700, 5),
+                                             ([5] * 16, 30, 2), ([40], 1000, 16)]):
+        work = chunk_work(lens, start, n, 16, seed=seed, samples=True)
+        replayed = graphs.run(work).clone()
+        padded = eager.run(work)
+        unpadded = runner.eager_logits(work)
+        assert replayed.shape == (len(work), engine.arch.vocab_size)
+        torch.testing.assert_close(replayed, padded, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(replayed, unpadded, rtol=1e-4, atol=1e-4)
+    assert graphs.run(chunk_work([3] * 17, 10, 4, 16)) is None  # above the largest size
+    assert graphs.run(chunk_work([3], 10, 17, 16)) is None  # a chunk above 16 tokens
+    assert graphs.num_chunk_steps == 4
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_chunk_graph_and_eager_engines_give_identical_greedy_outputs(dtype):
+    prompts = random_prompts(10, (5, 300), seed=8)
+    params = staggered(10, max_tokens=12)
+    common = dict(device="cuda", dtype=dtype, block_size=16, num_gpu_blocks=512, max_num_seqs=8,
+                  max_model_len=1024, long_prefill_token_threshold=32)
+    graph = LLM(MODEL, **common)
+    assert output_tokens(graph, prompts, params) == output_tokens(
+        LLM(MODEL, enforce_eager=True, **common), prompts, params)
+    stats = graph.stats()
+    assert stats["graph_chunk_steps"] > 0 and stats["graph_decode_steps"] > 0
 
 
 @torch.inference_mode()

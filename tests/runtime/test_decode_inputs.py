@@ -15,7 +15,7 @@ from hifc.runtime.cuda_graphs import (DecodeGraphs, capture_sizes, graphs_unsupp
 from hifc.runtime.inputs import (PAD_SLOT, DecodeInputLayout, decode_input_views,
                                  fill_decode_inputs, fits_decode_layout)
 from hifc.sampling_params import SamplingParams
-from tests.runtime.helpers import decode_work
+from tests.runtime.helpers import chunk_work, decode_work
 
 BLOCK = 16
 
@@ -156,3 +156,51 @@ def test_pending_tokens_are_found_in_the_previous_steps_sampled_rows():
     assert inputs.pending_token_sources(work, {"c": 0, "a": 2, "x": 1}) == ([0, 4], [2, 0])
     with pytest.raises(RuntimeError, match="c's pending token was not sampled"):
         inputs.pending_token_sources(work, {"a": 0})
+
+
+def _chunk_step(decode_lens, chunk_start, chunk_len, seed=0):
+    return chunk_work(decode_lens, chunk_start, chunk_len, BLOCK, seed=seed)
+
+
+def test_chunk_inputs_match_the_eager_inputs_and_pad_the_rest():
+    work = _chunk_step([5, 40, 18], 30, 9, seed=2)
+    layout = inputs.ChunkInputLayout(max_batch=8, max_blocks=4, chunk=12)
+    host = np.zeros(layout.numel, dtype=np.int32)
+    assert inputs.fits_chunk_layout(work, layout)
+    lens = inputs.write_chunk_inputs(work, 4, BLOCK, layout, host)
+    x = inputs.chunk_input_views(torch.from_numpy(host), layout, 4)
+    meta = inputs.build_attention_metadata(work, BLOCK, "cpu")
+    # three decodes, one padding decode row, the chunk, a padding sequence of 12 + 1 - 9 tokens
+    assert lens == [5, 40, 18, 1, 39, 4]
+    assert x.query_start_loc.tolist() == [0, 1, 2, 3, 4, 13, 17]
+    decodes, chunk = slice(0, 3), slice(4, 13)
+    eager_ids = inputs.build_input_ids(work, "cpu").tolist()
+    assert x.input_ids[decodes].tolist() + x.input_ids[chunk].tolist() == eager_ids
+    positions = inputs.build_positions(work, "cpu").tolist()
+    assert x.positions[decodes].tolist() + x.positions[chunk].tolist() == positions
+    slots = meta.slot_mapping.tolist()
+    assert x.slot_mapping[decodes].tolist() + x.slot_mapping[chunk].tolist() == slots
+    assert x.slot_mapping[3].item() == PAD_SLOT and x.slot_mapping[13:].tolist() == [PAD_SLOT] * 4
+    assert x.positions[13:].tolist() == [0, 1, 2, 3]  # the padding sequence attends to block 0
+    assert x.block_tables[4, :len(work[-1].block_table)].tolist() == work[-1].block_table
+    assert x.block_tables[5, 0].item() == 0 and x.block_tables[3, 0].item() == 0
+    # logits rows in work order: the decodes' tokens, then the chunk's last, then padding
+    assert x.logits_index.tolist() == [0, 1, 2, 12, 0]
+
+
+def test_chunk_layout_takes_decodes_then_one_short_known_chunk():
+    layout = inputs.ChunkInputLayout(max_batch=4, max_blocks=4, chunk=8)
+    assert inputs.fits_chunk_layout(_chunk_step([5, 9], 20, 8), layout)
+    assert not inputs.fits_chunk_layout(_chunk_step([5, 9], 20, 9), layout)  # chunk too long
+    assert not inputs.fits_chunk_layout(_chunk_step([], 20, 4), layout)  # no decode
+    assert not inputs.fits_chunk_layout(_chunk_step([3] * 5, 20, 4), layout)  # 5 decode rows
+    assert not inputs.fits_chunk_layout(decode_work([5, 9, 4], BLOCK), layout)  # decodes only
+    two_chunks = _chunk_step([5], 20, 4)
+    two_chunks.insert(0, two_chunks[-1])
+    assert not inputs.fits_chunk_layout(two_chunks, layout)
+    pending = _chunk_step([5], 20, 4)
+    last = pending[-1]
+    pending[-1] = ScheduledSeq(last.request_id, last.token_ids[:-1] + [PENDING_TOKEN],
+                               last.start_pos, last.block_table, SamplingParams())
+    assert not inputs.fits_chunk_layout(pending, layout)
+    assert not inputs.fits_chunk_layout(_chunk_step([5], 70, 4), layout)  # 5 blocks
