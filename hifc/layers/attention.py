@@ -55,6 +55,9 @@ class AttentionMetadata:
     max_query_len: int
     max_seq_len: int
     block_size: int
+    # the first this many sequences are decodes (one new token each) that a backend may attend
+    # in a launch of their own, apart from the prompt chunks after them (0: no such split)
+    num_leading_decodes: int = 0
 
     @property
     def num_seqs(self) -> int:

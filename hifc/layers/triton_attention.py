@@ -414,6 +414,7 @@ class TritonAttentionBackend:
         self.triton_kv_write = triton_kv_write
         self.dense_prefill = dense_prefill
         self._num_sms: dict[torch.device, int] = {}
+        self._apart: tuple[AttentionMetadata, AttentionMetadata, AttentionMetadata] | None = None
 
     def num_sms(self, device: torch.device) -> int:
         if device not in self._num_sms:
@@ -452,8 +453,36 @@ class TritonAttentionBackend:
         if (self.dense_prefill and sliding_window is None and logit_softcap is None
                 and kv_cache.dtype != FP8 and fresh_prompts_only(meta, q.dtype)):
             return dense_prefill_attention(q, k, v, meta, scale, out)
+        if 0 < meta.num_leading_decodes < meta.num_seqs:
+            # a tile of the chunks' shape would run each decode row at 1/BLOCK_Q of its rows
+            decodes, rest = self._apart_metas(meta)
+            d = decodes.num_seqs
+            if out is None:
+                out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+            for part, rows in ((decodes, slice(0, d)), (rest, slice(d, None))):
+                paged_attention(q[rows], kv_cache, part, scale,
+                                self.plan(q[rows], kv_cache, part, sliding_window), out[rows],
+                                sliding_window, logit_softcap, kv_scale)
+            return out
         return paged_attention(q, kv_cache, meta, scale, self.plan(q, kv_cache, meta, sliding_window),
                                out, sliding_window, logit_softcap, kv_scale)
+
+    def _apart_metas(self, meta: AttentionMetadata) -> tuple[AttentionMetadata, AttentionMetadata]:
+        """The metadata of the step's leading decodes and of the sequences after them (made
+        once per step: every layer passes the same ``meta``). Both keep the step's
+        max_seq_len, which fixes a CUDA graph's launch plans."""
+        if self._apart is None or self._apart[0] is not meta:
+            d, qsl = meta.num_leading_decodes, meta.query_start_loc_cpu
+            decodes = AttentionMetadata(
+                meta.slot_mapping[:d], meta.query_start_loc[:d + 1], meta.seq_lens[:d],
+                meta.block_tables[:d], qsl[:d + 1], meta.seq_lens_cpu[:d], 1, meta.max_seq_len,
+                meta.block_size)
+            rest = AttentionMetadata(
+                meta.slot_mapping[d:], meta.query_start_loc[d:] - d, meta.seq_lens[d:],
+                meta.block_tables[d:], [x - d for x in qsl[d:]], meta.seq_lens_cpu[d:],
+                meta.max_query_len, meta.max_seq_len, meta.block_size)
+            self._apart = (meta, decodes, rest)
+        return self._apart[1], self._apart[2]
 
 
 def fresh_prompts_only(meta: AttentionMetadata, dtype: torch.dtype) -> bool:

@@ -226,6 +226,7 @@ class DecodeGraphs:
             max_query_len=layout.chunk + 1,  # fixes the launch plan, as max_seq_len does
             max_seq_len=cap,
             block_size=self.block_size,
+            num_leading_decodes=batch,  # attended apart from the chunk's rows
         )
         ctx = AttentionContext(meta, self.kv_caches, self.backend, self.model.attention_layers,
                                self.kv_scales)

@@ -263,17 +263,11 @@ class ChunkInputLayout:
 
 
 @dataclass(frozen=True)
-class ChunkInputs:
+class ChunkInputs(DecodeInputs):
     """Views of a packed chunk buffer for ``batch`` decode rows (int32): tokens [b+chunk+1],
-    sequences [b+2] (+1), logits_index [b+1], block_tables [b+2, max_blocks]."""
+    sequences [b+2] (+1), block_tables [b+2, max_blocks], and logits_index [b+1]."""
 
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    slot_mapping: torch.Tensor
-    seq_lens: torch.Tensor
-    query_start_loc: torch.Tensor
     logits_index: torch.Tensor
-    block_tables: torch.Tensor
 
 
 def chunk_input_views(buffer: torch.Tensor, layout: ChunkInputLayout,

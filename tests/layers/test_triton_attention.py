@@ -207,6 +207,23 @@ def test_default_plan_splits_a_short_chunk_over_a_long_context(dtype):
 
 
 @device_test
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("window,softcap", [(None, None), (40, 3.0)])
+def test_leading_decodes_attended_apart_from_the_chunks(dtype, window, softcap):
+    # num_leading_decodes (a chunk graph's step): the decodes in one launch, the chunk and the
+    # sequences after it in another, one output
+    step = make_step([1, 1, 1, 1, 40, 9], [300, 17, 0, 700, 129, 50], 8, 2, 64, 16, dtype,
+                     seed=31)
+    step[4].num_leading_decodes = 4
+    backend = TritonAttentionBackend()
+    check(backend, *step, dtype, window, softcap)
+    decodes, rest = backend._apart_metas(step[4])
+    assert decodes.query_start_loc.tolist() == [0, 1, 2, 3, 4]
+    assert rest.query_start_loc.tolist() == [0, 40, 49] == rest.query_start_loc_cpu
+    assert rest.seq_lens_cpu == [169, 59] and decodes.max_seq_len == rest.max_seq_len == 701
+
+
+@device_test
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_split_kv_on_mixed_batch(dtype):
     step = make_step(MIXED_QUERY, MIXED_CONTEXT, 8, 2, 128, 64, dtype, seed=11)

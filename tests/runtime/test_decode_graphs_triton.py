@@ -185,16 +185,30 @@ def test_balanced_segments_under_a_graph_plan(dtype):
 def test_padded_decode_through_triton_matches_the_torch_engine(model):
     """The engine's padded decode path with the Triton backend (no capture) against the torch
     reference engine: greedy outputs identical."""
+    check_padded_engine(model, TritonAttentionBackend(split_kv=True))
+
+
+@pytest.mark.slow
+def test_padded_chunks_through_triton_match_the_torch_engine():
+    """Decodes beside 8-token prompt chunks run padded (the chunk graphs' computation, decodes
+    attended apart from the chunk) with the Triton backend: greedy outputs identical."""
+    runner = check_padded_engine("random:tiny-llama", TritonAttentionBackend(), chunk_tokens=8)
+    assert runner.decode_graphs.num_chunk_steps > 0
+
+
+def check_padded_engine(model, backend, chunk_tokens=0):
     prompts = random_prompts(6, (1, 70), seed=5)
     params = [SamplingParams(max_tokens=5 + 2 * i, temperature=0.0, ignore_eos=True)
               for i in range(6)]
     common = dict(device=DEVICE, dtype="float32", block_size=16, num_gpu_blocks=64,
-                  max_model_len=1024, enforce_eager=True)
+                  max_model_len=1024, enforce_eager=True, long_prefill_token_threshold=chunk_tokens)
     ref = LLM(model, attention_backend="torch", **common)
     expected = [o.token_ids for o in ref.generate(prompts, params, use_tqdm=False)]
     llm = LLM(model, attention_backend="torch", **common)
     runner = llm.engine.runner
-    runner.backend = TritonAttentionBackend(split_kv=True)
-    runner.use_padded_decode(llm.engine.limits.max_model_len, [1, 2, 4, 8], capture=False)
+    runner.backend = backend
+    runner.use_padded_decode(llm.engine.limits.max_model_len, [1, 2, 4, 8], capture=False,
+                             chunk_tokens=chunk_tokens)
     assert [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == expected
     assert runner.num_padded_decode_steps > 0
+    return runner
