@@ -61,9 +61,10 @@ DENSE_PREFILL_MAX_SEQS = 8  # SDPA runs once per sequence: no more of them than 
 # graph per context cap (scripts/gpu_kernel_probe.py --parts balance, docs/RESULTS.md).
 BALANCED_SEGMENT_KEYS = 4096
 BALANCED_MAX_SEGMENTS = 8
-# Steps with prompt chunks and at most MIXED_SPLIT_MAX_TOKENS tokens split contexts longer
-# than BALANCED_SEGMENT_KEYS into segments of MIXED_SEGMENT_KEYS keys or more: a short chunk
-# late in a long prompt is a few q blocks, each over the whole context. Tokens x segments stay
+# Steps with prompt chunks and at most MIXED_SPLIT_MAX_TOKENS tokens, whose longest chunk has
+# fewer q-block programs than 3/4 of the SMs, split contexts longer than BALANCED_SEGMENT_KEYS
+# into segments of MIXED_SEGMENT_KEYS keys or more: a short chunk late in a long prompt is a
+# few q blocks, each over the whole context. Tokens x segments stay
 # within MIXED_SPLIT_ROWS (the partials take tokens x heads x segments x head_dim x 4 bytes).
 # 8B shapes on an H200, a 32-token chunk after 32k tokens beside 32 decodes: 916 us unsplit,
 # 209 us in 8 segments of 4,096 keys (scripts/gpu_kernel_probe.py --parts chunks).
@@ -373,7 +374,10 @@ def plan_launch(max_query_len: int, max_seq_len: int, num_seqs: int, num_q_heads
         if max_query_len == 1:
             split_kv = (few and max_seq_len >= 8 * tile) or max_seq_len > BALANCED_SEGMENT_KEYS
         else:
-            split_kv = (max_seq_len > BALANCED_SEGMENT_KEYS
+            # ... and a longest chunk whose q blocks leave SMs idle (a 512-token chunk of the 8B
+            # preset, 128 programs, ran alone in 133 us unsplit against 181 us split)
+            chunk_programs = -(-max_query_len * group // block_m) * num_kv_heads
+            split_kv = (max_seq_len > BALANCED_SEGMENT_KEYS and 4 * chunk_programs <= 3 * num_sms
                         and (num_tokens or max_query_len * num_seqs) <= MIXED_SPLIT_MAX_TOKENS)
     if split_kv and auto and max_query_len > 1:
         # A step with prompt chunks (whose q blocks are more programs than its sequences):

@@ -193,13 +193,20 @@ def test_fixed_size_segments_on_mixed_batch_with_window():
     check(FixedSegments(4, 2), *step, torch.float32, 33, 2.0)
 
 
+class H200Sized(TritonAttentionBackend):
+    """Plans for an H200's 132 SMs, in the interpreter too."""
+
+    def num_sms(self, device):
+        return 132
+
+
 @device_test
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_default_plan_splits_a_short_chunk_over_a_long_context(dtype):
     # decodes beside a 48-token chunk after 6,000 computed tokens (a prompt chunked under a
     # prefill attention budget): segments of 2,048 keys or more, the chunk's rows merged from 3
     step = make_step([1, 48, 1, 1], [900, 6000, 5000, 30], 8, 2, 64, 64, dtype, seed=29)
-    backend = TritonAttentionBackend()
+    backend = H200Sized()
     plan = backend.plan(step[0], step[3], step[4])
     assert plan.num_segments == 4 and plan.block_q > 1
     assert plan.segment_tiles * plan.tile == 2048
@@ -325,16 +332,17 @@ def test_plan_splits_small_long_decodes_and_long_full_ones():
     assert (long.num_segments, long.segment_tiles) == (8, 32)
     assert plan_launch(1, 4097, 128, **common).num_segments == 2
     assert plan_launch(1, 131072, 32, **common).num_segments == 8
-    # steps with prompt chunks over long contexts, up to MIXED_SPLIT_MAX_TOKENS tokens:
-    # segments of 16 tiles (2,048 keys), as many as the longest context fills, at most 32, and
-    # tokens x segments within 8,192
+    # steps with prompt chunks over long contexts, up to MIXED_SPLIT_MAX_TOKENS tokens, whose
+    # longest chunk is at most 3/4 x 132 programs: segments of 16 tiles (2,048 keys), as many
+    # as the longest context fills, at most 32, and tokens x segments within 8,192
     chunk = plan_launch(64, 32768, 33, num_tokens=96, **common)
     assert (chunk.num_segments, chunk.segment_tiles) == (16, 16)
     assert plan_launch(2, 17341, 32, **common).num_segments == 16  # 64 tokens at most
     assert plan_launch(8, 131072, 2, num_tokens=9, **common).num_segments == 32
-    assert plan_launch(512, 32768, 33, num_tokens=544, **common).num_segments == 8
-    assert plan_launch(512, 32768, 33, num_tokens=1025, **common).num_segments == 1
-    assert plan_launch(512, 4096, 33, num_tokens=544, **common).num_segments == 1
+    assert plan_launch(257, 32768, 34, num_tokens=290, **common).num_segments == 16  # 72
+    assert plan_launch(512, 32768, 33, num_tokens=544, **common).num_segments == 1  # 128
+    assert plan_launch(256, 32768, 33, num_tokens=1025, **common).num_segments == 1
+    assert plan_launch(256, 4096, 33, num_tokens=288, **common).num_segments == 1
     prefill = plan_launch(8192, 8192, 1, **common)
     assert prefill.block_m == 128 and prefill.block_q == 32
 

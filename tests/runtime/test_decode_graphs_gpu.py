@@ -43,18 +43,21 @@ def test_replay_equals_the_padded_and_the_unpadded_forward():
 
 @torch.inference_mode()
 def test_chunk_replay_equals_the_padded_and_the_unpadded_forward():
-    # long_prefill_token_threshold 16: graphs of decodes beside a prompt chunk of <= 16 tokens
+    # long_prefill_token_threshold 16: graphs of decodes beside a prompt chunk of <= 16 tokens,
+    # for contexts up to 4,096 and 8,192 (the longer cap's chunk attention split in segments)
     engine = LLMEngine.from_options(MODEL, device="cuda", dtype="float32", block_size=16,
-                                    num_gpu_blocks=256, max_num_seqs=16, max_model_len=1024,
+                                    num_gpu_blocks=1024, max_num_seqs=16, max_model_len=8192,
                                     long_prefill_token_threshold=16)
     runner = engine.runner
     graphs = runner.decode_graphs
     assert sorted(graphs.chunk_graphs) == sorted(graphs.graphs)
+    assert graphs.context_caps == [4096, 8192]
     runner.kv_cache.normal_()
     eager = DecodeGraphs(runner.model, runner.kv_caches, runner.backend, runner.block_size,
-                         1024, graphs.batch_sizes, runner.device, chunk_tokens=16)
+                         8192, graphs.batch_sizes, runner.device, chunk_tokens=16)
     for seed, (lens, start, n) in enumerate([([1, 17, 200], 0, 16), ([513, 2], 700, 5),
-                                             ([5] * 16, 30, 2), ([40], 1000, 16)]):
+                                             ([5] * 16, 30, 2), ([40], 1000, 16),
+                                             ([7000, 3], 6000, 16), ([20], 8000, 9)]):
         work = chunk_work(lens, start, n, 16, seed=seed, samples=True)
         replayed = graphs.run(work).clone()
         padded = eager.run(work)
@@ -64,7 +67,7 @@ def test_chunk_replay_equals_the_padded_and_the_unpadded_forward():
         torch.testing.assert_close(replayed, unpadded, rtol=1e-4, atol=1e-4)
     assert graphs.run(chunk_work([3] * 17, 10, 4, 16)) is None  # above the largest size
     assert graphs.run(chunk_work([3], 10, 17, 16)) is None  # a chunk above 16 tokens
-    assert graphs.num_chunk_steps == 4
+    assert graphs.num_chunk_steps == 6
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
