@@ -42,22 +42,26 @@ def test_replay_equals_the_padded_and_the_unpadded_forward():
 
 
 @torch.inference_mode()
-def test_chunk_replay_equals_the_padded_and_the_unpadded_forward():
+def test_chunk_replay_equals_the_padded_and_the_unpadded_forward(monkeypatch):
     # long_prefill_token_threshold 16: graphs of decodes beside a prompt chunk of <= 16 tokens,
-    # for contexts up to 4,096 and 8,192 (the longer cap's chunk attention split in segments)
+    # for contexts up to 256 and 1,024 (balanced segments above 256 keys, 4096 in the engine, so
+    # that the longer cap's chunk attention splits its keys in segments)
+    from hifc.layers import triton_attention
+    monkeypatch.setattr(triton_attention, "BALANCED_SEGMENT_KEYS", 256)
+    monkeypatch.setattr(triton_attention, "MIXED_SEGMENT_KEYS", 128)
     engine = LLMEngine.from_options(MODEL, device="cuda", dtype="float32", block_size=16,
-                                    num_gpu_blocks=1024, max_num_seqs=16, max_model_len=8192,
+                                    num_gpu_blocks=256, max_num_seqs=16, max_model_len=1024,
                                     long_prefill_token_threshold=16)
     runner = engine.runner
     graphs = runner.decode_graphs
     assert sorted(graphs.chunk_graphs) == sorted(graphs.graphs)
-    assert graphs.context_caps == [4096, 8192]
+    assert graphs.context_caps == [256, 1024]
     runner.kv_cache.normal_()
     eager = DecodeGraphs(runner.model, runner.kv_caches, runner.backend, runner.block_size,
-                         8192, graphs.batch_sizes, runner.device, chunk_tokens=16)
+                         1024, graphs.batch_sizes, runner.device, chunk_tokens=16)
     for seed, (lens, start, n) in enumerate([([1, 17, 200], 0, 16), ([513, 2], 700, 5),
                                              ([5] * 16, 30, 2), ([40], 1000, 16),
-                                             ([7000, 3], 6000, 16), ([20], 8000, 9)]):
+                                             ([100, 3], 90, 16), ([20], 200, 9)]):
         work = chunk_work(lens, start, n, 16, seed=seed, samples=True)
         replayed = graphs.run(work).clone()
         padded = eager.run(work)
