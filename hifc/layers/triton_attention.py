@@ -62,12 +62,12 @@ DENSE_PREFILL_MAX_SEQS = 8  # SDPA runs once per sequence: no more of them than 
 BALANCED_SEGMENT_KEYS = 4096
 BALANCED_MAX_SEGMENTS = 8
 # Steps with prompt chunks and at most MIXED_SPLIT_MAX_TOKENS tokens, whose longest chunk has
-# fewer q-block programs than 3/4 of the SMs, split contexts longer than BALANCED_SEGMENT_KEYS
+# q-block programs for at most 3/4 of the SMs, split contexts longer than BALANCED_SEGMENT_KEYS
 # into segments of MIXED_SEGMENT_KEYS keys or more: a short chunk late in a long prompt is a
-# few q blocks, each over the whole context. Tokens x segments stay
-# within MIXED_SPLIT_ROWS (the partials take tokens x heads x segments x head_dim x 4 bytes).
-# 8B shapes on an H200, a 32-token chunk after 32k tokens beside 32 decodes: 916 us unsplit,
-# 209 us in 8 segments of 4,096 keys (scripts/gpu_kernel_probe.py --parts chunks).
+# few q blocks, each over the whole context. Tokens x segments stay within MIXED_SPLIT_ROWS
+# (the partials take tokens x heads x segments x head_dim x 4 bytes). 8B shapes on an H200: a
+# 32-token chunk after 32k tokens beside 32 decodes, 914 us unsplit, 209 us in 16 segments; a
+# 64-token chunk after 16k alone, 460 -> 79 us (scripts/gpu_kernel_probe.py --parts chunks).
 MIXED_SPLIT_MAX_TOKENS = 1024
 MIXED_SEGMENT_KEYS = 2048
 MIXED_SPLIT_ROWS = 8192

@@ -97,6 +97,23 @@ def test_prefill_attention_budget_is_shared_by_the_chunks_of_a_step():
     assert shape(run_step(sched, seqs)) == [("a", 24, 6, True), ("b", 0, 15, False)]
 
 
+def test_prefill_attention_budget_counts_a_cached_prefix_as_context():
+    # the second prompt shares the first's 64-token prefix (4 blocks of 16): its chunks start
+    # after 64 cached tokens, so 600 pairs give it 8 tokens (8*64 + 36 = 548), not 34
+    sched, kv = make_scheduler(budget=128, max_len=256, num_blocks=32, prefix_caching=True,
+                               attention_budget=600)
+    prefix = list(range(1, 65))
+    seqs = {"a": make_seq("a", 0, max_tokens=2, tokens=prefix + [100, 101]),
+            "b": make_seq("b", 0, max_tokens=2, arrival=1, tokens=prefix + list(range(200, 230)))}
+    sched.add(seqs["a"])
+    while seqs["a"].num_computed_tokens < 66:
+        run_step(sched, seqs)
+    sched.add(seqs["b"])
+    steps = [shape(run_step(sched, seqs)) for _ in range(2)]
+    assert [w for w in steps[0] if w[0] == "b"] == [("b", 64, 8, False)]
+    assert [w for w in steps[1] if w[0] == "b"] == [("b", 72, 7, False)]  # 7*72 + 28 = 532
+
+
 def test_without_chunking_a_prompt_waits_for_a_budget_that_holds_it_whole():
     sched, kv = make_scheduler(budget=40, max_len=40, chunked=False)
     seqs = {"a1": make_seq("a1", 5, max_tokens=3), "a2": make_seq("a2", 5, max_tokens=3),
