@@ -10,10 +10,10 @@ prefill_attention_budget too), one engine
 decode; after --warm-steps decode steps a 32k-token prompt is added. Every step's outputs time
 the decoders' tokens: the inter-token latency of the 32 decoders from the long prompt's arrival
 to their end (median, p99, max, p99/median: a one-step prefill stalls them all for one long
-step), the median step with decodes only and p99 over it, and the long prompt's TTFT; then, untimed,
-ten steps at a few points of the long prompt's prefill under the profiler (wall and kernel time
-per step). Each mode first runs
-the same scenario on other random prompts, untimed, so that Triton compiles every kernel plan
+step), the median step with decodes only and p99 over it, and the long prompt's TTFT; then,
+untimed, at a few points of the long prompt's prefill, ten steps under torch's profiler (wall
+and kernel time per step) and ten under cProfile (the host functions). Each mode first runs the
+same scenario on other random prompts, untimed, so that Triton compiles every kernel plan
 before the clock starts.
 
 parity: greedy token lists of prefix caching on / chunked prefill on / both, against both off,
@@ -141,8 +141,9 @@ def stall_scenario(engine: LLMEngine, sizes: Sizes, seed: int, tag: str) -> dict
 
 def profile_chunk_steps(engine: LLMEngine, sizes: Sizes, marks: tuple[int, ...]) -> list[dict]:
     """The scenario again, untimed; from each of ``marks`` (steps into the long prompt's
-    prefill) ten steps run under the profiler: wall time and kernel time per step, and the
-    long prompt's computed tokens there."""
+    prefill) ten steps run under torch's profiler (wall and kernel time per step), then ten
+    under cProfile (wall time and the host functions), with the long prompt's computed tokens
+    there."""
     rng = random.Random(2)
     vocab = engine.arch.vocab_size
     params = SamplingParams(max_tokens=sizes.decoder_tokens, temperature=0, ignore_eos=True)
@@ -169,13 +170,13 @@ def profile_chunk_steps(engine: LLMEngine, sizes: Sizes, marks: tuple[int, ...])
         host = cProfile.Profile()
         t0 = time.perf_counter()
         host.runcall(lambda: [engine.step() for _ in range(10)])
-        unprofiled_wall = (time.perf_counter() - t0) / 10
+        cprofile_wall = (time.perf_counter() - t0) / 10
         done += 10
         rows.append({"prefill_step": mark, "context": context, "wall_ms": 1e3 * wall,
                      "kernel_ms": sum(k["ms"] for k in kernels) / 10,
                      "top": [(k["name"][:50], k["calls"] / 10, round(k["ms"] / 10, 3))
                              for k in kernels[:5]],
-                     "cprofile_wall_ms": 1e3 * unprofiled_wall,
+                     "cprofile_wall_ms": 1e3 * cprofile_wall,
                      "host": probes.host_functions(host, 10, top=15)})
     engine.abort_request(ids + ["prof-long"])
     while engine.has_unfinished_requests():
