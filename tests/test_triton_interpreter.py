@@ -1,7 +1,7 @@
 """The Triton kernels' CPU cases (attention, KV write, fused norm/SiLU/rotary, sampling
 penalties, padded decode through Triton) in a child pytest with TRITON_INTERPRET=1, one child per
-test file, so that the default suite runs them. The child writes its progress straight to the
-terminal.
+test file, so that the default suite runs them. The children start together; each one's output
+goes to the terminal when it ends.
 
 The variable must be set before triton is imported, and it would make every Triton test of this
 process interpret, so the cases run in their own process. Cases that need a real GPU skip there.
@@ -30,16 +30,37 @@ SELECTION = ("not split_kv_on_mixed_batch and not (mixed_batch_8b_shape and not 
              "and not (fresh_prompts_attend_densely and not query_lens1)")
 
 
+@pytest.fixture(scope="module")
+def children(request, tmp_path_factory):
+    """One child pytest per selected file, all started at once (on a 2-core machine the short
+    files run beside the attention file instead of after it), each writing to its own log."""
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    logs = tmp_path_factory.mktemp("interpreter")
+    selected = [item.callspec.params["path"] for item in request.session.items
+                if getattr(item, "originalname", None) == "test_triton_kernels_in_the_interpreter"]
+    started = {}
+    for i, path in enumerate(selected):
+        log = open(logs / f"{i}.log", "w+")
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k",
+                   SELECTION, path]
+        started[path] = (subprocess.Popen(command, cwd=root, env=env, stdout=log,
+                                          stderr=subprocess.STDOUT), log)
+    yield started
+    for child, log in started.values():
+        child.kill()
+        child.wait()
+        log.close()
+
+
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available(),
                     reason="the cases run directly here")
 @pytest.mark.parametrize("path", FILES)
-def test_triton_kernels_in_the_interpreter(path, capsys):
-    root = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", SELECTION,
-               path]
-    with capsys.disabled():  # the child's progress goes to the terminal as it runs
-        print(f"\n[Triton interpreter] {path}", flush=True)
-        result = subprocess.run(command, cwd=root, env=env, timeout=900)
-    assert result.returncode == 0, f"the interpreter run of {path} failed: see its output above"
+def test_triton_kernels_in_the_interpreter(path, children, capsys):
+    child, log = children[path]
+    returncode = child.wait(timeout=900)
+    log.seek(0)
+    with capsys.disabled():  # the child's output goes to the terminal
+        print(f"\n[Triton interpreter] {path}\n{log.read()}", flush=True)
+    assert returncode == 0, f"the interpreter run of {path} failed: see its output above"
