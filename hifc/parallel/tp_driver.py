@@ -130,6 +130,10 @@ class TPDriver:
         return orders
 
     def _send(self, command: Command) -> None:
+        if self.lost is None and not all(p.is_alive() for p in self.processes):
+            # a worker this rank spawned has exited: a broadcast to it can block until gloo's
+            # timeout (30 min) instead of failing
+            self.lost = self._loss("found before sending")
         if self.lost is not None:
             raise WorkerLost(self.lost)
         try:
@@ -146,7 +150,7 @@ class TPDriver:
                 if job_id in self._outcomes:
                     self._staged.setdefault(job_id, Counter()).update(pairs)
 
-    def _loss(self, exc: Exception) -> str:
+    def _loss(self, exc: Exception | str) -> str:
         """What to tell the user when the channel failed: which workers exited, if known."""
         dead = [f"{p.name} (exit code {p.exitcode})" for p in self.processes
                 if not p.is_alive()]
