@@ -96,6 +96,20 @@ def graphs_unsupported_reason(device: torch.device, backend: AttentionBackend,
     return None
 
 
+class _InputBuffers:
+    """The pinned host buffer a layout's steps are packed into, and the device buffer the
+    graphs read (the same memory without CUDA); ``write`` packs a step, ``views`` reads the
+    device buffer as the forward's inputs."""
+
+    def __init__(self, layout, write, views, device: torch.device):
+        self.layout, self.write, self.views = layout, write, views
+        pin = device.type == "cuda"
+        self.host = torch.zeros(layout.numel, dtype=torch.int32, pin_memory=pin)
+        self.host_array = self.host.numpy()  # the same memory, filled row by row
+        self.device = (torch.zeros(layout.numel, dtype=torch.int32, device=device) if pin
+                       else self.host)
+
+
 class DecodeGraphs:
     """Padded decode steps over persistent input buffers, replayed from CUDA graphs."""
 
@@ -118,21 +132,14 @@ class DecodeGraphs:
         self.batch_sizes = list(batch_sizes)
         self.device = device
         self.layout = DecodeInputLayout(max(batch_sizes), -(-max_model_len // block_size))
-        pin = device.type == "cuda"
-        self.host_buffer = torch.zeros(self.layout.numel, dtype=torch.int32, pin_memory=pin)
-        self._host = self.host_buffer.numpy()  # the same memory, filled row by row
-        self.device_buffer = (torch.zeros(self.layout.numel, dtype=torch.int32, device=device)
-                              if pin else self.host_buffer)
-        self._copied = torch.cuda.Event() if pin else None  # host buffers free again
+        self._copied = (torch.cuda.Event() if device.type == "cuda"  # host buffers free again
+                        else None)
+        self.inputs = _InputBuffers(self.layout, write_decode_inputs, decode_input_views, device)
         self.chunk_layout = (ChunkInputLayout(max(batch_sizes), self.layout.max_blocks,
                                               chunk_tokens) if chunk_tokens else None)
-        if self.chunk_layout is not None:
-            self.chunk_host_buffer = torch.zeros(self.chunk_layout.numel, dtype=torch.int32,
-                                                 pin_memory=pin)
-            self._chunk_host = self.chunk_host_buffer.numpy()
-            self.chunk_device_buffer = (
-                torch.zeros(self.chunk_layout.numel, dtype=torch.int32, device=device)
-                if pin else self.chunk_host_buffer)
+        self.chunk_inputs = (_InputBuffers(self.chunk_layout, write_chunk_inputs,
+                                           chunk_input_views, device)
+                             if chunk_tokens else None)
         self.context_caps = backend.graph_context_caps(max_model_len)
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (batch, cap) -> graph
         # (decode rows, cap) -> graph of those decodes beside one prompt chunk
@@ -167,7 +174,7 @@ class DecodeGraphs:
     def _forward(self, batch: int, seq_lens_cpu: list[int], cap: int) -> torch.Tensor:
         """The padded forward over the device buffer's first ``batch`` rows, planned for
         contexts up to ``cap`` -> logits [b, V]."""
-        x = decode_input_views(self.device_buffer, self.layout, batch)
+        x = decode_input_views(self.inputs.device, self.layout, batch)
         meta = AttentionMetadata(
             slot_mapping=x.slot_mapping.long(),
             query_start_loc=x.query_start_loc,
@@ -185,19 +192,21 @@ class DecodeGraphs:
         return self.model.compute_logits(hidden)  # [b, V]: one new token per row
 
     def _load(self, work: list[ScheduledSeq], batch: int,
-              pending: PendingInputs | None = None) -> list[int]:
-        """Pack the step (sized by batch_size_for, so known to fit) into the host buffer, start
-        its copy to the device buffer, then put the ``pending`` ids (on the device) into their
-        rows' input ids."""
+              pending: PendingInputs | None = None, chunk: bool = False) -> list[int]:
+        """Pack the step (sized by batch_size_for, or with ``chunk`` by chunk_batch_for, so
+        known to fit) into its host buffer, start the copy to the device buffer, then put the
+        ``pending`` ids (on the device) into their rows' input ids: their index among the
+        step's tokens, which is their row in either layout."""
+        buffers = self.chunk_inputs if chunk else self.inputs
         if self._copied is not None:
-            self._copied.synchronize()  # the previous step's copy has read the host buffer
-        seq_lens = write_decode_inputs(work, batch, self.block_size, self.layout, self._host)
+            self._copied.synchronize()  # the previous step's copy has read the host buffers
+        seq_lens = buffers.write(work, batch, self.block_size, buffers.layout, buffers.host_array)
         if self._copied is not None:
-            n = self.layout.prefix_len(batch)
-            self.device_buffer[:n].copy_(self.host_buffer[:n], non_blocking=True)
+            n = buffers.layout.prefix_len(batch)
+            buffers.device[:n].copy_(buffers.host[:n], non_blocking=True)
             self._copied.record()
         if pending is not None:
-            input_ids = decode_input_views(self.device_buffer, self.layout, batch).input_ids
+            input_ids = buffers.views(buffers.device, buffers.layout, batch).input_ids
             input_ids.index_copy_(0, pending.index, pending.token_ids.to(torch.int32))
         return seq_lens
 
@@ -213,7 +222,7 @@ class DecodeGraphs:
         planned for contexts up to ``cap`` -> logits [b + 1, V]: the decode rows', then the
         chunk's last token's (in the row after the step's real decodes)."""
         layout = self.chunk_layout
-        x = chunk_input_views(self.chunk_device_buffer, layout, batch)
+        x = chunk_input_views(self.chunk_inputs.device, layout, batch)
         chunk_len = layout.chunk + 1 - seq_lens_cpu[-1]  # the padding sequence takes the rest
         tokens = batch + layout.chunk + 1
         meta = AttentionMetadata(
@@ -233,33 +242,15 @@ class DecodeGraphs:
         hidden = self.model(x.input_ids.long(), x.positions.long(), ctx)  # [T, H]
         return self.model.compute_logits(hidden.index_select(0, x.logits_index.long()))
 
-    def _load_chunk(self, work: list[ScheduledSeq], batch: int,
-                    pending: PendingInputs | None = None) -> list[int]:
-        """``_load`` for a step of decodes plus one prompt chunk (known to fit): its pending
-        ids are decodes', whose rows are their index among the step's tokens here too."""
-        if self._copied is not None:
-            self._copied.synchronize()
-        seq_lens = write_chunk_inputs(work, batch, self.block_size, self.chunk_layout,
-                                      self._chunk_host)
-        if self._copied is not None:
-            n = self.chunk_layout.prefix_len(batch)
-            self.chunk_device_buffer[:n].copy_(self.chunk_host_buffer[:n], non_blocking=True)
-            self._copied.record()
-        if pending is not None:
-            input_ids = chunk_input_views(self.chunk_device_buffer, self.chunk_layout,
-                                          batch).input_ids
-            input_ids.index_copy_(0, pending.index, pending.token_ids.to(torch.int32))
-        return seq_lens
-
     def _run_chunk(self, work: list[ScheduledSeq], batch: int,
                    pending: PendingInputs | None) -> torch.Tensor:
         self.num_chunk_steps += 1
         if not self.chunk_graphs:
-            seq_lens = self._load_chunk(work, batch, pending)
+            seq_lens = self._load(work, batch, pending, chunk=True)
             return self._forward_chunk(batch, seq_lens, self.context_cap_for(seq_lens))[
                 :len(work)]
         with torch.cuda.device(self.device):
-            seq_lens = self._load_chunk(work, batch, pending)
+            seq_lens = self._load(work, batch, pending, chunk=True)
             self.chunk_graphs[batch, self.context_cap_for(seq_lens)].replay()
         return self._logits[batch][:len(work)]
 
@@ -322,7 +313,7 @@ class DecodeGraphs:
             with torch.cuda.stream(stream):
                 for batch in reversed(self.batch_sizes):
                     if self.chunk_layout is not None:  # first: its logits hold b + 1 rows
-                        padding = self._load_chunk([], batch)
+                        padding = self._load([], batch, chunk=True)
                         for cap in self.context_caps:
                             self.chunk_graphs[batch, cap] = self._capture(
                                 partial(self._forward_chunk, batch, padding, cap), batch, pool,
