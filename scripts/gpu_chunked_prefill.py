@@ -109,7 +109,8 @@ def stall_scenario(engine: LLMEngine, sizes: Sizes, seed: int, tag: str) -> dict
     for rid in decoders:
         engine.add_request(rid, random_prompt(rng, sizes.decoder_prompt, vocab), params)
     arrivals: dict[str, list[float]] = {rid: [] for rid in decoders}
-    step_kinds: list[tuple[float, bool]] = []  # (seconds, while the long prompt prefilled)
+    # (seconds, while the long prompt prefilled, the decoders alone past their prompts)
+    step_kinds: list[tuple[float, bool, bool]] = []
     long_id, long_added, long_first = f"{tag}-long", None, None
     while engine.has_unfinished_requests():
         if long_added is None and min(map(len, arrivals.values())) >= sizes.warm_steps:
@@ -117,10 +118,11 @@ def stall_scenario(engine: LLMEngine, sizes: Sizes, seed: int, tag: str) -> dict
                                SamplingParams(max_tokens=sizes.long_tokens, temperature=0,
                                               ignore_eos=True))
             long_added = time.perf_counter()
+        alone = long_added is None and min(map(len, arrivals.values())) > 0
         t0 = time.perf_counter()
         outputs = engine.step()
         now = time.perf_counter()
-        step_kinds.append((now - t0, long_added is not None and long_first is None))
+        step_kinds.append((now - t0, long_added is not None and long_first is None, alone))
         for out in outputs:
             if out.request_id in arrivals:
                 arrivals[out.request_id].append(now)
@@ -128,15 +130,19 @@ def stall_scenario(engine: LLMEngine, sizes: Sizes, seed: int, tag: str) -> dict
                 long_first = now
     gaps = [b - a for times in arrivals.values() for a, b in zip(times, times[1:])
             if a >= long_added]
-    decode_only = [s for s, prefilling in step_kinds if not prefilling]
+    decode_only = [s for s, _, alone in step_kinds if alone]
     return {"itl_median_ms": 1e3 * statistics.median(gaps),
             "itl_p99_ms": 1e3 * quantile(gaps, 0.99), "itl_max_ms": 1e3 * max(gaps),
             "itl_samples": len(gaps),
             "p99_over_median": quantile(gaps, 0.99) / statistics.median(gaps),
             "decode_step_median_ms": 1e3 * statistics.median(decode_only),
             "p99_over_decode_step": quantile(gaps, 0.99) / statistics.median(decode_only),
-            "steps_while_prefilling": sum(p for _, p in step_kinds),
-            "long_ttft_s": long_first - long_added}
+            "steps_while_prefilling": sum(p for _, p, _ in step_kinds),
+            "long_ttft_s": long_first - long_added,
+            # every decoder still decoding when the long prompt's prefill ended: the gaps
+            # cover all of it
+            "decoders_outlast_prefill": min(times[-1] for times in arrivals.values())
+            >= long_first}
 
 
 def profile_chunk_steps(engine: LLMEngine, sizes: Sizes, marks: tuple[int, ...]) -> list[dict]:
@@ -203,6 +209,7 @@ def run_stall(args, sizes: Sizes) -> list[dict]:
                "long_prefill_token_threshold": threshold, "prefill_attention_budget": pairs,
                **stall_scenario(engine, sizes, seed=1, tag="run")}
         row["graph_chunk_steps"] = engine.stats()["graph_chunk_steps"]  # both scenarios
+        row["graphs"] = probes.graph_capture_info(engine)
         if chunked and args.device == "cuda":
             row["profiled_steps"] = profile_chunk_steps(engine, sizes, (10, 100, 250))
         row["released"] = released(engine)
@@ -214,7 +221,10 @@ def run_stall(args, sizes: Sizes) -> list[dict]:
               f"decode step {row['decode_step_median_ms']:6.2f} ms (p99 over it "
               f"{row['p99_over_decode_step']:5.2f})  long prompt TTFT "
               f"{row['long_ttft_s']:6.3f} s in {row['steps_while_prefilling']} steps, "
-              f"{row['graph_chunk_steps']} chunk steps replayed (both runs)", flush=True)
+              f"{row['graph_chunk_steps']} chunk steps replayed (both runs); graphs "
+              f"{row['graphs']['decode_graphs']} decode + {row['graphs']['chunk_graphs']} chunk, "
+              f"captured in {row['graphs']['capture_seconds']:.1f} s, "
+              f"{row['graphs']['capture_mib']:.0f} MiB", flush=True)
         for p in row.get("profiled_steps", []):
             print(f"  prefill step {p['prefill_step']:>4} (context {p['context']:>6}): wall "
                   f"{p['wall_ms']:6.2f} ms, kernels {p['kernel_ms']:6.2f} ms per step; top "

@@ -503,17 +503,20 @@ def dense_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             meta: AttentionMetadata, scale: float,
                             out: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of fresh prompts over their own keys: q [T, Hq, D], k and v [T, Hkv, D]
-    (T = every sequence's tokens, in order), through torch's fused SDPA per sequence."""
-    if out is None:
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    (T = every sequence's tokens, in order), through torch's fused SDPA per sequence. Without
+    ``out``, one sequence's result is SDPA's own output (cuDNN writes it token-major, so the
+    [T, Hq, D] view needs no copy)."""
     qsl = meta.query_start_loc_cpu
+    spans = [(start, end) for start, end in zip(qsl, qsl[1:]) if end > start]
+    if out is None and len(spans) != 1:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION], set_priority=True):
-        for start, end in zip(qsl, qsl[1:]):
-            if end == start:
-                continue
+        for start, end in spans:
             qs, ks, vs = (x[start:end].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
             o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale,
                                                enable_gqa=qs.shape[1] != ks.shape[1])
+            if out is None:
+                return o[0].transpose(0, 1)
             out[start:end] = o[0].transpose(0, 1)
     return out
 

@@ -1,6 +1,8 @@
 """GGUF files (llama.cpp): metadata -> ModelArchConfig, tensors -> dequantized HF-named tensors."""
 from __future__ import annotations
 
+import functools
+import os
 import re
 from pathlib import Path
 from typing import Any, Iterator
@@ -36,10 +38,19 @@ _REQUIRED_METADATA = ("embedding_length", "attention.head_count", "feed_forward_
 
 
 def open_gguf(path: Path) -> GGUFReader:
+    """The file's reader (read-only: metadata and memory-mapped tensors). Parsing the
+    metadata takes seconds for a tokenizer's vocabulary, so an unchanged file (same size and
+    modification time) is parsed once per process for the two most recent files."""
     try:
-        return GGUFReader(path)
+        stat = os.stat(path)
+        return _reader(str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
     except (OSError, ValueError) as exc:
         raise ValueError(f"cannot read GGUF file {path}: {exc}") from exc
+
+
+@functools.lru_cache(maxsize=2)
+def _reader(path: str, size: int, mtime_ns: int) -> GGUFReader:
+    return GGUFReader(path)
 
 
 def _field(reader: GGUFReader, key: str, default: Any = None) -> Any:
