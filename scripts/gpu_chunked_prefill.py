@@ -21,6 +21,9 @@ on prompts in groups that share a long prefix (the 8B preset in bf16, and tiny-l
 A matrix kernel's rounding depends on how many rows it runs at, so bf16 lists may part where two
 logits nearly tie; the first divergence of each request is reported.
 
+alone: one 64k-token prompt alone under chunked prefill (budget 8192): its TTFT with the
+fused attention kernels for prompt chunks taken by their rule, never, and always.
+
 hit: the same 8k-token prompt twice, one after the other: both TTFTs, the second's cached tokens
 and the engine's prefix_cache_hits, and whether the two outputs are equal.
 
@@ -66,6 +69,8 @@ class Sizes:
     parity_tokens: int
     parity_budget: int
     hit_prompt: int
+    alone_prompt: int  # the "alone" part's prompt
+    alone_budget: int
 
 
 GPU = Sizes(model="random:ds-r1-llama-8b", dtype="bfloat16", block_size=64, kv_cache_gib=24.0,
@@ -76,13 +81,15 @@ GPU = Sizes(model="random:ds-r1-llama-8b", dtype="bfloat16", block_size=64, kv_c
             parity_model_cases=(("8b bf16", "random:ds-r1-llama-8b", "bfloat16"),
                                 ("8b fp32", "random:ds-r1-llama-8b", "float32")),
             parity_groups=4, parity_per_group=4, parity_prefix=1024, parity_tail=(50, 1500),
-            parity_tokens=32, parity_budget=512, hit_prompt=8192)
+            parity_tokens=32, parity_budget=512, hit_prompt=8192, alone_prompt=65536,
+            alone_budget=8192)
 CPU = Sizes(model="random:tiny-llama", dtype="float32", block_size=16, kv_cache_gib=0.05,
             decoders=4, decoder_prompt=64, decoder_tokens=40, warm_steps=4,
             long_prompt=512, long_tokens=4, modes=("off", "64", "256:32", "256:0:4096"),
             parity_model_cases=(("tiny-llama fp32", "random:tiny-llama", "float32"),),
             parity_groups=2, parity_per_group=2, parity_prefix=48, parity_tail=(5, 60),
-            parity_tokens=8, parity_budget=32, hit_prompt=256)
+            parity_tokens=8, parity_budget=32, hit_prompt=256, alone_prompt=600,
+            alone_budget=128)
 
 
 def random_prompt(rng: random.Random, n: int, vocab: int) -> list[int]:
@@ -308,6 +315,35 @@ def ttft(engine: LLMEngine, rid: str, prompt: list[int], max_tokens: int) -> tup
     return first, final
 
 
+def run_alone(args, sizes: Sizes) -> list[dict]:
+    """One long prompt alone under chunked prefill: its TTFT with the Triton backend's fused
+    kernels for prompt chunks taken by their rule (auto), never (paged) and always; each mode
+    times a prompt of a length not seen before, after one a token shorter, untimed."""
+    length = sizes.alone_prompt
+    engine = LLMEngine.from_options(sizes.model, device=args.device, dtype=sizes.dtype,
+                                    block_size=sizes.block_size, kv_cache_gib=sizes.kv_cache_gib,
+                                    max_model_len=length + 64,
+                                    max_num_seqs=8, max_num_batched_tokens=sizes.alone_budget)
+    backend = engine.runner.backend
+    rng = random.Random(5)
+    vocab = engine.arch.vocab_size
+    rows = []
+    for mode, setting in (("auto", None), ("paged", False), ("fused", True)):
+        if hasattr(backend, "dense_prefill"):  # the Triton backend (not the CPU's torch one)
+            backend.dense_prefill = setting
+        n = length - 2 * len(rows)
+        ttft(engine, f"{mode}-warm", random_prompt(rng, n - 1, vocab), 1)
+        seconds, _ = ttft(engine, mode, random_prompt(rng, n, vocab), 1)
+        rows.append({"mode": mode, "prompt_tokens": n, "budget": sizes.alone_budget,
+                     "ttft_s": seconds, "backend": type(backend).__name__,
+                     "released": released(engine)})
+        print(f"alone: {n}-token prompt, budget {sizes.alone_budget}, fused kernels {mode:<5}  "
+              f"TTFT {seconds * 1e3:9.1f} ms", flush=True)
+    del engine
+    probes.free_device_memory(args.device)
+    return rows
+
+
 def run_hit(args, sizes: Sizes) -> dict:
     model_len = sizes.hit_prompt + 64
     engine = LLMEngine.from_options(sizes.model, device=args.device, dtype=sizes.dtype,
@@ -360,7 +396,7 @@ def main() -> int:
         print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     parts = args.parts.split(",")
     result, t0 = {"device": args.device, "sizes": sizes.__dict__}, time.perf_counter()
-    runners = {"stall": run_stall, "parity": run_parity, "hit": run_hit}
+    runners = {"stall": run_stall, "parity": run_parity, "hit": run_hit, "alone": run_alone}
     for part in parts:
         start = time.perf_counter()
         result[part] = runners[part](args, sizes)
@@ -368,7 +404,8 @@ def main() -> int:
     result["seconds"] = time.perf_counter() - t0
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2, default=str))
-    rows = result.get("stall", []) + result.get("parity", []) + [result.get("hit", {})]
+    rows = (result.get("stall", []) + result.get("parity", []) + [result.get("hit", {})]
+            + result.get("alone", []))
     ok = all(r.get("released", True) for r in rows)
     ok &= all(not r["first_divergence"] for r in result.get("parity", []))
     return 0 if ok else 1

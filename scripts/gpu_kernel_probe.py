@@ -11,6 +11,9 @@ Prints (and with --json writes) for the 8B and 32B presets' shapes:
   equal ones, one program per (sequence, KV head) against fixed-size KV segments;
 - ``chunks``: a short prompt chunk over a long context beside 32 decodes (a step under a prefill
   attention budget), the planned launch (balanced segments) against no split;
+- ``dense``: steps with long prompt chunks (fresh, or over cached context, beside decodes or
+  alone) through the backend's fused-kernel path against the paged kernel alone;
+- ``builds``: the host cost of a new shape for the fused kernels (cuDNN's graph per shape);
 - ``layouts``: fresh-prompt attention as the engine calls it (q, k, v strided views of one fused
   projection) against contiguous inputs, one prompt and several, and torch's varlen kernels.
 
@@ -306,12 +309,126 @@ def chunks(name, s, dev, dtype):
     return rows
 
 
+def dense(name, s, dev, dtype):
+    """Steps with long prompt chunks: the backend's fused-kernel path for chunks (over cached
+    context: two calls merged by log-sum-exp) against the paged kernel alone, beside 32 decodes
+    of 1.1k-token contexts or alone; time per call (K/V write included) and TFLOP/s."""
+    rows = []
+    scale = s["d"] ** -0.5
+    hq, hkv, d = s["hq"], s["hkv"], s["d"]
+    cases = [  # (chunks as (context, tokens), decoders)
+        ([(8192, 532), (0, 7628)], 32),  # a GovReport-like step: one prompt's tail, the next's head
+        ([(8192, 532)], 32), ([(0, 8192)], 32), ([(16384, 2048)], 32),
+        ([(8192, 8192)], 0), ([(24576, 8192)], 0), ([(4096, 1024)] * 4, 0)]
+    for chunk_list, decoders in cases:
+        seq_lens = [1100] * decoders + [c + n for c, n in chunk_list]
+        query_lens = [1] * decoders + [n for _, n in chunk_list]
+        kv, tables, all_k, all_v = build_cache(seq_lens, hkv, d, dtype, dev)
+        # the new tokens' K/V are the cache's own (the write is idempotent), so both paths agree
+        ends = torch.tensor(seq_lens).cumsum(0).tolist()
+        new = torch.cat([torch.arange(end - q, end) for end, q in zip(ends, query_lens)])
+        k, v = all_k[new.to(dev)], all_v[new.to(dev)]
+        meta = meta_for(seq_lens, query_lens, tables, dev)
+        tables_cpu = tables.cpu()
+        meta.slot_mapping = torch.cat([
+            tables_cpu[i, torch.arange(sl - q, sl) // BLOCK] * BLOCK
+            + torch.arange(sl - q, sl) % BLOCK
+            for i, (sl, q) in enumerate(zip(seq_lens, query_lens))]).to(dev).long()
+        q = torch.randn(sum(query_lens), hq, d, device=dev, dtype=dtype)
+        pairs = sum(n * c + n * (n + 1) // 2 for c, n in chunk_list) + 1100 * decoders
+        flops = 4 * hq * d * pairs
+        out = torch.empty_like(q)
+        results = {}
+        for key, backend in (("fused", TritonAttentionBackend(dense_prefill=True)),
+                             ("paged", TritonAttentionBackend(dense_prefill=False))):
+            results[key] = backend.forward(q, k, v, kv, meta, scale, out=out).clone()
+            t = bench_ms(lambda b=backend: b.forward(q, k, v, kv, meta, scale, out=out))
+            kernels = profile_kernels(lambda b=backend: [b.forward(q, k, v, kv, meta, scale,
+                                                                   out=out) for _ in range(5)],
+                                      top=1000)
+            device_ms = sum(x["ms"] for x in kernels) / 5
+            rows.append({"model": name, "chunks": chunk_list, "decoders": decoders,
+                         "path": key, "ms": t, "tflops": flops / t / 1e9,
+                         "device_ms": device_ms, "device_tflops": flops / device_ms / 1e9,
+                         "kernels": [(x["name"][:50], x["calls"] / 5, round(x["ms"] / 5, 4))
+                                     for x in kernels[:5]]})
+        rows[-2]["max_diff_vs_paged"] = (results["fused"].float()
+                                         - results["paged"].float()).abs().max().item()
+        del kv, all_k, all_v
+        torch.cuda.empty_cache()
+    return rows
+
+
+def builds(name, s, dev, dtype):
+    """What a new shape costs the fused kernels: the first call of each new length (cuDNN
+    builds and caches an execution graph per shape) against a repeated one, host wall time
+    with a sync, for a fresh prompt (causal) and a chunk over cached context (no mask, with
+    log-sum-exp); torch's flash kernel beside them; and cuDNN with a key-padding bias
+    ([1, 1, 1, keys], -inf on padded keys), whose shapes could be bucketed."""
+    import time
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    hq, hkv, d = s["hq"], s["hkv"], s["d"]
+    scale = d ** -0.5
+    cudnn = torch.ops.aten._scaled_dot_product_cudnn_attention
+    flash = torch.ops.aten._scaled_dot_product_flash_attention
+
+    def timed(fn):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) * 1e3
+
+    def qkv(n, keys):
+        q = torch.randn(1, n, hq, d, device=dev, dtype=dtype).transpose(1, 2)
+        k = torch.randn(1, keys, hkv, d, device=dev, dtype=dtype).transpose(1, 2)
+        return q, k, torch.randn_like(k)
+
+    rows = []
+    for n in (1500, 1501, 1502, 7628):
+        q, k, v = qkv(n, n)
+
+        def fresh(q=q, k=k, v=v):
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
+                                               enable_gqa=True)
+        rows.append({"model": name, "call": "cudnn causal (fresh prompt)", "tokens": n,
+                     "keys": n, "first_ms": timed(fresh), "again_ms": timed(fresh)})
+    for n in (532, 533, 534, 2048):
+        q, k, v = qkv(n, 8192)
+        for label, fn in (
+                ("cudnn over context, lse", lambda q=q, k=k, v=v: cudnn(
+                    q, k, v, None, True, 0.0, False, False, scale=scale)),
+                ("flash over context, lse", lambda q=q, k=k, v=v: flash(
+                    q, k.repeat_interleave(hq // hkv, 1), v.repeat_interleave(hq // hkv, 1),
+                    0.0, False, False, scale=scale))):
+            rows.append({"model": name, "call": label, "tokens": n, "keys": 8192,
+                         "first_ms": timed(fn), "again_ms": timed(fn)})
+    for n, keys, bucket in ((8192, 8192, 8192), (8192, 8000, 8192), (532, 8000, 8192)):
+        q, k, v = qkv(n, bucket)
+        bias = torch.zeros(1, 1, 1, bucket, device=dev, dtype=dtype)
+        bias[..., keys:] = float("-inf")
+        fn = (lambda q=q, k=k, v=v, b=bias: cudnn(q, k, v, b.expand(1, hq, n, bucket), True,
+                                                  0.0, False, False, scale=scale))
+        row = {"model": name, "call": "cudnn over context, key-padding bias", "tokens": n,
+               "keys": keys, "bucket": bucket}
+        try:
+            row.update(first_ms=timed(fn), again_ms=timed(fn), bench_ms=bench_ms(fn))
+            plain = (lambda q=q, k=k, v=v: cudnn(q, k[:, :, :keys], v[:, :, :keys], None, True,
+                                                  0.0, False, False, scale=scale))
+            row["unpadded_bench_ms"] = bench_ms(plain)
+        except Exception as e:  # noqa: BLE001 - a kernel that refuses is a result
+            row["error"] = str(e)[:200]
+        rows.append(row)
+    return rows
+
+
 def layouts(name, s, dev, dtype):
     """Fresh prompts' attention: SDPA on strided views of a fused qkv output (as the engine
     calls it, plus the copy back into [T, Hq, D]) against contiguous [1, H, L, D] inputs, per
     prompt; torch's varlen flash and cuDNN kernels over the packed batch; the Triton kernel."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    from hifc.layers.triton_attention import dense_prefill_attention
+    from hifc.layers.dense_attention import dense_prefill_attention
     hq, hkv, d = s["hq"], s["hkv"], s["d"]
     scale = d ** -0.5
     rows = []
@@ -325,7 +442,7 @@ def layouts(name, s, dev, dtype):
         meta = meta_for(lens, lens, tables, dev)
         flops = sum(4 * hq * d * n * n / 2 for n in lens)
         out = torch.empty(total, hq, d, device=dev, dtype=dtype)
-        ref = dense_prefill_attention(q, k, v, meta, scale, out).clone()
+        ref = dense_prefill_attention(q, k, v, kv, meta, scale, out).clone()
         cu = meta.query_start_loc
         qc, kc, vc = q.contiguous(), k.contiguous(), v.contiguous()
         group = hq // hkv
@@ -351,7 +468,7 @@ def layouts(name, s, dev, dtype):
 
         plan = TritonAttentionBackend().plan(q, kv, meta)
         variants = {"engine path (strided views, copy out)":
-                    lambda: dense_prefill_attention(q, k, v, meta, scale, out),
+                    lambda: dense_prefill_attention(q, k, v, kv, meta, scale, out),
                     "per prompt, contiguous [1,H,L,D]": per_prompt_contiguous,
                     "flash varlen (packed, GQA)": flash_varlen,
                     "cudnn varlen (packed, K/V expanded)": cudnn_varlen,
@@ -445,7 +562,7 @@ def main() -> None:
     parts = args.parts.split(",")
     result = {"copy_gbps": copy_rate(dev), "torch": torch.__version__,
               "cudnn": torch.backends.cudnn.version(), "prefill": [], "decode": [], "gemm": [],
-              "balance": [], "layouts": [], "chunks": []}
+              "balance": [], "layouts": [], "chunks": [], "dense": [], "builds": []}
     a = torch.randn(8192, 8192, device=dev, dtype=dtype)
     t = bench_ms(lambda: a @ a)
     result["matmul_tflops"] = 2 * 8192 ** 3 / t / 1e9
@@ -469,18 +586,12 @@ def main() -> None:
             for r in balance(name, s, dev, dtype, result["copy_gbps"]):
                 result["balance"].append(r)
                 print("balance", json.dumps(r), flush=True)
-        if "chunks" in parts:
-            for r in chunks(name, s, dev, dtype):
-                result["chunks"].append(r)
-                print("chunks", json.dumps(r), flush=True)
-        if "layouts" in parts:
-            for r in layouts(name, s, dev, dtype):
-                result["layouts"].append(r)
-                print("layouts", json.dumps(r), flush=True)
-        if "gemm" in parts:
-            for r in gemms(name, s, dev, dtype):
-                result["gemm"].append(r)
-                print("gemm", json.dumps(r), flush=True)
+        for part, probe in (("chunks", chunks), ("builds", builds), ("dense", dense),
+                            ("layouts", layouts), ("gemm", gemms)):
+            if part in parts:
+                for r in probe(name, s, dev, dtype):
+                    result[part].append(r)
+                    print(part, json.dumps(r), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

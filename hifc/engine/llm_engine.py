@@ -63,7 +63,8 @@ logger = logging.getLogger(__name__)
 FP8_MIN_CAPABILITY = (8, 9)  # Triton converts float8_e4m3fn on Ada and Hopper GPUs and later
 
 
-def attention_backend(name: str, device: torch.device, kv_dtype: torch.dtype) -> AttentionBackend:
+def attention_backend(name: str, device: torch.device, kv_dtype: torch.dtype,
+                      num_layers: int) -> AttentionBackend:
     if name == "auto":
         name = "triton" if device.type == "cuda" else "torch"
     if name == "torch":
@@ -77,7 +78,7 @@ def attention_backend(name: str, device: torch.device, kv_dtype: torch.dtype) ->
                              f"of compute capability 8.9 or later (this one: "
                              f"{capability[0]}.{capability[1]}); use attention_backend torch")
     from hifc.layers.triton_attention import TritonAttentionBackend
-    return TritonAttentionBackend()
+    return TritonAttentionBackend(num_layers=num_layers)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,7 +135,8 @@ class LLMEngine:
                                     shard_scales(loaded.kv_scales, shard), self.device)
         self.runner = ModelRunner(
             loaded.model, kv_cache,
-            attention_backend(config.attention_backend, self.device, self.kv_dtype),
+            attention_backend(config.attention_backend, self.device, self.kv_dtype,
+                              self.arch.num_hidden_layers),
             config.block_size, self.device, config.seed, kv_scales, followers=self.tp)
         # after the KV cache exists; CPU / torch backend: decode stays unpadded
         self.runner.setup_padded_decode(

@@ -26,13 +26,10 @@ at least SEGMENT_TILES long. Decode batches with few sequences and long contexts
 GPU split long contexts into segments of one size, so that programs over the longest contexts
 do not run alone at the end of the launch.
 
-A step whose every sequence is a fresh prompt (no cached context: its keys are exactly its new
-tokens) with at least ``DENSE_PREFILL_MIN_TOKENS`` tokens in some sequence, in 16-bit, without a
-window, soft-capping or a float8 cache, attends with torch's ``scaled_dot_product_attention``
-(cuDNN's fused attention first, then FlashAttention) on the K/V in hand, one sequence at a time:
-on the H200 cuDNN's kernel ran prompts of 8k and 32k tokens at 590-615 TFLOP/s, the paged kernel
-at 335-365 (``scripts/gpu_kernel_probe.py``, docs/RESULTS.md). The K/V are written to the cache
-as always.
+Prompt chunks of at least ``DENSE_PREFILL_MIN_TOKENS`` tokens (after any decodes of the step)
+attend through torch's fused kernels instead, cuDNN's first (:mod:`hifc.layers.dense_attention`),
+in 16-bit without a window, soft-capping or a float8 cache; the K/V are written to the cache as
+always.
 
 Imports on machines without Triton or a GPU; the backend raises there when called.
 """
@@ -41,10 +38,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from hifc.layers.attention import FP8, AttentionMetadata, check_kv_scale, write_kv_cache
+from hifc.layers.dense_attention import (FusedShapes, chunk_call_shapes, dense_chunks_after,
+                                         dense_prefill_attention)
 
 # without Triton (a CPU-only install) this module imports and the backend refuses to run
 from hifc.layers.triton_jit import jit as _jit
@@ -52,8 +49,6 @@ from hifc.layers.triton_jit import tl, triton
 
 
 LOG2E = 1.4426950408889634
-DENSE_PREFILL_MIN_TOKENS = 512  # a fresh prompt this long attends through torch's fused SDPA
-DENSE_PREFILL_MAX_SEQS = 8  # SDPA runs once per sequence: no more of them than this in a step
 # Decode batches that fill the GPU split contexts longer than this into segments of at least
 # this many keys, at most BALANCED_MAX_SEGMENTS of them. 8B shapes on an H200, 32 contexts of
 # 4.5k-17.4k tokens: 345-354 us per launch against 401-431 us unsplit; but planned so when all
@@ -408,17 +403,24 @@ class TritonAttentionBackend:
     split_kv: None (default) splits the KV sequence across programs as ``plan_launch`` says;
     True/False force it on/off (any batch works either way).
     triton_kv_write: scatter the new K/V with the fused Triton kernel instead of torch.
+    dense_prefill: long prompt chunks through torch's fused kernels
+    (:mod:`hifc.layers.dense_attention`): None (default) when they pay for their new shapes
+    over ``num_layers`` layers, True always, False never.
     """
 
     def __init__(self, split_kv: bool | None = None, triton_kv_write: bool = True,
-                 dense_prefill: bool = True):
+                 dense_prefill: bool | None = None, num_layers: int = 1):
         if triton is None:
             raise RuntimeError("TritonAttentionBackend needs the triton package (and a CUDA GPU)")
         self.split_kv = split_kv
         self.triton_kv_write = triton_kv_write
         self.dense_prefill = dense_prefill
+        self.fused_shapes = FusedShapes(num_layers)
+        self._dense: tuple[AttentionMetadata, int | None] | None = None  # this step's choice
         self._num_sms: dict[torch.device, int] = {}
-        self._apart: tuple[AttentionMetadata, AttentionMetadata, AttentionMetadata] | None = None
+        # (step metadata, decodes) -> the metadata of its decodes and of the rest
+        self._apart: tuple[AttentionMetadata, int, AttentionMetadata,
+                           AttentionMetadata] | None = None
 
     def num_sms(self, device: torch.device) -> int:
         if device not in self._num_sms:
@@ -454,30 +456,53 @@ class TritonAttentionBackend:
         else:
             check_kv_scale(kv_cache, kv_scale)
             write_kv_cache(k, v, kv_cache, meta.slot_mapping, kv_scale)
-        if (self.dense_prefill and sliding_window is None and logit_softcap is None
-                and kv_cache.dtype != FP8 and fresh_prompts_only(meta, q.dtype)):
-            return dense_prefill_attention(q, k, v, meta, scale, out)
-        if 0 < meta.num_leading_decodes < meta.num_seqs:
-            # a tile of the chunks' shape would run each decode row at 1/BLOCK_Q of its rows
-            decodes, rest = self._apart_metas(meta)
-            d = decodes.num_seqs
-            if out is None:
-                out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-            for part, rows in ((decodes, slice(0, d)), (rest, slice(d, None))):
+        dense = (self._dense_chunks_after(q, k, v, meta) if self.dense_prefill is not False
+                 and sliding_window is None and logit_softcap is None and kv_cache.dtype != FP8
+                 else None)
+        # a tile of the chunks' shape would run each decode row at 1/BLOCK_Q of its rows
+        decodes = dense if dense is not None else meta.num_leading_decodes
+        if not 0 < decodes < meta.num_seqs:
+            if dense is not None:
+                return dense_prefill_attention(q, k, v, kv_cache, meta, scale, out)
+            return paged_attention(q, kv_cache, meta, scale,
+                                   self.plan(q, kv_cache, meta, sliding_window), out,
+                                   sliding_window, logit_softcap, kv_scale)
+        if out is None:
+            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        first, rest = self._apart_metas(meta, decodes)
+        for part, rows in ((first, slice(0, decodes)), (rest, slice(decodes, None))):
+            if part is rest and dense is not None:
+                dense_prefill_attention(q[rows], k[rows], v[rows], kv_cache, rest, scale,
+                                        out[rows])
+            else:
                 paged_attention(q[rows], kv_cache, part, scale,
                                 self.plan(q[rows], kv_cache, part, sliding_window), out[rows],
                                 sliding_window, logit_softcap, kv_scale)
-            return out
-        return paged_attention(q, kv_cache, meta, scale, self.plan(q, kv_cache, meta, sliding_window),
-                               out, sliding_window, logit_softcap, kv_scale)
+        return out
 
-    def _apart_metas(self, meta: AttentionMetadata) -> tuple[AttentionMetadata, AttentionMetadata]:
-        """The metadata of the step's leading decodes and of the sequences after them (made
-        once per step: every layer passes the same ``meta``). Both keep the step's
+    def _dense_chunks_after(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            meta: AttentionMetadata) -> int | None:
+        """``dense_chunks_after`` for this step, and with ``dense_prefill`` None only when
+        ``FusedShapes`` says the fused kernels pay (decided once per step: every layer passes
+        the same ``meta``)."""
+        if self._dense is None or self._dense[0] is not meta:
+            decodes = dense_chunks_after(meta, q.dtype)
+            if decodes is not None and self.dense_prefill is None:
+                t = meta.query_start_loc_cpu[decodes]
+                rest = self._apart_metas(meta, decodes)[1] if decodes else meta
+                if not self.fused_shapes.take(*chunk_call_shapes(q[t:], k[t:], v[t:], rest)):
+                    decodes = None
+            self._dense = (meta, decodes)
+        return self._dense[1]
+
+    def _apart_metas(self, meta: AttentionMetadata,
+                     decodes: int) -> tuple[AttentionMetadata, AttentionMetadata]:
+        """The metadata of the step's first ``decodes`` sequences and of those after them
+        (made once per step: every layer passes the same ``meta``). Both keep the step's
         max_seq_len, which fixes a CUDA graph's launch plans."""
-        if self._apart is None or self._apart[0] is not meta:
-            d, qsl = meta.num_leading_decodes, meta.query_start_loc_cpu
-            decodes = AttentionMetadata(
+        if self._apart is None or self._apart[0] is not meta or self._apart[1] != decodes:
+            d, qsl = decodes, meta.query_start_loc_cpu
+            first = AttentionMetadata(
                 meta.slot_mapping[:d], meta.query_start_loc[:d + 1], meta.seq_lens[:d],
                 meta.block_tables[:d], qsl[:d + 1], meta.seq_lens_cpu[:d], 1, meta.max_seq_len,
                 meta.block_size)
@@ -485,40 +510,8 @@ class TritonAttentionBackend:
                 meta.slot_mapping[d:], meta.query_start_loc[d:] - d, meta.seq_lens[d:],
                 meta.block_tables[d:], [x - d for x in qsl[d:]], meta.seq_lens_cpu[d:],
                 meta.max_query_len, meta.max_seq_len, meta.block_size)
-            self._apart = (meta, decodes, rest)
-        return self._apart[1], self._apart[2]
-
-
-def fresh_prompts_only(meta: AttentionMetadata, dtype: torch.dtype) -> bool:
-    """True when the step suits ``dense_prefill_attention``: 16-bit, at most
-    DENSE_PREFILL_MAX_SEQS sequences, none with cached context (the step's tokens are all the
-    sequences' tokens), one of at least DENSE_PREFILL_MIN_TOKENS."""
-    return (dtype in (torch.bfloat16, torch.float16)
-            and meta.num_seqs <= DENSE_PREFILL_MAX_SEQS
-            and meta.max_query_len >= DENSE_PREFILL_MIN_TOKENS
-            and meta.query_start_loc_cpu[-1] == sum(meta.seq_lens_cpu))
-
-
-def dense_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                            meta: AttentionMetadata, scale: float,
-                            out: torch.Tensor | None = None) -> torch.Tensor:
-    """Causal attention of fresh prompts over their own keys: q [T, Hq, D], k and v [T, Hkv, D]
-    (T = every sequence's tokens, in order), through torch's fused SDPA per sequence. Without
-    ``out``, one sequence's result is SDPA's own output (cuDNN writes it token-major, so the
-    [T, Hq, D] view needs no copy)."""
-    qsl = meta.query_start_loc_cpu
-    spans = [(start, end) for start, end in zip(qsl, qsl[1:]) if end > start]
-    if out is None and len(spans) != 1:
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION], set_priority=True):
-        for start, end in spans:
-            qs, ks, vs = (x[start:end].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
-            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale,
-                                               enable_gqa=qs.shape[1] != ks.shape[1])
-            if out is None:
-                return o[0].transpose(0, 1)
-            out[start:end] = o[0].transpose(0, 1)
-    return out
+            self._apart = (meta, decodes, first, rest)
+        return self._apart[2], self._apart[3]
 
 
 def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,

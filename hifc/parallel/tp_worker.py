@@ -51,7 +51,8 @@ def run_worker(config: EngineConfig, rank: int, rendezvous: Rendezvous,
         kv_scales = kv_cache_scales(kv_dtype, kv_arch, shard_scales(loaded.kv_scales, shard),
                                     device)
         runner = ModelRunner(loaded.model, kv_cache,
-                             attention_backend(config.attention_backend, device, kv_dtype),
+                             attention_backend(config.attention_backend, device, kv_dtype,
+                                               loaded.arch.num_hidden_layers),
                              config.block_size, device, config.seed, kv_scales)
         runner.setup_padded_decode(
             setup.max_model_len, config.max_num_seqs, capture=not config.enforce_eager,

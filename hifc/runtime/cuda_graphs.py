@@ -54,7 +54,8 @@ logger = logging.getLogger(__name__)
 
 MAX_CAPTURE_SIZE = 256
 # Chunk graphs hold at most this many chunk tokens: their steps stay short, and never take the
-# dense-prefill path (DENSE_PREFILL_MIN_TOKENS), which reads host-side lengths.
+# dense-prefill path (hifc.layers.dense_attention.DENSE_PREFILL_MIN_TOKENS), which reads
+# host-side lengths.
 MAX_CHUNK_GRAPH_TOKENS = 256
 
 

@@ -13,7 +13,9 @@ import torch
 
 from hifc.layers.attention import (AttentionMetadata, TorchAttentionBackend,
                                    reference_paged_attention, write_kv_cache)
-from hifc.layers.triton_attention import TritonAttentionBackend, fresh_prompts_only, plan_launch
+from hifc.layers.dense_attention import (GRAPH_BUILD_SECONDS, SECONDS_SAVED_PER_FLOP, FusedShapes,
+                                         dense_chunks_after)
+from hifc.layers.triton_attention import TritonAttentionBackend, plan_launch
 from tests.fixtures import paged_metadata
 
 try:
@@ -224,7 +226,7 @@ def test_leading_decodes_attended_apart_from_the_chunks(dtype, window, softcap):
     step[4].num_leading_decodes = 4
     backend = TritonAttentionBackend()
     check(backend, *step, dtype, window, softcap)
-    decodes, rest = backend._apart_metas(step[4])
+    decodes, rest = backend._apart_metas(step[4], 4)
     assert decodes.query_start_loc.tolist() == [0, 1, 2, 3, 4]
     assert rest.query_start_loc.tolist() == [0, 40, 49] == rest.query_start_loc_cpu
     assert rest.seq_lens_cpu == [169, 59] and decodes.max_seq_len == rest.max_seq_len == 701
@@ -482,13 +484,40 @@ def test_fresh_prompts_attend_densely(dtype, query_lens):
     for q_heads, kv_heads in ((8, 2), (4, 4)):
         step = make_step(query_lens, [0] * len(query_lens), q_heads, kv_heads, 128, 64, dtype,
                          seed=len(query_lens))
-        assert fresh_prompts_only(step[-1], dtype)
-        dense = check(TritonAttentionBackend(), *step, dtype)
+        assert dense_chunks_after(step[-1], dtype) == 0
+        dense = check(TritonAttentionBackend(dense_prefill=True), *step, dtype)
         paged = check(TritonAttentionBackend(dense_prefill=False), *step, dtype)
         assert dense < 2 * paged + 1e-3
 
 
-def test_only_steps_of_fresh_prompts_attend_densely():
+@device_test
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("block_size", [16, 64])
+def test_prompt_chunks_after_cached_context_and_decodes_attend_densely(dtype, block_size):
+    # Decodes first (the paged kernel), then chunks over cached context (the fused kernels over
+    # gathered keys and over their own, merged by log-sum-exp), a fresh prompt among them;
+    # contexts that end inside a block. GQA 4:1 and 1:1.
+    cases = [([1, 1, 600, 40, 520], [300, 1000, 900, 77, 0]), ([530], [1200])]
+    for (query_lens, context_lens), (q_heads, kv_heads) in zip(cases, ((8, 2), (4, 4))):
+        step = make_step(query_lens, context_lens, q_heads, kv_heads, 128, block_size, dtype,
+                         seed=block_size + len(query_lens))
+        assert dense_chunks_after(step[-1], dtype) == query_lens.count(1)
+        check(TritonAttentionBackend(dense_prefill=True), *step, dtype)
+
+
+def test_fused_kernels_are_taken_once_their_shapes_pay_or_recur():
+    shapes = FusedShapes(num_layers=32)
+    build_pays = GRAPH_BUILD_SECONDS / SECONDS_SAVED_PER_FLOP / 32  # FLOPs per layer
+    assert not shapes.take([("a",)], int(0.5 * build_pays))  # small and new: the paged kernel
+    assert shapes.take([("a",)], int(0.5 * build_pays))  # seen before: built now
+    assert shapes.take([("a",)], 1)  # built
+    assert shapes.take([("b",), ("c",)], int(2.5 * build_pays))  # worth two builds
+    assert not shapes.take([("a",), ("d",), ("e",)], int(1.5 * build_pays))  # not two
+    assert shapes.take([("d",), ("e",), ("a",)], 1)  # both seen before
+    assert FusedShapes(num_layers=1).take([("a",)], int(2 * build_pays)) is False  # one layer
+
+
+def test_which_steps_attend_densely():
     def meta(query_lens, context_lens):
         qsl = [0]
         for n in query_lens:
@@ -500,10 +529,12 @@ def test_only_steps_of_fresh_prompts_attend_densely():
                                  max_seq_len=max(seq_lens), block_size=16)
 
     bf16 = torch.bfloat16
-    assert fresh_prompts_only(meta([8192], [0]), bf16)
-    assert fresh_prompts_only(meta([600, 3, 20], [0, 0, 0]), torch.float16)
-    assert not fresh_prompts_only(meta([8192], [0]), torch.float32)  # 16-bit only
-    assert not fresh_prompts_only(meta([600, 1], [0, 300]), bf16)  # a decode in the step
-    assert not fresh_prompts_only(meta([600], [64]), bf16)  # a chunk after cached context
-    assert not fresh_prompts_only(meta([511, 100], [0, 0]), bf16)  # all short
-    assert not fresh_prompts_only(meta([600] * 9, [0] * 9), bf16)  # too many sequences
+    assert dense_chunks_after(meta([8192], [0]), bf16) == 0
+    assert dense_chunks_after(meta([600, 3, 20], [0, 0, 0]), torch.float16) == 0
+    assert dense_chunks_after(meta([600], [64]), bf16) == 0  # a chunk after cached context
+    assert dense_chunks_after(meta([1, 1, 600, 7], [9, 300, 0, 40]), bf16) == 2  # decodes first
+    assert dense_chunks_after(meta([8192], [0]), torch.float32) is None  # 16-bit only
+    assert dense_chunks_after(meta([600, 1], [0, 300]), bf16) is None  # a decode after a chunk
+    assert dense_chunks_after(meta([511, 100], [0, 0]), bf16) is None  # all short
+    assert dense_chunks_after(meta([600] * 9, [0] * 9), bf16) is None  # too many chunks
+    assert dense_chunks_after(meta([1, 1], [5, 6]), bf16) is None  # decodes only

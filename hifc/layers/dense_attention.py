@@ -1,0 +1,192 @@
+"""Prompt chunks through torch's fused attention kernels (cuDNN's first), for the Triton backend.
+
+A step whose sequences are some decodes (one new token each) followed by a few prompt chunks,
+one of at least ``DENSE_PREFILL_MIN_TOKENS`` tokens, attends its chunks one at a time with the
+fused kernels instead of the paged kernel: on the H200 cuDNN ran prompts of 8k and 32k tokens at
+590-615 TFLOP/s, the paged kernel at 335-365 (``scripts/gpu_kernel_probe.py``, docs/RESULTS.md).
+The decodes stay with the paged kernel.
+
+A fresh prompt (no cached context) is one causal call on the K/V in hand. A chunk of n tokens
+after c cached ones (a later chunk of a long prompt, a prompt whose prefix was cached, a
+recompute) is two calls, each returning its log-sum-exp: the n queries over the c cached keys
+(gathered from the paged cache, no mask) and over their own n keys (causal); one Triton kernel
+then merges the two normalised results, weighting each row by the exp of its log-sum-exp.
+
+cuDNN builds an execution graph for each new shape (lengths, heads, strides) it is called with,
+which cost ~62-68 ms of host time per shape on the H200 (cuDNN 9.19), more than the fused
+kernels save on an 8k-token prompt (~20 ms over 32 layers). ``FusedShapes`` keeps the rule: a
+step takes the fused kernels when all its shapes were built before, when each was seen before
+(a length that recurs, as in fixed-length benchmarks), or when the attention it saves over the
+model's layers outweighs the builds (a fresh prompt of ~15k tokens or more on the 8B preset).
+
+Needs 16-bit q/k/v, no sliding window, no soft-capping and a 16-bit cache (the caller checks
+those). Host-side lengths decide the calls, so a CUDA graph never takes this path (its chunks
+are shorter than DENSE_PREFILL_MIN_TOKENS). On the CPU (Triton's interpreter, tests) torch's
+CPU flash kernel stands in for cuDNN.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from hifc.layers.attention import AttentionMetadata
+from hifc.layers.triton_jit import jit as _jit
+from hifc.layers.triton_jit import tl, triton
+
+DENSE_PREFILL_MIN_TOKENS = 512  # a chunk this long attends through torch's fused kernels
+DENSE_PREFILL_MAX_SEQS = 8  # they run once per chunk: no more chunks than this in a step
+# H200, 8B shapes (scripts/gpu_kernel_probe.py --parts builds,dense): a new shape's graph build,
+# and the time the fused kernels (~595 TFLOP/s) save per FLOP against the paged kernel (~355)
+GRAPH_BUILD_SECONDS = 0.065
+SECONDS_SAVED_PER_FLOP = 1 / 355e12 - 1 / 595e12
+MAX_TRACKED_SHAPES = 4096  # shapes remembered; past this the record starts again
+
+
+class FusedShapes:
+    """The fused-kernel shapes this process has built or seen, and the rule for a step."""
+
+    def __init__(self, num_layers: int):
+        self.num_layers = num_layers  # layers a step's shapes serve once built
+        self.seen: dict[tuple, bool] = {}  # shape -> built
+
+    def take(self, shapes: list[tuple], flops: int) -> bool:
+        """Whether a step with these call shapes, attending ``flops`` per layer through them,
+        takes the fused kernels (recording the shapes as built if so, as seen if not)."""
+        new = [shape for shape in shapes if not self.seen.get(shape)]
+        take = (all(shape in self.seen for shape in new) or flops * self.num_layers
+                * SECONDS_SAVED_PER_FLOP > GRAPH_BUILD_SECONDS * len(set(new)))
+        if len(self.seen) + len(shapes) > MAX_TRACKED_SHAPES:
+            self.seen.clear()
+        for shape in shapes:
+            self.seen[shape] = self.seen.get(shape, False) or take
+        return take
+
+
+def dense_chunks_after(meta: AttentionMetadata, dtype: torch.dtype) -> int | None:
+    """The number of leading decodes when the step's other sequences suit the fused kernels:
+    16-bit, 1..DENSE_PREFILL_MAX_SEQS of them, each of at least 2 new tokens, one of at least
+    DENSE_PREFILL_MIN_TOKENS; None when they do not."""
+    if dtype not in (torch.bfloat16, torch.float16):
+        return None
+    qsl = meta.query_start_loc_cpu
+    lens = [end - start for start, end in zip(qsl, qsl[1:])]
+    decodes = next((i for i, n in enumerate(lens) if n != 1), len(lens))
+    chunks = lens[decodes:]
+    if (not 1 <= len(chunks) <= DENSE_PREFILL_MAX_SEQS or min(chunks) < 2
+            or max(chunks) < DENSE_PREFILL_MIN_TOKENS):
+        return None
+    return decodes
+
+
+def chunk_call_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      meta: AttentionMetadata) -> tuple[list[tuple], int]:
+    """The fused-kernel calls ``dense_prefill_attention`` makes for these chunks, as the shapes
+    cuDNN builds a graph for, and the attention FLOPs of one layer over them."""
+    qsl = meta.query_start_loc_cpu
+    layout = (q.shape[1:], k.shape[1:], q.dtype, q.stride(0), k.stride(0), v.stride(0))
+    shapes, pairs = [], 0
+    for i, (start, end) in enumerate(zip(qsl, qsl[1:])):
+        n = end - start
+        context = meta.seq_lens_cpu[i] - n
+        if n:
+            shapes.append(("causal", n, *layout))
+            if context:
+                shapes.append(("over context", n, context, *layout))
+            pairs += n * context + n * (n + 1) // 2
+    return shapes, 4 * q.shape[1] * q.shape[2] * pairs
+
+
+def dense_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+                            out: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal attention of prompt chunks: q [T, Hq, D], k and v [T, Hkv, D] (the step's new
+    tokens, in order; already written to ``kv_cache`` [2, NB, BS, Hkv, D]), each sequence's
+    queries over its cached context and its own keys. Without ``out``, a single fresh prompt's
+    result is the kernel's own output (cuDNN writes it token-major, so the [T, Hq, D] view
+    needs no copy)."""
+    qsl = meta.query_start_loc_cpu
+    spans = [(i, start, end) for i, (start, end) in enumerate(zip(qsl, qsl[1:])) if end > start]
+    contexts = [meta.seq_lens_cpu[i] - (end - start) for i, start, end in spans]
+    if out is None and (len(spans) != 1 or contexts[0]):
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    for (i, start, end), context in zip(spans, contexts):
+        qs, ks, vs = (x[start:end].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+        if context == 0:
+            o = _causal(qs, ks, vs, scale)
+            if out is None:
+                return o[0].transpose(0, 1)
+            out[start:end] = o[0].transpose(0, 1)
+            continue
+        kc, vc = _cached_keys(kv_cache, meta.block_tables[i], context, meta.block_size)
+        over_context = _attend_with_lse(qs, kc, vc, scale, causal=False)
+        over_own = _attend_with_lse(qs, ks, vs, scale, causal=True)
+        merge_attention(*over_context, *over_own, out[start:end])
+    return out
+
+
+def _causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION], set_priority=True):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
+                                              enable_gqa=q.shape[1] != k.shape[1])
+
+
+def _cached_keys(kv_cache: torch.Tensor, block_table: torch.Tensor, context: int,
+                 block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A sequence's first ``context`` cached keys and values, gathered into one tensor:
+    [1, Hkv, context, D] views each."""
+    blocks = -(-context // block_size)
+    kv = kv_cache.index_select(1, block_table[:blocks])  # [2, blocks, BS, Hkv, D]
+    kv = kv.flatten(1, 2)[:, :context]  # [2, context, Hkv, D]
+    return kv[0].transpose(0, 1).unsqueeze(0), kv[1].transpose(0, 1).unsqueeze(0)
+
+
+def _attend_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                     causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention ([1, Hq, n, D]) and each row's log-sum-exp of its scaled scores ([1, Hq, n]
+    float32); k and v may have fewer heads (grouped-query)."""
+    if q.is_cuda:
+        o, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(
+            q, k, v, None, True, 0.0, causal, False, scale=scale)[:2]
+    else:
+        o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, causal, scale=scale)
+    return o, lse
+
+
+@_jit
+def _merge_kernel(o1_ptr, lse1_ptr, o2_ptr, lse2_ptr, out_ptr,
+                  o1_t, o1_h, lse1_t, lse1_h, o2_t, o2_h, lse2_t, lse2_h, out_t, out_h,
+                  HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
+                  BLOCK_D: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.arange(0, BLOCK_H)
+    d = tl.arange(0, BLOCK_D)
+    h_ok = h < HEADS
+    mask = h_ok[:, None] & (d[None, :] < HEAD_DIM)
+    a = tl.load(lse1_ptr + t * lse1_t + h * lse1_h, mask=h_ok, other=0.0)
+    b = tl.load(lse2_ptr + t * lse2_t + h * lse2_h, mask=h_ok, other=0.0)
+    top = tl.maximum(a, b)
+    wa = tl.exp(a - top)
+    wb = tl.exp(b - top)
+    x = tl.load(o1_ptr + t * o1_t + h[:, None] * o1_h + d[None, :], mask=mask, other=0.0)
+    y = tl.load(o2_ptr + t * o2_t + h[:, None] * o2_h + d[None, :], mask=mask, other=0.0)
+    o = (x.to(tl.float32) * wa[:, None] + y.to(tl.float32) * wb[:, None]) / (wa + wb)[:, None]
+    tl.store(out_ptr + t * out_t + h[:, None] * out_h + d[None, :],
+             o.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def merge_attention(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.Tensor,
+                    out: torch.Tensor) -> None:
+    """out [n, Hq, D] = attention over the union of two key sets, from each set's normalised
+    attention o1, o2 ([1, Hq, n, D]) and log-sum-exp lse1, lse2 ([1, Hq, n] float32)."""
+    n, heads, head_dim = out.shape
+    for x in (o1, o2, out):
+        if x.stride(-1) != 1:
+            raise ValueError("merge_attention needs a unit stride along head_dim")
+    _merge_kernel[(n,)](
+        o1, lse1, o2, lse2, out,
+        o1.stride(2), o1.stride(1), lse1.stride(2), lse1.stride(1),
+        o2.stride(2), o2.stride(1), lse2.stride(2), lse2.stride(1), out.stride(0), out.stride(1),
+        HEADS=heads, HEAD_DIM=head_dim, BLOCK_H=triton.next_power_of_2(heads),
+        BLOCK_D=triton.next_power_of_2(head_dim))
