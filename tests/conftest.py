@@ -52,6 +52,22 @@ if os.environ.get("TRITON_INTERPRET") == "1":
     _patch_triton_interpreter()
 
 
+def pytest_collection_finish(session):
+    """Start the Triton interpreter's child runs (tests/test_triton_interpreter.py) now, so
+    that they run beside the rest of the suite instead of after it."""
+    from tests.test_triton_interpreter import RUNS_HERE, Children, selected_paths
+    paths = selected_paths(session.items)
+    if paths and RUNS_HERE and not session.config.option.collectonly:
+        session.config.interpreter_children = Children(paths)
+
+
+def pytest_sessionfinish(session):
+    """Stop children whose test never ran (a session stopped early)."""
+    children = getattr(session.config, "interpreter_children", None)
+    if children is not None:
+        children.stop()
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     """(our LLM on SmolLM2-135M GGUF, transformers' model of the same file, transformers' parsed

@@ -1,7 +1,8 @@
 """The Triton kernels' CPU cases (attention, KV write, fused norm/SiLU/rotary, sampling
 penalties, padded decode through Triton) in a child pytest with TRITON_INTERPRET=1, one child per
-test file, so that the default suite runs them. The children start together; each one's output
-goes to the terminal when it ends.
+test file, so that the default suite runs them. The children start together as soon as the
+session's tests are collected (tests/conftest.py), beside the rest of the suite; each one's
+output goes to the terminal when it ends.
 
 The variable must be set before triton is imported, and it would make every Triton test of this
 process interpret, so the cases run in their own process. Cases that need a real GPU skip there.
@@ -16,8 +17,10 @@ tests/runtime/test_decode_graphs_triton.py``.
 """
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -30,34 +33,53 @@ SELECTION = ("not split_kv_on_mixed_batch and not (mixed_batch_8b_shape and not 
              "and not (head_shapes and -256-) "
              "and not (fresh_prompts_attend_densely and not query_lens1) "
              "and not (after_cached_context and 64-)")
+RUNS_HERE = (importlib.util.find_spec("triton") is not None
+             and os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available())
+
+
+class Children:
+    """One child pytest per file, all started at once, each writing to its own log."""
+
+    def __init__(self, paths: list[str]):
+        root = Path(__file__).resolve().parents[1]
+        env = dict(os.environ, TRITON_INTERPRET="1")
+        self.logs = Path(tempfile.mkdtemp(prefix="hifc-interpreter-"))
+        self.started = {}
+        for i, path in enumerate(paths):
+            log = open(self.logs / f"{i}.log", "w+")
+            command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k",
+                       SELECTION, path]
+            self.started[path] = (subprocess.Popen(command, cwd=root, env=env, stdout=log,
+                                                   stderr=subprocess.STDOUT), log)
+
+    def stop(self) -> None:
+        for child, log in self.started.values():
+            child.kill()
+            child.wait()
+            log.close()
+        shutil.rmtree(self.logs, ignore_errors=True)
+
+
+def selected_paths(items) -> list[str]:
+    """The files whose interpreter case is among the session's selected tests."""
+    return [item.callspec.params["path"] for item in items
+            if getattr(item, "originalname", None) == "test_triton_kernels_in_the_interpreter"]
 
 
 @pytest.fixture(scope="module")
-def children(request, tmp_path_factory):
-    """One child pytest per selected file, all started at once (on a 2-core machine the short
-    files run beside the attention file instead of after it), each writing to its own log."""
-    root = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    logs = tmp_path_factory.mktemp("interpreter")
-    selected = [item.callspec.params["path"] for item in request.session.items
-                if getattr(item, "originalname", None) == "test_triton_kernels_in_the_interpreter"]
-    started = {}
-    for i, path in enumerate(selected):
-        log = open(logs / f"{i}.log", "w+")
-        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k",
-                   SELECTION, path]
-        started[path] = (subprocess.Popen(command, cwd=root, env=env, stdout=log,
-                                          stderr=subprocess.STDOUT), log)
-    yield started
-    for child, log in started.values():
-        child.kill()
-        child.wait()
-        log.close()
+def children(request):
+    """The children tests/conftest.py started once the session's tests were collected (so that
+    they run beside the rest of the suite on a second core), or started here."""
+    started = getattr(request.config, "interpreter_children", None)
+    if started is None:
+        started = request.config.interpreter_children = Children(
+            selected_paths(request.session.items))
+    yield started.started
+    started.stop()
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available(),
-                    reason="the cases run directly here")
+@pytest.mark.skipif(not RUNS_HERE, reason="the cases run directly here")
 @pytest.mark.parametrize("path", FILES)
 def test_triton_kernels_in_the_interpreter(path, children, capsys):
     child, log = children[path]

@@ -20,7 +20,7 @@ step takes the fused kernels when all its shapes were built before, when each wa
 model's layers outweighs the builds (a fresh prompt of ~15k tokens or more on the 8B preset).
 
 Needs 16-bit q/k/v, no sliding window, no soft-capping and a 16-bit cache (the caller checks
-those). Host-side lengths decide the calls, so a CUDA graph never takes this path (its chunks
+those), and cached context of at most MAX_GATHER_BYTES per chunk (128k tokens of the 8B preset). Host-side lengths decide the calls, so a CUDA graph never takes this path (its chunks
 are shorter than DENSE_PREFILL_MIN_TOKENS). On the CPU (Triton's interpreter, tests) torch's
 CPU flash kernel stands in for cuDNN.
 """
@@ -41,6 +41,9 @@ DENSE_PREFILL_MAX_SEQS = 8  # they run once per chunk: no more chunks than this 
 GRAPH_BUILD_SECONDS = 0.065
 SECONDS_SAVED_PER_FLOP = 1 / 355e12 - 1 / 595e12
 MAX_TRACKED_SHAPES = 4096  # shapes remembered; past this the record starts again
+# a chunk's cached keys and values are gathered into one temporary tensor: at most this large
+# (the KV cache was sized leaving room for the model's activations, not for such copies)
+MAX_GATHER_BYTES = 512 << 20
 
 
 class FusedShapes:
@@ -63,10 +66,12 @@ class FusedShapes:
         return take
 
 
-def dense_chunks_after(meta: AttentionMetadata, dtype: torch.dtype) -> int | None:
+def dense_chunks_after(meta: AttentionMetadata, dtype: torch.dtype,
+                       token_bytes: int) -> int | None:
     """The number of leading decodes when the step's other sequences suit the fused kernels:
     16-bit, 1..DENSE_PREFILL_MAX_SEQS of them, each of at least 2 new tokens, one of at least
-    DENSE_PREFILL_MIN_TOKENS; None when they do not."""
+    DENSE_PREFILL_MIN_TOKENS, none with more cached context than MAX_GATHER_BYTES hold at
+    ``token_bytes`` (a cached token's K and V); None when they do not."""
     if dtype not in (torch.bfloat16, torch.float16):
         return None
     qsl = meta.query_start_loc_cpu
@@ -76,7 +81,8 @@ def dense_chunks_after(meta: AttentionMetadata, dtype: torch.dtype) -> int | Non
     if (not 1 <= len(chunks) <= DENSE_PREFILL_MAX_SEQS or min(chunks) < 2
             or max(chunks) < DENSE_PREFILL_MIN_TOKENS):
         return None
-    return decodes
+    longest_context = max(meta.seq_lens_cpu[i] - n for i, n in enumerate(lens) if i >= decodes)
+    return decodes if longest_context * token_bytes <= MAX_GATHER_BYTES else None
 
 
 def chunk_call_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -486,7 +486,7 @@ class TritonAttentionBackend:
         ``FusedShapes`` says the fused kernels pay (decided once per step: every layer passes
         the same ``meta``)."""
         if self._dense is None or self._dense[0] is not meta:
-            decodes = dense_chunks_after(meta, q.dtype)
+            decodes = dense_chunks_after(meta, q.dtype, 2 * k[0].numel() * k.element_size())
             if decodes is not None and self.dense_prefill is None:
                 t = meta.query_start_loc_cpu[decodes]
                 rest = self._apart_metas(meta, decodes)[1] if decodes else meta

@@ -484,7 +484,7 @@ def test_fresh_prompts_attend_densely(dtype, query_lens):
     for q_heads, kv_heads in ((8, 2), (4, 4)):
         step = make_step(query_lens, [0] * len(query_lens), q_heads, kv_heads, 128, 64, dtype,
                          seed=len(query_lens))
-        assert dense_chunks_after(step[-1], dtype) == 0
+        assert dense_chunks_after(step[-1], dtype, 1) == 0
         dense = check(TritonAttentionBackend(dense_prefill=True), *step, dtype)
         paged = check(TritonAttentionBackend(dense_prefill=False), *step, dtype)
         assert dense < 2 * paged + 1e-3
@@ -501,7 +501,7 @@ def test_prompt_chunks_after_cached_context_and_decodes_attend_densely(dtype, bl
     for (query_lens, context_lens), (q_heads, kv_heads) in zip(cases, ((8, 2), (4, 4))):
         step = make_step(query_lens, context_lens, q_heads, kv_heads, 128, block_size, dtype,
                          seed=block_size + len(query_lens))
-        assert dense_chunks_after(step[-1], dtype) == query_lens.count(1)
+        assert dense_chunks_after(step[-1], dtype, 1) == query_lens.count(1)
         check(TritonAttentionBackend(dense_prefill=True), *step, dtype)
 
 
@@ -528,13 +528,17 @@ def test_which_steps_attend_densely():
                                  seq_lens_cpu=seq_lens, max_query_len=max(query_lens),
                                  max_seq_len=max(seq_lens), block_size=16)
 
-    bf16 = torch.bfloat16
-    assert dense_chunks_after(meta([8192], [0]), bf16) == 0
-    assert dense_chunks_after(meta([600, 3, 20], [0, 0, 0]), torch.float16) == 0
-    assert dense_chunks_after(meta([600], [64]), bf16) == 0  # a chunk after cached context
-    assert dense_chunks_after(meta([1, 1, 600, 7], [9, 300, 0, 40]), bf16) == 2  # decodes first
-    assert dense_chunks_after(meta([8192], [0]), torch.float32) is None  # 16-bit only
-    assert dense_chunks_after(meta([600, 1], [0, 300]), bf16) is None  # a decode after a chunk
-    assert dense_chunks_after(meta([511, 100], [0, 0]), bf16) is None  # all short
-    assert dense_chunks_after(meta([600] * 9, [0] * 9), bf16) is None  # too many chunks
-    assert dense_chunks_after(meta([1, 1], [5, 6]), bf16) is None  # decodes only
+    def dense(query_lens, context_lens, dtype=torch.bfloat16):
+        return dense_chunks_after(meta(query_lens, context_lens), dtype, 4096)  # 4 KiB a token
+
+    assert dense([8192], [0]) == 0
+    assert dense([600, 3, 20], [0, 0, 0], torch.float16) == 0
+    assert dense([600], [64]) == 0  # a chunk after cached context
+    assert dense([1, 1, 600, 7], [9, 300, 0, 40]) == 2  # decodes first
+    assert dense([8192], [0], torch.float32) is None  # 16-bit only
+    assert dense([600, 1], [0, 300]) is None  # a decode after a chunk
+    assert dense([511, 100], [0, 0]) is None  # all short
+    assert dense([600] * 9, [0] * 9) is None  # too many chunks
+    assert dense([1, 1], [5, 6]) is None  # decodes only
+    assert dense([1, 600], [9, 131072]) == 1  # 512 MiB of cached K/V to gather: at the limit
+    assert dense([1, 600], [9, 131073]) is None  # past it
