@@ -318,7 +318,9 @@ def ttft(engine: LLMEngine, rid: str, prompt: list[int], max_tokens: int) -> tup
 def run_alone(args, sizes: Sizes) -> list[dict]:
     """One long prompt alone under chunked prefill: its TTFT with the Triton backend's fused
     kernels for prompt chunks taken by their rule (auto), never (paged) and always; each mode
-    times a prompt of a length not seen before, after one a token shorter, untimed."""
+    times a prompt of a length not seen before, after one a token shorter, untimed. With
+    --alone-rounds N, N rounds, each starting one mode later than the one before (so that no
+    mode is always the engine's first)."""
     length = sizes.alone_prompt
     engine = LLMEngine.from_options(sizes.model, device=args.device, dtype=sizes.dtype,
                                     block_size=sizes.block_size, kv_cache_gib=sizes.kv_cache_gib,
@@ -328,13 +330,17 @@ def run_alone(args, sizes: Sizes) -> list[dict]:
     rng = random.Random(5)
     vocab = engine.arch.vocab_size
     rows = []
-    for mode, setting in (("auto", None), ("paged", False), ("fused", True)):
+    modes = (("auto", None), ("paged", False), ("fused", True))
+    order = [modes[(r + i) % len(modes)] for r in range(args.alone_rounds)
+             for i in range(len(modes))]
+    for mode, setting in order:
         if hasattr(backend, "dense_prefill"):  # the Triton backend (not the CPU's torch one)
             backend.dense_prefill = setting
         n = length - 2 * len(rows)
         ttft(engine, f"{mode}-warm", random_prompt(rng, n - 1, vocab), 1)
         seconds, _ = ttft(engine, mode, random_prompt(rng, n, vocab), 1)
-        rows.append({"mode": mode, "prompt_tokens": n, "budget": sizes.alone_budget,
+        rows.append({"mode": mode, "round": len(rows) // len(modes),
+                     "prompt_tokens": n, "budget": sizes.alone_budget,
                      "ttft_s": seconds, "backend": type(backend).__name__,
                      "released": released(engine)})
         print(f"alone: {n}-token prompt, budget {sizes.alone_budget}, fused kernels {mode:<5}  "
@@ -381,6 +387,8 @@ def main() -> int:
                         "[:prefill_attention_budget] (default off,512,2048 on cuda)")
     parser.add_argument("--decoder-tokens", type=int, help="tokens each decoder generates "
                         "(default 160 on cuda): more keep them decoding past a long prefill")
+    parser.add_argument("--alone-rounds", type=int, default=1, help="rounds of the alone "
+                        "part's three modes, each round starting one mode later")
     parser.add_argument("--json")
     args = parser.parse_args()
     sizes = GPU if args.device == "cuda" else CPU

@@ -13,7 +13,8 @@ def test_stall_and_alone_parts_on_cpu(tmp_path):
     out = tmp_path / "chunked.json"
     result = subprocess.run(
         [sys.executable, "scripts/gpu_chunked_prefill.py", "--device", "cpu", "--parts",
-         "stall,alone", "--modes", "off,64,256:32:4096", "--json", str(out)],
+         "stall,alone", "--modes", "off,64,256:32:4096", "--alone-rounds", "2", "--json",
+         str(out)],
         cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
         timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -30,6 +31,7 @@ def test_stall_and_alone_parts_on_cpu(tmp_path):
     # one prefill step holds the long prompt when chunked prefill is off, several when on
     assert stall[0]["steps_while_prefilling"] == 1 < stall[1]["steps_while_prefilling"]
     alone = report["alone"]
-    assert [row["mode"] for row in alone] == ["auto", "paged", "fused"]
+    assert [row["mode"] for row in alone] == ["auto", "paged", "fused",
+                                              "paged", "fused", "auto"]  # round 2 rotated
     assert all(row["released"] and row["ttft_s"] > 0 for row in alone)
-    assert len({row["prompt_tokens"] for row in alone}) == 3  # a new length each time
+    assert len({row["prompt_tokens"] for row in alone}) == 6  # a new length each time
