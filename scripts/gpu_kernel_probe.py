@@ -120,6 +120,13 @@ def skinny_linear(x, w, out, ws, block_n, block_k, split_k, stages, warps):
         _split_sum[(triton.cdiv(m * n, 1024),)](ws, out, m * n, SPLIT_K=split_k, BLOCK=1024)
 
 
+def token_slots(tables, seq_lens, query_lens):
+    """The cache slots of each sequence's last query_lens[i] tokens (tables on the host)."""
+    positions = [torch.arange(sl - q, sl) for sl, q in zip(seq_lens, query_lens)]
+    return torch.cat([tables[i, pos // BLOCK] * BLOCK + pos % BLOCK
+                      for i, pos in enumerate(positions)])
+
+
 def build_cache(seq_lens, hkv, d, dtype, dev):
     blocks = [-(-s // BLOCK) for s in seq_lens]
     kv = torch.empty(2, sum(blocks) + 1, BLOCK, hkv, d, dtype=dtype, device=dev)
@@ -129,8 +136,7 @@ def build_cache(seq_lens, hkv, d, dtype, dev):
     for i, nb in enumerate(blocks):
         tables[i, :nb] = torch.arange(start, start + nb)
         start += nb
-    slots = torch.cat([tables[i, :(-(-s // BLOCK))].repeat_interleave(BLOCK)[:s] * BLOCK
-                       + torch.arange(s) % BLOCK for i, s in enumerate(seq_lens)])
+    slots = token_slots(tables, seq_lens, seq_lens)
     k = torch.randn(len(slots), hkv, d, device=dev, dtype=dtype)
     v = torch.randn_like(k)
     write_kv_cache(k, v, kv, slots.to(dev).long())
@@ -329,11 +335,7 @@ def dense(name, s, dev, dtype):
         new = torch.cat([torch.arange(end - q, end) for end, q in zip(ends, query_lens)])
         k, v = all_k[new.to(dev)], all_v[new.to(dev)]
         meta = meta_for(seq_lens, query_lens, tables, dev)
-        tables_cpu = tables.cpu()
-        meta.slot_mapping = torch.cat([
-            tables_cpu[i, torch.arange(sl - q, sl) // BLOCK] * BLOCK
-            + torch.arange(sl - q, sl) % BLOCK
-            for i, (sl, q) in enumerate(zip(seq_lens, query_lens))]).to(dev).long()
+        meta.slot_mapping = token_slots(tables.cpu(), seq_lens, query_lens).to(dev).long()
         q = torch.randn(sum(query_lens), hq, d, device=dev, dtype=dtype)
         pairs = sum(n * c + n * (n + 1) // 2 for c, n in chunk_list) + 1100 * decoders
         flops = 4 * hq * d * pairs

@@ -66,6 +66,13 @@ class FusedShapes:
         return take
 
 
+def _spans(meta: AttentionMetadata) -> list[tuple[int, int, int, int]]:
+    """(sequence, first new token, end of its new tokens, cached context) of each sequence."""
+    qsl = meta.query_start_loc_cpu
+    return [(i, start, end, meta.seq_lens_cpu[i] - (end - start))
+            for i, (start, end) in enumerate(zip(qsl, qsl[1:]))]
+
+
 def dense_chunks_after(meta: AttentionMetadata, dtype: torch.dtype,
                        token_bytes: int) -> int | None:
     """The number of leading decodes when the step's other sequences suit the fused kernels:
@@ -74,14 +81,13 @@ def dense_chunks_after(meta: AttentionMetadata, dtype: torch.dtype,
     ``token_bytes`` (a cached token's K and V); None when they do not."""
     if dtype not in (torch.bfloat16, torch.float16):
         return None
-    qsl = meta.query_start_loc_cpu
-    lens = [end - start for start, end in zip(qsl, qsl[1:])]
-    decodes = next((i for i, n in enumerate(lens) if n != 1), len(lens))
-    chunks = lens[decodes:]
+    spans = _spans(meta)
+    decodes = next((i for i, start, end, _ in spans if end - start != 1), len(spans))
+    chunks = [end - start for _, start, end, _ in spans[decodes:]]
     if (not 1 <= len(chunks) <= DENSE_PREFILL_MAX_SEQS or min(chunks) < 2
             or max(chunks) < DENSE_PREFILL_MIN_TOKENS):
         return None
-    longest_context = max(meta.seq_lens_cpu[i] - n for i, n in enumerate(lens) if i >= decodes)
+    longest_context = max(context for *_, context in spans[decodes:])
     return decodes if longest_context * token_bytes <= MAX_GATHER_BYTES else None
 
 
@@ -89,12 +95,10 @@ def chunk_call_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       meta: AttentionMetadata) -> tuple[list[tuple], int]:
     """The fused-kernel calls ``dense_prefill_attention`` makes for these chunks, as the shapes
     cuDNN builds a graph for, and the attention FLOPs of one layer over them."""
-    qsl = meta.query_start_loc_cpu
     layout = (q.shape[1:], k.shape[1:], q.dtype, q.stride(0), k.stride(0), v.stride(0))
     shapes, pairs = [], 0
-    for i, (start, end) in enumerate(zip(qsl, qsl[1:])):
+    for _, start, end, context in _spans(meta):
         n = end - start
-        context = meta.seq_lens_cpu[i] - n
         if n:
             shapes.append(("causal", n, *layout))
             if context:
@@ -111,12 +115,10 @@ def dense_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     queries over its cached context and its own keys. Without ``out``, a single fresh prompt's
     result is the kernel's own output (cuDNN writes it token-major, so the [T, Hq, D] view
     needs no copy)."""
-    qsl = meta.query_start_loc_cpu
-    spans = [(i, start, end) for i, (start, end) in enumerate(zip(qsl, qsl[1:])) if end > start]
-    contexts = [meta.seq_lens_cpu[i] - (end - start) for i, start, end in spans]
-    if out is None and (len(spans) != 1 or contexts[0]):
+    spans = [span for span in _spans(meta) if span[2] > span[1]]
+    if out is None and (len(spans) != 1 or spans[0][3]):
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    for (i, start, end), context in zip(spans, contexts):
+    for i, start, end, context in spans:
         qs, ks, vs = (x[start:end].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
         if context == 0:
             o = _causal(qs, ks, vs, scale)
