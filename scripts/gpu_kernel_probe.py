@@ -4,7 +4,8 @@ Prints (and with --json writes) for the 8B and 32B presets' shapes:
 - prefill attention of one L-token prompt (L = 8k, 32k): the Triton paged kernel against torch's
   scaled_dot_product_attention backends (flash, cuDNN, memory-efficient), TFLOP/s and the
   largest difference from the Triton output;
-- decode attention (batch 1 and 32): the current launch plan against other tile / split shapes;
+- decode attention (batch 1, 4, 32, 128): the current launch plan against other tile / split
+  shapes, each launch over its own copy of the cache (a step's layers do not find their KV in L2);
 - the projections at M = 1, 32, 128 (decode) and 8192 (prefill): F.linear (cuBLAS) in GB/s of
   weights read and TFLOP/s;
 - ``balance``: decode attention over unequal contexts (GovReport-like, 4.5k-17.4k tokens) and
@@ -199,8 +200,12 @@ def prefill_attention(name, s, length, dev, dtype):
 
 
 def decode_attention(name, s, batch, context, dev, dtype, copy_gbps):
+    """Every plan over copies of the cache that together exceed the L2 cache many times over,
+    one copy per launch in turn, as a step's layers each read their own cache."""
     seq_lens = [context] * batch
     kv, tables, _, _ = build_cache(seq_lens, s["hkv"], s["d"], dtype, dev)
+    copies = [kv] + [kv.clone() for _ in range(max(1, (512 << 20) // kv.numel() //
+                                                  kv.element_size()))]
     q = torch.randn(batch, s["hq"], s["d"], device=dev, dtype=dtype)
     meta = meta_for(seq_lens, [1] * batch, tables, dev)
     scale = s["d"] ** -0.5
@@ -210,18 +215,20 @@ def decode_attention(name, s, batch, context, dev, dtype, copy_gbps):
     floor_ms = kv_bytes / copy_gbps / 1e6
     ref = paged_attention(q, kv, meta, scale, current)
     plans = [current]
-    for tile in (64, 128):
-        for segs in ((4, 8, 16, 32, 64) if batch == 1 else (1, 2)):
-            for warps, stages in ((2, 2), (4, 2), (4, 3)):
+    shapes = (((32, 64, 128), (8, 16, 32, 64), ((4, 2), (4, 3), (2, 3), (8, 2)))
+              if batch <= 8 else ((64, 128), (1, 2), ((4, 2), (4, 3), (8, 2))))
+    for tile in shapes[0]:
+        for segs in shapes[1]:
+            for warps, stages in shapes[2]:
                 plans.append(LaunchPlan(current.block_m, current.block_q, tile, segs, warps,
                                         stages))
     rows = []
-    outs = [torch.empty_like(q) for _ in range(8)]
+    outs = [torch.empty_like(q) for _ in copies]
     for plan in plans:
         try:
             out = paged_attention(q, kv, meta, scale, plan)
-            t = graph_ms([lambda o=o: paged_attention(q, kv, meta, scale, plan, o)
-                          for o in outs] * 4)
+            t = graph_ms([lambda o=o, c=c: paged_attention(q, c, meta, scale, plan, o)
+                          for o, c in zip(outs, copies)] * max(1, 32 // len(copies)))
             rows.append({"plan": str(plan), "current": plan == current, "ms": t,
                          "over_floor": t / floor_ms,
                          "max_diff": (out.float() - ref.float()).abs().max().item()})
@@ -229,8 +236,9 @@ def decode_attention(name, s, batch, context, dev, dtype, copy_gbps):
             rows.append({"plan": str(plan), "error": str(e)[:160]})
     rows.sort(key=lambda r: r.get("ms", 1e9))
     for r in rows:
-        r.update(model=name, batch=batch, context=context, floor_ms=floor_ms)
-    del kv
+        r.update(model=name, batch=batch, context=context, floor_ms=floor_ms,
+                 cache_copies=len(copies))
+    del kv, copies
     torch.cuda.empty_cache()
     return rows
 
@@ -579,7 +587,7 @@ def main() -> None:
                     result["prefill"].append(r)
                     print("prefill", json.dumps(r), flush=True)
         if "decode" in parts and name == "8b":
-            for batch, context in ((1, 4096), (32, 4096), (128, 4096)):
+            for batch, context in ((1, 4096), (4, 4096), (32, 4096), (128, 4096)):
                 rows = decode_attention(name, s, batch, context, dev, dtype, result["copy_gbps"])
                 result["decode"].extend(rows)
                 for r in rows[:6] + [r for r in rows if r.get("current")]:

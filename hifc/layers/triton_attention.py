@@ -64,6 +64,11 @@ BALANCED_MAX_SEGMENTS = 8
 # 32-token chunk after 32k tokens beside 32 decodes, 914 us unsplit, 209 us in 16 segments; a
 # 64-token chunk after 16k alone, 460 -> 79 us (scripts/gpu_kernel_probe.py --parts chunks).
 MIXED_SPLIT_MAX_TOKENS = 1024
+# Decode batches split their contexts evenly until there are about this many programs per SM:
+# 8B shapes, 4k contexts, each launch over its own cache, one H200: batch 1 / 4 / 32 fastest
+# in 64 / 16 / 2 segments of 64-key tiles (12.6 / 24.0 / 128.0 us against 17.9 / 25.9 / 134.8
+# in 8 / 8 / 1; scripts/gpu_kernel_probe.py --parts decode).
+DECODE_PROGRAMS_PER_SM = 4
 MIXED_SEGMENT_KEYS = 2048
 MIXED_SPLIT_ROWS = 8192
 MIXED_MAX_SEGMENTS = 32
@@ -335,7 +340,8 @@ def plan_launch(max_query_len: int, max_seq_len: int, num_seqs: int, num_q_heads
                 num_kv_heads: int, head_dim: int, elem_size: int, num_sms: int,
                 split_kv: bool | None = None, num_tokens: int = 0) -> LaunchPlan:
     """Choose tile shapes. split_kv: None = split decode-only batches that underfill the GPU
-    (into about one program per SM) or that may hold long contexts, and steps of at most
+    (evenly, into about DECODE_PROGRAMS_PER_SM programs per SM) or that may hold long contexts
+    (evenly when all are at most BALANCED_SEGMENT_KEYS keys), and steps of at most
     MIXED_SPLIT_MAX_TOKENS tokens (0: take max_query_len x num_seqs) with prompt chunks and
     long contexts (into segments of BALANCED_SEGMENT_KEYS or MIXED_SEGMENT_KEYS keys or more);
     True / False force a split on or off."""
@@ -354,20 +360,25 @@ def plan_launch(max_query_len: int, max_seq_len: int, num_seqs: int, num_q_heads
         tile, num_warps, num_stages = 32, 4 if block_m <= 64 else 8, 2
     elif block_m >= 128:
         tile, num_warps, num_stages = 128, 8, 2  # prefill 8k: 1533 us; tile 64: 1709 us
-    else:
-        # Decode, 8B shapes, 4k context, 32 launches in one CUDA graph on one H200: 2 stages
-        # 10.6 / 132 / 495 us per launch at batch 1 / 32 / 128, 3 stages 11.1 / 140 / 504
-        # (scripts/gpu_kernel_probe.py, docs/RESULTS.md)
+    elif max_query_len == 1:
+        # Decode: 64-key tiles, except in balanced segments (below). 8B shapes on one H200,
+        # attention per step in the engine: batch 4 at 4k contexts 0.81 ms against 0.98 with
+        # 128-key tiles (and one program per SM), batch 1 and 32 at 2k the same (docs/RESULTS.md)
+        tile, num_warps, num_stages = 64, 4, 2
+    else:  # prompt chunks of a few tokens
         tile, num_warps, num_stages = 128, 4, 2
     num_segments, segment_tiles = 1, 1
     programs = num_seqs * num_kv_heads
     few = 2 * programs <= num_sms
+    # an even split into about DECODE_PROGRAMS_PER_SM programs per SM, segments of a tile or more
+    even = min(DECODE_PROGRAMS_PER_SM * num_sms // programs, max_seq_len // tile, 64)
     auto = split_kv is None
     if auto:
-        # Split when one program per (sequence, KV head) leaves most SMs idle (at B=1, 4x
-        # faster), or when a decode batch may hold contexts longer than one balanced segment.
+        # Split a decode batch whose programs (one per sequence and KV head) would leave SMs
+        # short of programs (at B=1, 4x faster), or that may hold contexts longer than one
+        # balanced segment.
         if max_query_len == 1:
-            split_kv = (few and max_seq_len >= 8 * tile) or max_seq_len > BALANCED_SEGMENT_KEYS
+            split_kv = even >= 2 or max_seq_len > BALANCED_SEGMENT_KEYS
         else:
             # ... and a longest chunk whose q blocks leave SMs idle (a 512-token chunk of the 8B
             # preset, 128 programs, ran alone in 133 us unsplit against 181 us split)
@@ -383,16 +394,17 @@ def plan_launch(max_query_len: int, max_seq_len: int, num_seqs: int, num_q_heads
                    1 << max(0, rows.bit_length() - 1), MIXED_MAX_SEGMENTS)
         num_segments = max(2, want)
         segment_tiles = max(1, MIXED_SEGMENT_KEYS // tile)
-    elif split_kv and few:
-        # About one program per SM, each with at least 2 KV tiles; a power of two bounds the
-        # number of compiled variants.
-        want = max(2, min(-(-num_sms // programs), max_seq_len // (2 * tile), 64))
-        num_segments = 1 << (want.bit_length() - 1)
+    elif split_kv and (few or (auto and max_seq_len <= BALANCED_SEGMENT_KEYS)):
+        # Equal slices of each sequence; a power of two bounds the compiled variants.
+        num_segments = 1 << (max(2, even).bit_length() - 1)
     elif split_kv:
         # Many programs: segments of one size (a sequence uses as many as its length fills), so
         # a step's longest contexts do not leave their programs running alone at its end.
+        # 128-key tiles: 32 sequences of 4k keys took 4.43 ms per step against 4.82 with 64.
         want = max(2, min(-(-max_seq_len // BALANCED_SEGMENT_KEYS), BALANCED_MAX_SEGMENTS))
         num_segments = 1 << (want - 1).bit_length()
+        if max_query_len == 1 and tile == 64:
+            tile = 128
         segment_tiles = max(1, BALANCED_SEGMENT_KEYS // tile)
     return LaunchPlan(block_m, block_q, tile, num_segments, num_warps, num_stages, segment_tiles)
 

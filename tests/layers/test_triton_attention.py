@@ -323,15 +323,20 @@ def test_same_result_as_torch_backend():
 
 def test_plan_splits_small_long_decodes_and_long_full_ones():
     common = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, elem_size=2, num_sms=132)
-    one = plan_launch(1, 4096, 1, **common)  # 8 programs: ~1 per SM, each 2 tiles
-    assert (one.num_segments, one.segment_tiles) == (16, 1)
-    assert plan_launch(1, 4096, 32, **common).num_segments == 1
+    # decodes: 64-key tiles, contexts split evenly into segments of a tile or more until there
+    # are about 4 programs per SM (8 programs per sequence)
+    one = plan_launch(1, 4096, 1, **common)
+    assert (one.tile, one.num_segments, one.segment_tiles) == (64, 64, 1)
+    assert plan_launch(1, 4096, 4, **common).num_segments == 16
+    assert plan_launch(1, 4096, 32, **common).num_segments == 2
     assert plan_launch(1, 4096, 128, **common).num_segments == 1
-    assert plan_launch(1, 100, 1, **common).num_segments == 1
+    assert plan_launch(1, 100, 1, **common).num_segments == 1  # one tile
+    assert plan_launch(1, 200, 1, **common).num_segments == 2
     assert plan_launch(512, 4096, 1, **common).num_segments == 1
-    # a full batch that may hold longer contexts: segments of 32 tiles (4096 keys), at most 8
+    # a full batch that may hold longer contexts: segments of 32 tiles of 128 keys (4096
+    # keys), at most 8
     long = plan_launch(1, 17341, 32, **common)
-    assert (long.num_segments, long.segment_tiles) == (8, 32)
+    assert (long.tile, long.num_segments, long.segment_tiles) == (128, 8, 32)
     assert plan_launch(1, 4097, 128, **common).num_segments == 2
     assert plan_launch(1, 131072, 32, **common).num_segments == 8
     # steps with prompt chunks over long contexts, up to MIXED_SPLIT_MAX_TOKENS tokens, whose
