@@ -362,8 +362,9 @@ def plan_launch(max_query_len: int, max_seq_len: int, num_seqs: int, num_q_heads
         tile, num_warps, num_stages = 128, 8, 2  # prefill 8k: 1533 us; tile 64: 1709 us
     elif max_query_len == 1:
         # Decode: 64-key tiles, except in balanced segments (below). 8B shapes on one H200,
-        # attention per step in the engine: batch 4 at 4k contexts 0.81 ms against 0.98 with
-        # 128-key tiles (and one program per SM), batch 1 and 32 at 2k the same (docs/RESULTS.md)
+        # attention per step in the engine, split as below: batch 4 at 4k contexts 0.81 ms
+        # against 0.99 with 128-key tiles in about one program per SM; batch 1 / 32 at 2k
+        # 0.37 / 2.25 against 0.39 / 2.27 (docs/RESULTS.md)
         tile, num_warps, num_stages = 64, 4, 2
     else:  # prompt chunks of a few tokens
         tile, num_warps, num_stages = 128, 4, 2
