@@ -201,7 +201,9 @@ def prefill_attention(name, s, length, dev, dtype):
 
 def decode_attention(name, s, batch, context, dev, dtype, copy_gbps):
     """Every plan over copies of the cache that together exceed the L2 cache many times over,
-    one copy per launch in turn, as a step's layers each read their own cache."""
+    one copy per launch in turn, as a step's layers each read their own cache. "current" is the
+    plan for contexts up to exactly ``context``; the engine's graphs plan for their context cap,
+    which for a step past a cap is the next one (balanced segments above 4,096 keys)."""
     seq_lens = [context] * batch
     kv, tables, _, _ = build_cache(seq_lens, s["hkv"], s["d"], dtype, dev)
     copies = [kv] + [kv.clone() for _ in range(max(1, (512 << 20) // kv.numel() //

@@ -20,8 +20,9 @@ step takes the fused kernels when all its shapes were built before, when each wa
 model's layers outweighs the builds (a fresh prompt of ~15k tokens or more on the 8B preset).
 
 Needs 16-bit q/k/v, no sliding window, no soft-capping and a 16-bit cache (the caller checks
-those), and cached context of at most MAX_GATHER_BYTES per chunk (128k tokens of the 8B preset). Host-side lengths decide the calls, so a CUDA graph never takes this path (its chunks
-are shorter than DENSE_PREFILL_MIN_TOKENS). On the CPU (Triton's interpreter, tests) torch's
+those), and cached context of at most MAX_GATHER_BYTES per chunk (128k tokens of the 8B preset).
+Host-side lengths decide the calls, so a CUDA graph never takes this path (its chunks are
+shorter than DENSE_PREFILL_MIN_TOKENS). On the CPU (Triton's interpreter, tests) torch's
 CPU flash kernel stands in for cuDNN.
 """
 from __future__ import annotations

@@ -21,10 +21,10 @@ built on the host per step (a decode-only step skips the search: q block i is se
 NUM_SEGMENTS > 1 each program also takes one slice of the KV tiles and writes unnormalised
 partials (acc, running max, running sum); a second kernel merges them, and a sequence whose
 tiles fit one segment is written directly. Slices are a sequence's tiles over NUM_SEGMENTS but
-at least SEGMENT_TILES long. Decode batches with few sequences and long contexts split evenly
-(one program per (sequence, KV head) would leave most of the GPU idle); batches that fill the
-GPU split long contexts into segments of one size, so that programs over the longest contexts
-do not run alone at the end of the launch.
+at least SEGMENT_TILES long. Decode batches with too few programs (one per sequence and KV head)
+to give each SM about DECODE_PROGRAMS_PER_SM split evenly, when their sequences are few or
+their contexts short; larger batches that may hold long contexts split them into segments of
+one size, so that programs over the longest contexts do not run alone at the end of the launch.
 
 Prompt chunks of at least ``DENSE_PREFILL_MIN_TOKENS`` tokens (after any decodes of the step)
 attend through torch's fused kernels instead, cuDNN's first (:mod:`hifc.layers.dense_attention`),
