@@ -16,7 +16,12 @@ Prints (and with --json writes) for the 8B and 32B presets' shapes:
   alone) through the backend's fused-kernel path against the paged kernel alone;
 - ``builds``: the host cost of a new shape for the fused kernels (cuDNN's graph per shape);
 - ``layouts``: fresh-prompt attention as the engine calls it (q, k, v strided views of one fused
-  projection) against contiguous inputs, one prompt and several, and torch's varlen kernels.
+  projection) against contiguous inputs, one prompt and several, and torch's varlen kernels;
+- ``blas``: each projection through cuBLAS (torch's default) against cuBLASLt;
+- ``prefetch``: decode attention then the output projection, per layer, serially and with the
+  projection's weight prefetched into L2 on a side stream during the attention;
+- ``versions``: decode attention of this module against another copy of it
+  (``--other-module``), each with its plan for the CUDA graph's context cap.
 
 Usage: PYTHONPATH=$PWD python3 scripts/gpu_kernel_probe.py [--parts prefill,decode,gemm] [--json F]
 """
@@ -25,6 +30,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +40,8 @@ import triton.testing
 
 from hifc.bench.probes import profile_kernels
 from hifc.layers.attention import AttentionMetadata, write_kv_cache
-from hifc.layers.triton_attention import LaunchPlan, TritonAttentionBackend, paged_attention
+from hifc.layers.triton_attention import (LaunchPlan, TritonAttentionBackend, paged_attention,
+                                          plan_launch)
 
 BLOCK = 64
 SHAPES = {"8b": dict(hq=32, hkv=8, d=128, hidden=4096, inter=14336, vocab=128256),
@@ -289,6 +296,53 @@ def balance(name, s, dev, dtype, copy_gbps):
     return rows
 
 
+def versions(name, s, dev, dtype, copy_gbps, other_path):
+    """Decode attention of this module against another version of it (``--other-module``: a
+    copy of hifc/layers/triton_attention.py), each with its own plan for the CUDA graph's
+    context cap, over copies of the cache well past the L2 cache: contexts just past the
+    4,096-key cap, past it by more, GovReport-like ones, and short ones."""
+    import importlib.util
+    import random
+    spec = importlib.util.spec_from_file_location("other_triton_attention", other_path)
+    other = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = other  # its dataclasses look their module up
+    spec.loader.exec_module(other)
+    rng = random.Random(0)
+    cases = [(f"past the cap b{b}", [4128] * b, 8193) for b in (1, 4, 32, 128)]
+    cases += [("700 past the cap b32", [4796] * 32, 8193), ("equal 2000 b4", [2000] * 4, 4096),
+              ("govreport b32", [rng.randrange(4500, 17400) for _ in range(32)], 32768),
+              ("govreport b64", [rng.randrange(4500, 17400) for _ in range(64)], 32768)]
+    scale = s["d"] ** -0.5
+    rows = []
+    for label, seq_lens, cap in cases:
+        batch = len(seq_lens)
+        kv, tables, _, _ = build_cache(seq_lens, s["hkv"], s["d"], dtype, dev)
+        copies = [kv] + [kv.clone() for _ in range(max(1, (512 << 20) // kv.numel() //
+                                                      kv.element_size()))]
+        q = torch.randn(batch, s["hq"], s["d"], device=dev, dtype=dtype)
+        meta = meta_for(seq_lens, [1] * batch, tables, dev)
+        floor_ms = 2 * sum(seq_lens) * s["hkv"] * s["d"] * kv.element_size() / copy_gbps / 1e6
+        outs = [torch.empty_like(q) for _ in copies]
+        row = {"model": name, "case": label, "batch": batch, "cap": cap, "floor_us": floor_ms * 1e3}
+        results = {}
+        for version, module in (("this", None), ("other", other)):
+            attend = paged_attention if module is None else module.paged_attention
+            plan_for = plan_launch if module is None else module.plan_launch
+            plan = plan_for(1, cap, batch, s["hq"], s["hkv"], s["d"], 2,
+                            torch.cuda.get_device_properties(dev).multi_processor_count)
+            results[version] = attend(q, kv, meta, scale, plan)
+            t = graph_ms([lambda o=o, c=c: attend(q, c, meta, scale, plan, o)
+                          for o, c in zip(outs, copies)] * max(1, 32 // len(copies)))
+            row[f"{version}_us"] = t * 1e3
+            row[f"{version}_plan"] = str(plan)
+        row["this_over_other"] = row["this_us"] / row["other_us"]
+        row["max_diff"] = (results["this"].float() - results["other"].float()).abs().max().item()
+        rows.append(row)
+        del kv, copies
+        torch.cuda.empty_cache()
+    return rows
+
+
 def chunks(name, s, dev, dtype):
     """A prompt chunk of c tokens after p computed ones, beside 32 decodes of ~1.1k-token
     contexts (and alone): the planned launch (balanced segments for short steps over long
@@ -507,17 +561,26 @@ def layouts(name, s, dev, dtype):
     return rows
 
 
-def gemms(name, s, dev, dtype):
+def projection_shapes(s) -> dict[str, tuple[int, int]]:
     h, i = s["hidden"], s["inter"]
     qkv = (s["hq"] + 2 * s["hkv"]) * s["d"]
-    shapes = {"qkv": (qkv, h), "o": (h, s["hq"] * s["d"]), "gate_up": (2 * i, h),
-              "down": (h, i), "lm_head": (s["vocab"], h)}
+    return {"qkv": (qkv, h), "o": (h, s["hq"] * s["d"]), "gate_up": (2 * i, h),
+            "down": (h, i), "lm_head": (s["vocab"], h)}
+
+
+def weight_copies(n, k, dev, dtype):
+    """Several copies of an [n, k] weight, together well past the L2 cache."""
+    copies = max(2, min(8, (2 << 30) // (n * k * 2)))
+    return [torch.randn(n, k, device=dev, dtype=dtype) for _ in range(copies)]
+
+
+def gemms(name, s, dev, dtype):
+    shapes = projection_shapes(s)
     rows = []
     configs = [(bn, bk, sk, 4, 4) for bn in (32, 64, 128) for bk in (128, 256)
                for sk in (1, 2, 4)]
     for label, (n, k) in shapes.items():
-        copies = max(2, min(8, (2 << 30) // (n * k * 2)))  # several weights: not from L2
-        ws_ = [torch.randn(n, k, device=dev, dtype=dtype) for _ in range(copies)]
+        ws_ = weight_copies(n, k, dev, dtype)
         for m in (1, 32, 128, 8192):
             if m == 8192 and label == "lm_head":
                 continue
@@ -556,6 +619,125 @@ def gemms(name, s, dev, dtype):
     return rows
 
 
+def blas(name, s, dev, dtype):
+    """F.linear through cuBLAS (torch's default) against cuBLASLt, each projection at decode and
+    prefill sizes, over weight copies that do not fit the L2 cache."""
+    rows = []
+    for label, (n, k) in projection_shapes(s).items():
+        ws_ = weight_copies(n, k, dev, dtype)
+        for m in (1, 4, 32, 128, 8192):
+            if m == 8192 and label == "lm_head":
+                continue
+            x = torch.randn(m, k, device=dev, dtype=dtype)
+            row = {"model": name, "proj": label, "m": m, "n": n, "k": k}
+            for lib in ("cublas", "cublaslt"):
+                torch.backends.cuda.preferred_blas_library(lib)
+                if m == 8192:
+                    t = bench_ms(lambda: F.linear(x, ws_[0]))
+                else:
+                    t = graph_ms([lambda w=w: F.linear(x, w) for w in ws_] * 2)
+                row[f"{lib}_ms"] = t
+                row[f"{lib}_gbps"] = n * k * 2 / t / 1e6
+                row[f"{lib}_tflops"] = 2 * m * n * k / t / 1e9
+            torch.backends.cuda.preferred_blas_library("cublas")
+            row["lt_over_default"] = row["cublaslt_ms"] / row["cublas_ms"]
+            rows.append(row)
+        del ws_
+        torch.cuda.empty_cache()
+    return rows
+
+
+@triton.jit
+def _prefetch_lines(ptr, n_lines, LINES: tl.constexpr):
+    """Asks L2 to fetch LINES 128-byte lines of ``ptr`` per program (kept with evict_last)."""
+    offs = tl.minimum(tl.program_id(0) * LINES + tl.arange(0, LINES), n_lines - 1)
+    tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0;", "=r,l",
+                              [ptr.to(tl.pointer_type(tl.int8)) + offs.to(tl.int64) * 128],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _prefetch_bulk(ptr, n_chunks, CHUNKS: tl.constexpr, CHUNK_BYTES: tl.constexpr):
+    """One bulk L2 prefetch (TMA) of CHUNK_BYTES per element, CHUNKS per program."""
+    offs = tl.minimum(tl.program_id(0) * CHUNKS + tl.arange(0, CHUNKS), n_chunks - 1)
+    tl.inline_asm_elementwise(
+        f"cp.async.bulk.prefetch.L2.global [$1], {CHUNK_BYTES}; mov.u32 $0, 0;", "=r,l",
+        [ptr.to(tl.pointer_type(tl.int8)) + offs.to(tl.int64) * CHUNK_BYTES],
+        dtype=tl.int32, is_pure=False, pack=1)
+
+
+def l2_prefetch(w, kind, programs):
+    nbytes = w.numel() * w.element_size()
+    if kind == "lines":
+        lines = nbytes // 128
+        per = triton.next_power_of_2(triton.cdiv(lines, programs))
+        _prefetch_lines[(triton.cdiv(lines, per),)](w, lines, LINES=per, num_warps=4)
+    else:
+        chunk = 16384
+        chunks = nbytes // chunk
+        per = triton.next_power_of_2(max(32, triton.cdiv(chunks, programs)))
+        _prefetch_bulk[(triton.cdiv(chunks, per),)](w, chunks, CHUNKS=per, CHUNK_BYTES=chunk,
+                                                     num_warps=1)
+
+
+def prefetch(name, s, dev, dtype):
+    """A decode step's attention then its output projection, per layer, each layer with its own
+    cache and weight: serially, and with the weight prefetched into L2 on a side stream while
+    the attention runs (HBM is mostly idle during small batches' attention)."""
+    rows = []
+    n, k = projection_shapes(s)["o"]
+    weights = [torch.randn(n, k, device=dev, dtype=dtype) for _ in range(16)]
+    side = torch.cuda.Stream()
+    for batch in (1, 4, 32):
+        seq_lens = [4096] * batch
+        kv, tables, _, _ = build_cache(seq_lens, s["hkv"], s["d"], dtype, dev)
+        copies = [kv] + [kv.clone() for _ in range(max(1, (512 << 20) // kv.numel() //
+                                                      kv.element_size()))]
+        q = torch.randn(batch, s["hq"], s["d"], device=dev, dtype=dtype)
+        meta = meta_for(seq_lens, [1] * batch, tables, dev)
+        scale = s["d"] ** -0.5
+        plan = TritonAttentionBackend().plan(q, kv, meta)
+        outs = [torch.empty_like(q) for _ in weights]
+
+        def layer(i, kind=None, programs=0):
+            def run():
+                if kind:
+                    side.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(side):
+                        l2_prefetch(weights[i], kind, programs)
+                paged_attention(q, copies[i % len(copies)], meta, scale, plan, outs[i])
+                if kind:
+                    torch.cuda.current_stream().wait_stream(side)
+                return F.linear(outs[i].view(batch, -1), weights[i])
+            return run
+
+        ref = layer(0)()
+        variants = {"serial": [layer(i) for i in range(16)],
+                    "attention only": [lambda i=i: paged_attention(
+                        q, copies[i % len(copies)], meta, scale, plan, outs[i])
+                        for i in range(16)],
+                    "o_proj only, cold": [lambda i=i: F.linear(outs[i].view(batch, -1),
+                                                               weights[i]) for i in range(16)],
+                    "o_proj only, hot": [lambda: F.linear(outs[0].view(batch, -1),
+                                                          weights[0])] * 16}
+        for kind in ("lines", "bulk"):
+            for programs in (8, 32, 132):
+                variants[f"prefetch {kind} x{programs}"] = [layer(i, kind, programs)
+                                                            for i in range(16)]
+        for label, calls in variants.items():
+            try:
+                t = graph_ms(calls * 2)
+                row = {"model": name, "batch": batch, "variant": label, "us": 1000 * t}
+                if label.startswith("prefetch"):
+                    row["max_diff"] = (calls[0]().float() - ref.float()).abs().max().item()
+            except Exception as e:  # noqa: BLE001 - a variant that fails is a result
+                row = {"model": name, "batch": batch, "variant": label, "error": str(e)[:300]}
+            rows.append(row)
+        del kv, copies
+        torch.cuda.empty_cache()
+    return rows
+
+
 def copy_rate(dev) -> float:
     src = torch.ones(1 << 30, dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
@@ -567,6 +749,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--parts", default="prefill,decode,gemm")
     p.add_argument("--models", default="8b,32b")
+    p.add_argument("--other-module", help="versions: the triton_attention.py to compare with")
     p.add_argument("--json")
     args = p.parse_args()
     dev, dtype = torch.device("cuda"), torch.bfloat16
@@ -574,7 +757,8 @@ def main() -> None:
     parts = args.parts.split(",")
     result = {"copy_gbps": copy_rate(dev), "torch": torch.__version__,
               "cudnn": torch.backends.cudnn.version(), "prefill": [], "decode": [], "gemm": [],
-              "balance": [], "layouts": [], "chunks": [], "dense": [], "builds": []}
+              "balance": [], "layouts": [], "chunks": [], "dense": [], "builds": [], "blas": [],
+              "prefetch": [], "versions": []}
     a = torch.randn(8192, 8192, device=dev, dtype=dtype)
     t = bench_ms(lambda: a @ a)
     result["matmul_tflops"] = 2 * 8192 ** 3 / t / 1e9
@@ -594,12 +778,20 @@ def main() -> None:
                 result["decode"].extend(rows)
                 for r in rows[:6] + [r for r in rows if r.get("current")]:
                     print("decode", json.dumps(r), flush=True)
+        if "prefetch" in parts and name == "8b":
+            for r in prefetch(name, s, dev, dtype):
+                result["prefetch"].append(r)
+                print("prefetch", json.dumps(r), flush=True)
+        if "versions" in parts and name == "8b":
+            for r in versions(name, s, dev, dtype, result["copy_gbps"], args.other_module):
+                result["versions"].append(r)
+                print("versions", json.dumps(r), flush=True)
         if "balance" in parts and name == "8b":
             for r in balance(name, s, dev, dtype, result["copy_gbps"]):
                 result["balance"].append(r)
                 print("balance", json.dumps(r), flush=True)
         for part, probe in (("chunks", chunks), ("builds", builds), ("dense", dense),
-                            ("layouts", layouts), ("gemm", gemms)):
+                            ("layouts", layouts), ("gemm", gemms), ("blas", blas)):
             if part in parts:
                 for r in probe(name, s, dev, dtype):
                     result[part].append(r)

@@ -21,9 +21,9 @@ built on the host per step (a decode-only step skips the search: q block i is se
 NUM_SEGMENTS > 1 each program also takes one slice of the KV tiles and writes unnormalised
 partials (acc, running max, running sum); a second kernel merges them, and a sequence whose
 tiles fit one segment is written directly. Slices are a sequence's tiles over NUM_SEGMENTS but
-at least SEGMENT_TILES long. Decode batches with too few programs (one per sequence and KV head)
-to give each SM about DECODE_PROGRAMS_PER_SM split evenly, when their sequences are few or
-their contexts short; larger batches that may hold long contexts split them into segments of
+at least SEGMENT_TILES long; a last slice of at most an eighth of that joins the one before.
+Decode batches with too few programs (one per sequence and KV head) to give each SM about
+DECODE_PROGRAMS_PER_SM split evenly, when their sequences are few or their contexts short; larger batches that may hold long contexts split them into segments of
 one size, so that programs over the longest contexts do not run alone at the end of the launch.
 
 Prompt chunks of at least ``DENSE_PREFILL_MIN_TOKENS`` tokens (after any decodes of the step)
@@ -50,7 +50,8 @@ from hifc.layers.triton_jit import tl, triton
 
 LOG2E = 1.4426950408889634
 # Decode batches that fill the GPU split contexts longer than this into segments of at least
-# this many keys, at most BALANCED_MAX_SEGMENTS of them. 8B shapes on an H200, 32 contexts of
+# this many keys (a last one of at most an eighth of that joins the one before), at most
+# BALANCED_MAX_SEGMENTS of them. 8B shapes on an H200, 32 contexts of
 # 4.5k-17.4k tokens: 345-354 us per launch against 401-431 us unsplit; but planned so when all
 # contexts are short, a launch is slower (equal 4k contexts: 134 against 125 us), hence a CUDA
 # graph per context cap (scripts/gpu_kernel_probe.py --parts balance, docs/RESULTS.md).
@@ -224,16 +225,14 @@ def _paged_attention_kernel(
         full_lo = 0
     used_segments = 1
     if NUM_SEGMENTS > 1:
-        # NUM_SEGMENTS slices of the block's tiles, each at least SEGMENT_TILES long: with a
-        # large minimum, segments have one size in every sequence (short ones use fewer), so
-        # programs carry similar work whatever the sequences' lengths
-        tiles_per_segment = tl.maximum(tl.cdiv(num_tiles - first_tile, NUM_SEGMENTS),
-                                       SEGMENT_TILES)
-        used_segments = tl.cdiv(num_tiles - first_tile, tiles_per_segment)
+        tiles_per_segment, used_segments = _segments(num_tiles - first_tile, NUM_SEGMENTS,
+                                                     SEGMENT_TILES)
         if segment >= used_segments:
             return
         tile_lo = first_tile + segment * tiles_per_segment
         tile_hi = tl.minimum(tile_lo + tiles_per_segment, num_tiles)
+        if segment == used_segments - 1:
+            tile_hi = num_tiles
     else:
         tile_lo = first_tile
         tile_hi = num_tiles
@@ -290,6 +289,20 @@ def _paged_attention_kernel(
 
 
 @_jit
+def _segments(span, NUM_SEGMENTS: tl.constexpr, SEGMENT_TILES: tl.constexpr):
+    """How a q block's span tiles split: (tiles per segment, segments used). Slices of the span
+    over NUM_SEGMENTS but at least SEGMENT_TILES long: with a large minimum, segments have one
+    size in every sequence (short ones use fewer), so programs carry similar work whatever the
+    sequences' lengths. A last slice of at most an eighth of a segment joins the one before
+    rather than cost a program and a merge of its own."""
+    per = tl.maximum(tl.cdiv(span, NUM_SEGMENTS), SEGMENT_TILES)
+    used = tl.cdiv(span, per)
+    if (used > 1) & (span - (used - 1) * per <= per // 8):
+        used -= 1
+    return per, used
+
+
+@_jit
 def _merge_segments_kernel(
     out_ptr, segm_out_ptr, segm_max_ptr, segm_sum_ptr, segm_count_ptr,
     stride_o_t, stride_o_h,
@@ -332,7 +345,8 @@ class LaunchPlan:
     num_warps: int
     num_stages: int
     # with num_segments > 1, the fewest KV tiles per segment: a sequence uses as many segments
-    # as its tiles fill, at most num_segments (1: every sequence uses them all)
+    # as its tiles fill, at most num_segments (1: every sequence uses them all); a last one of
+    # at most an eighth of a segment joins the one before
     segment_tiles: int = 1
 
 

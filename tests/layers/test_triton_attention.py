@@ -3,6 +3,8 @@
 Runs on a CUDA GPU. Without one, set TRITON_INTERPRET=1 (with triton installed) to run the same
 cases on the CPU through Triton's interpreter (slow: select a few with -k).
 """
+from __future__ import annotations
+
 import dataclasses
 import math
 import os
@@ -15,7 +17,8 @@ from hifc.layers.attention import (AttentionMetadata, TorchAttentionBackend,
                                    reference_paged_attention, write_kv_cache)
 from hifc.layers.dense_attention import (GRAPH_BUILD_SECONDS, SECONDS_SAVED_PER_FLOP, FusedShapes,
                                          dense_chunks_after)
-from hifc.layers.triton_attention import TritonAttentionBackend, plan_launch
+from hifc.layers.triton_attention import TritonAttentionBackend, _segments, plan_launch
+from hifc.layers.triton_jit import jit, tl
 from tests.fixtures import paged_metadata
 
 try:
@@ -186,6 +189,48 @@ def test_decode_with_fixed_size_segments(dtype):
     backend = FixedSegments(8, 2)
     plan = backend.plan(step[0], step[3], step[4])
     assert plan.tile * plan.segment_tiles * plan.num_segments < max(contexts)
+    check(backend, *step, dtype)
+
+
+@jit
+def _segments_of(spans_ptr, out_ptr, NUM_SEGMENTS: tl.constexpr, SEGMENT_TILES: tl.constexpr):
+    i = tl.program_id(0)
+    per, used = _segments(tl.load(spans_ptr + i), NUM_SEGMENTS, SEGMENT_TILES)
+    tl.store(out_ptr + 2 * i, per)
+    tl.store(out_ptr + 2 * i + 1, used)
+
+
+@device_test
+@pytest.mark.parametrize("num_segments,segment_tiles,spans,per,used", [
+    # segments of at least segment_tiles; a last one of at most segment_tiles // 8 joins the
+    # one before (33, 36, 68), one tile more does not (37, 69); long spans take num_segments
+    (8, 32, [1, 32, 33, 36, 37, 64, 68, 69, 300, 1000], [32] * 8 + [38, 125],
+     [1, 1, 1, 1, 2, 2, 2, 3, 8, 8]),
+    # even splits (segment_tiles 1): no segment is too short to keep its last tiles
+    (64, 1, [1, 5, 64, 65, 130], [1, 1, 1, 2, 3], [1, 5, 64, 33, 44]),
+    (4, 4, [4, 5, 9, 100], [4, 4, 4, 25], [1, 2, 3, 4]),
+])
+def test_segments_rule(num_segments, segment_tiles, spans, per, used):
+    spans_t = torch.tensor(spans, dtype=torch.int32, device=DEVICE)
+    out = torch.zeros(2 * len(spans), dtype=torch.int32, device=DEVICE)
+    _segments_of[(len(spans),)](spans_t, out, NUM_SEGMENTS=num_segments,
+                                SEGMENT_TILES=segment_tiles)
+    assert out.view(-1, 2).T.tolist() == [per, used]
+
+
+@device_test
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
+def test_segments_at_their_boundaries(dtype):
+    # Segments of at least 8 tiles, at most 4: sequences of 8 tiles (one segment), 9 (the
+    # ninth joins it), 10 (8 + 2), 16, 17 (8 + 9), 18 (8 + 8 + 2), 40 (four of 10), 9 with a
+    # partial last tile, and 1 key
+    tile = plan_launch(1, 1, 1, 8, 2, 128, torch.tensor([], dtype=dtype).element_size(), 132,
+                       split_kv=False).tile
+    seq_lens = [t * tile for t in (8, 9, 10, 16, 17, 18, 40)] + [9 * tile - tile // 2, 1]
+    step = make_step([1] * len(seq_lens), [s - 1 for s in seq_lens], 8, 2, 128, 16, dtype,
+                     seed=41)
+    backend = FixedSegments(4, 8)
+    assert backend.plan(step[0], step[3], step[4]).tile == tile
     check(backend, *step, dtype)
 
 
