@@ -163,6 +163,16 @@ def meta_for(seq_lens, query_lens, tables, dev):
         max_query_len=max(query_lens), max_seq_len=max(seq_lens), block_size=BLOCK)
 
 
+def decode_step(s, seq_lens, dev, dtype):
+    """A decode step over seq_lens: q, its metadata, and copies of its cache that together
+    exceed the L2 cache many times over (a step's layers each read their own)."""
+    kv, tables, _, _ = build_cache(seq_lens, s["hkv"], s["d"], dtype, dev)
+    copies = [kv] + [kv.clone() for _ in range(max(1, (512 << 20) // kv.numel() //
+                                                  kv.element_size()))]
+    q = torch.randn(len(seq_lens), s["hq"], s["d"], device=dev, dtype=dtype)
+    return q, meta_for(seq_lens, [1] * len(seq_lens), tables, dev), copies
+
+
 def prefill_attention(name, s, length, dev, dtype):
     kv, tables, k, v = build_cache([length], s["hkv"], s["d"], dtype, dev)
     q = torch.randn(length, s["hq"], s["d"], device=dev, dtype=dtype)
@@ -212,11 +222,8 @@ def decode_attention(name, s, batch, context, dev, dtype, copy_gbps):
     plan for contexts up to exactly ``context``; the engine's graphs plan for their context cap,
     which for a step past a cap is the next one (balanced segments above 4,096 keys)."""
     seq_lens = [context] * batch
-    kv, tables, _, _ = build_cache(seq_lens, s["hkv"], s["d"], dtype, dev)
-    copies = [kv] + [kv.clone() for _ in range(max(1, (512 << 20) // kv.numel() //
-                                                  kv.element_size()))]
-    q = torch.randn(batch, s["hq"], s["d"], device=dev, dtype=dtype)
-    meta = meta_for(seq_lens, [1] * batch, tables, dev)
+    q, meta, copies = decode_step(s, seq_lens, dev, dtype)
+    kv = copies[0]
     scale = s["d"] ** -0.5
     backend = TritonAttentionBackend()
     current = backend.plan(q, kv, meta)
@@ -316,11 +323,8 @@ def versions(name, s, dev, dtype, copy_gbps, other_path):
     rows = []
     for label, seq_lens, cap in cases:
         batch = len(seq_lens)
-        kv, tables, _, _ = build_cache(seq_lens, s["hkv"], s["d"], dtype, dev)
-        copies = [kv] + [kv.clone() for _ in range(max(1, (512 << 20) // kv.numel() //
-                                                      kv.element_size()))]
-        q = torch.randn(batch, s["hq"], s["d"], device=dev, dtype=dtype)
-        meta = meta_for(seq_lens, [1] * batch, tables, dev)
+        q, meta, copies = decode_step(s, seq_lens, dev, dtype)
+        kv = copies[0]
         floor_ms = 2 * sum(seq_lens) * s["hkv"] * s["d"] * kv.element_size() / copy_gbps / 1e6
         outs = [torch.empty_like(q) for _ in copies]
         row = {"model": name, "case": label, "batch": batch, "cap": cap, "floor_us": floor_ms * 1e3}
@@ -690,11 +694,8 @@ def prefetch(name, s, dev, dtype):
     side = torch.cuda.Stream()
     for batch in (1, 4, 32):
         seq_lens = [4096] * batch
-        kv, tables, _, _ = build_cache(seq_lens, s["hkv"], s["d"], dtype, dev)
-        copies = [kv] + [kv.clone() for _ in range(max(1, (512 << 20) // kv.numel() //
-                                                      kv.element_size()))]
-        q = torch.randn(batch, s["hq"], s["d"], device=dev, dtype=dtype)
-        meta = meta_for(seq_lens, [1] * batch, tables, dev)
+        q, meta, copies = decode_step(s, seq_lens, dev, dtype)
+        kv = copies[0]
         scale = s["d"] ** -0.5
         plan = TritonAttentionBackend().plan(q, kv, meta)
         outs = [torch.empty_like(q) for _ in weights]
