@@ -23,8 +23,9 @@ partials (acc, running max, running sum); a second kernel merges them, and a seq
 tiles fit one segment is written directly. Slices are a sequence's tiles over NUM_SEGMENTS but
 at least SEGMENT_TILES long; a last slice of at most an eighth of that joins the one before.
 Decode batches with too few programs (one per sequence and KV head) to give each SM about
-DECODE_PROGRAMS_PER_SM split evenly, when their sequences are few or their contexts short; larger batches that may hold long contexts split them into segments of
-one size, so that programs over the longest contexts do not run alone at the end of the launch.
+DECODE_PROGRAMS_PER_SM split evenly, when their sequences are few or their contexts short;
+larger batches that may hold long contexts split them into segments of one size, so that
+programs over the longest contexts do not run alone at the end of the launch.
 
 Prompt chunks of at least ``DENSE_PREFILL_MIN_TOKENS`` tokens (after any decodes of the step)
 attend through torch's fused kernels instead, cuDNN's first (:mod:`hifc.layers.dense_attention`),

@@ -206,7 +206,8 @@ def _segments_of(spans_ptr, out_ptr, NUM_SEGMENTS: tl.constexpr, SEGMENT_TILES: 
     # one before (33, 36, 68), one tile more does not (37, 69); long spans take num_segments
     (8, 32, [1, 32, 33, 36, 37, 64, 68, 69, 300, 1000], [32] * 8 + [38, 125],
      [1, 1, 1, 1, 2, 2, 2, 3, 8, 8]),
-    # even splits (segment_tiles 1): no segment is too short to keep its last tiles
+    # even splits (segment_tiles 1) and short segments: segments under 8 tiles keep a last
+    # one of their own, however short
     (64, 1, [1, 5, 64, 65, 130], [1, 1, 1, 2, 3], [1, 5, 64, 33, 44]),
     (4, 4, [4, 5, 9, 100], [4, 4, 4, 25], [1, 2, 3, 4]),
 ])
