@@ -320,6 +320,7 @@ def versions(name, s, dev, dtype, copy_gbps, other_path):
               ("govreport b32", [rng.randrange(4500, 17400) for _ in range(32)], 32768),
               ("govreport b64", [rng.randrange(4500, 17400) for _ in range(64)], 32768)]
     scale = s["d"] ** -0.5
+    num_sms = TritonAttentionBackend().num_sms(dev)
     rows = []
     for label, seq_lens, cap in cases:
         batch = len(seq_lens)
@@ -332,8 +333,7 @@ def versions(name, s, dev, dtype, copy_gbps, other_path):
         for version, module in (("this", None), ("other", other)):
             attend = paged_attention if module is None else module.paged_attention
             plan_for = plan_launch if module is None else module.plan_launch
-            plan = plan_for(1, cap, batch, s["hq"], s["hkv"], s["d"], 2,
-                            torch.cuda.get_device_properties(dev).multi_processor_count)
+            plan = plan_for(1, cap, batch, s["hq"], s["hkv"], s["d"], 2, num_sms)
             results[version] = attend(q, kv, meta, scale, plan)
             t = graph_ms([lambda o=o, c=c: attend(q, c, meta, scale, plan, o)
                           for o, c in zip(outs, copies)] * max(1, 32 // len(copies)))
