@@ -18,7 +18,8 @@ Prints (and with --json writes) for the 8B and 32B presets' shapes:
 - ``layouts``: fresh-prompt attention as the engine calls it (q, k, v strided views of one fused
   projection) against contiguous inputs, one prompt and several, and torch's varlen kernels;
 - ``blas``: each projection through cuBLAS (torch's default) against cuBLASLt;
-- ``gemv``: the projections at M = 1 through cuBLAS against a Triton GEMV without tensor cores;
+- ``gemv``: the projections at M = 1 through cuBLAS against hifc's Triton GEMV, in several
+  configurations;
 - ``prefetch``: decode attention then the output projection, per layer, serially and with the
   projection's weight prefetched into L2 on a side stream during the attention;
 - ``versions``: decode attention of this module against another copy of it
@@ -43,6 +44,7 @@ from hifc.bench.probes import profile_kernels
 from hifc.layers.attention import AttentionMetadata, write_kv_cache
 from hifc.layers.triton_attention import (LaunchPlan, TritonAttentionBackend, paged_attention,
                                           plan_launch)
+from hifc.layers.triton_gemv import _gemv_kernel
 
 BLOCK = 64
 SHAPES = {"8b": dict(hq=32, hkv=8, d=128, hidden=4096, inter=14336, vocab=128256),
@@ -127,40 +129,6 @@ def skinny_linear(x, w, out, ws, block_n, block_k, split_k, stages, warps):
         num_warps=warps)
     if split_k > 1:
         _split_sum[(triton.cdiv(m * n, 1024),)](ws, out, m * n, SPLIT_K=split_k, BLOCK=1024)
-
-
-@triton.jit
-def _gemv(x_ptr, w_ptr, out_ptr, ws_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-          SPLIT_K: tl.constexpr, STAGES: tl.constexpr):
-    """out = w @ x for one row x ([K]) and w ([N, K]), without tensor cores: each program sums
-    BLOCK_N rows over its K slice."""
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    k_steps = K // SPLIT_K // BLOCK_K
-    k0 = tl.program_id(1) * k_steps * BLOCK_K
-    w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * K + (k0 + offs_k)[None, :]
-    x_ptrs = x_ptr + k0 + offs_k
-    n_ok = offs_n < N
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for _ in tl.range(0, k_steps, num_stages=STAGES):
-        w = tl.load(w_ptrs, mask=n_ok[:, None], other=0.0)
-        acc += w.to(tl.float32) * tl.load(x_ptrs).to(tl.float32)[None, :]
-        w_ptrs += BLOCK_K
-        x_ptrs += BLOCK_K
-    total = tl.sum(acc, axis=1)
-    if SPLIT_K == 1:
-        tl.store(out_ptr + offs_n, total.to(out_ptr.dtype.element_ty), mask=n_ok)
-    else:
-        tl.store(ws_ptr + tl.program_id(1) * N + offs_n, total, mask=n_ok)
-
-
-def gemv(x, w, out, ws, block_n, block_k, split_k, stages, warps):
-    n, k = w.shape
-    _gemv[(triton.cdiv(n, block_n), split_k)](x, w, out, ws, n, k, BLOCK_N=block_n,
-                                               BLOCK_K=block_k, SPLIT_K=split_k, STAGES=stages,
-                                               num_warps=warps)
-    if split_k > 1:
-        _split_sum[(triton.cdiv(n, 1024),)](ws, out, n, SPLIT_K=split_k, BLOCK=1024)
 
 
 def token_slots(tables, seq_lens, query_lens):
@@ -658,13 +626,21 @@ def gemms(name, s, dev, dtype):
     return rows
 
 
+def gemv_with(x, w, out, block_n, block_k, stages, warps):
+    """hifc's one-row GEMV kernel (hifc/layers/triton_gemv.py) with another configuration."""
+    n, k = w.shape
+    _gemv_kernel[(triton.cdiv(n, block_n),)](x, w, w, out, n, w.stride(0), K_STEPS=k // block_k,
+                                             BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages,
+                                             HAS_BIAS=False, num_warps=warps)
+
+
 def gemvs(name, s, dev, dtype):
-    """One-row projections (a batch-1 decode step's): cuBLAS against a Triton GEMV without tensor
-    cores over a range of shapes (rows per program, K slice, split K, stages, warps), over weight
-    copies that do not fit the L2 cache; the best configuration per projection."""
+    """One-row projections (a batch-1 decode step's): cuBLAS against hifc's Triton GEMV over a
+    range of configurations (rows per program, K slice, stages, warps), over weight copies that
+    do not fit the L2 cache; the best configurations per projection."""
     rows = []
-    configs = [(bn, bk, sk, st, wp) for bn in (8, 16, 32) for bk in (512, 1024)
-               for sk in (1, 2, 4) for st in (1, 3) for wp in (4, 8)]
+    configs = [(bn, bk, st, wp) for bn in (8, 16, 32) for bk in (512, 1024) for st in (1, 3)
+               for wp in (4, 8)]
     for label, (n, k) in projection_shapes(s).items():
         if label == "lm_head":
             continue
@@ -675,16 +651,15 @@ def gemvs(name, s, dev, dtype):
         row = {"model": name, "proj": label, "n": n, "k": k, "cublas_us": t * 1e3,
                "cublas_gbps": n * k * 2 / t / 1e6}
         out = torch.empty(1, n, device=dev, dtype=dtype)
-        work = torch.empty(4 * n, device=dev, dtype=torch.float32)
         tried = []
         for cfg in configs:
-            block_n, block_k, split_k = cfg[:3]
-            if k % (split_k * block_k) or block_n * block_k > 16384:
+            block_n, block_k = cfg[:2]
+            if k % block_k or block_n * block_k > 16384:
                 continue
             try:
-                gemv(x, ws_[0], out, work, *cfg)
+                gemv_with(x, ws_[0], out, *cfg)
                 err = ((out.float() - ref).norm() / ref.norm()).item()
-                tc = graph_ms([lambda w=w: gemv(x, w, out, work, *cfg) for w in ws_] * 2)
+                tc = graph_ms([lambda w=w: gemv_with(x, w, out, *cfg) for w in ws_] * 2)
             except Exception as e:  # noqa: BLE001
                 row.setdefault("errors", []).append(f"{cfg}: {str(e)[:100]}")
                 continue

@@ -16,18 +16,10 @@ import torch.nn.functional as F
 from hifc.layers import linear as linear_module
 from hifc.layers import triton_gemv
 from hifc.layers.linear import RowLinear
+from tests.layers.test_triton_fused import DEVICES
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-HAS_CUDA = torch.cuda.is_available()
-
-DEVICES = [
-    pytest.param("cpu", id="interpreter", marks=pytest.mark.skipif(
-        not (HAS_TRITON and INTERPRET), reason="needs triton and TRITON_INTERPRET=1")),
-    pytest.param("cuda", id="cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
-        not (HAS_TRITON and HAS_CUDA) or INTERPRET,
-        reason="needs CUDA and triton, kernels compiled (no TRITON_INTERPRET)")]),
-]
 
 
 @pytest.mark.parametrize("device", DEVICES)
