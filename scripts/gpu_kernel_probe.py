@@ -44,7 +44,7 @@ from hifc.bench.probes import profile_kernels
 from hifc.layers.attention import AttentionMetadata, write_kv_cache
 from hifc.layers.triton_attention import (LaunchPlan, TritonAttentionBackend, paged_attention,
                                           plan_launch)
-from hifc.layers.triton_gemv import _gemv_kernel
+from hifc.layers.triton_gemv import gemv
 
 BLOCK = 64
 SHAPES = {"8b": dict(hq=32, hkv=8, d=128, hidden=4096, inter=14336, vocab=128256),
@@ -626,14 +626,6 @@ def gemms(name, s, dev, dtype):
     return rows
 
 
-def gemv_with(x, w, out, block_n, block_k, stages, warps):
-    """hifc's one-row GEMV kernel (hifc/layers/triton_gemv.py) with another configuration."""
-    n, k = w.shape
-    _gemv_kernel[(triton.cdiv(n, block_n),)](x, w, w, out, n, w.stride(0), K_STEPS=k // block_k,
-                                             BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages,
-                                             HAS_BIAS=False, num_warps=warps)
-
-
 def gemvs(name, s, dev, dtype):
     """One-row projections (a batch-1 decode step's): cuBLAS against hifc's Triton GEMV over a
     range of configurations (rows per program, K slice, stages, warps), over weight copies that
@@ -657,9 +649,10 @@ def gemvs(name, s, dev, dtype):
             if k % block_k or block_n * block_k > 16384:
                 continue
             try:
-                gemv_with(x, ws_[0], out, *cfg)
+                config = dict(zip(("block_n", "block_k", "stages", "warps"), cfg))
+                gemv(x, ws_[0], out=out, **config)
                 err = ((out.float() - ref).norm() / ref.norm()).item()
-                tc = graph_ms([lambda w=w: gemv_with(x, w, out, *cfg) for w in ws_] * 2)
+                tc = graph_ms([lambda w=w: gemv(x, w, out=out, **config) for w in ws_] * 2)
             except Exception as e:  # noqa: BLE001
                 row.setdefault("errors", []).append(f"{cfg}: {str(e)[:100]}")
                 continue

@@ -55,12 +55,16 @@ def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and weight.shape[1] % BLOCK_K == 0)
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` for inputs ``usable`` accepts -> [1, N]."""
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+         out: torch.Tensor | None = None, block_n: int = BLOCK_N, block_k: int = BLOCK_K,
+         stages: int = NUM_STAGES, warps: int = NUM_WARPS) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for inputs ``usable`` accepts -> [1, N] (into ``out`` if
+    given); the launch configuration is the module's unless given (K a multiple of block_k)."""
     n, k = weight.shape
-    out = torch.empty(1, n, dtype=x.dtype, device=x.device)
-    _gemv_kernel[(triton.cdiv(n, BLOCK_N),)](
+    if out is None:
+        out = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    _gemv_kernel[(triton.cdiv(n, block_n),)](
         x, weight, weight if bias is None else bias, out, n, weight.stride(0),
-        K_STEPS=k // BLOCK_K, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, STAGES=NUM_STAGES,
-        HAS_BIAS=bias is not None, num_warps=NUM_WARPS)
+        K_STEPS=k // block_k, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages,
+        HAS_BIAS=bias is not None, num_warps=warps)
     return out
