@@ -20,6 +20,8 @@ Prints (and with --json writes) for the 8B and 32B presets' shapes:
 - ``blas``: each projection through cuBLAS (torch's default) against cuBLASLt;
 - ``gemv``: the projections at M = 1 through cuBLAS against hifc's Triton GEMV, in several
   configurations;
+- ``prologues``: at M = 1, RMSNorm then the QKV / gate-up GEMV and SiLU-and-mul then the down
+  GEMV, as two launches against one (the GEMV computing its input), and the GEMV alone;
 - ``prefetch``: decode attention then the output projection, per layer, serially and with the
   projection's weight prefetched into L2 on a side stream during the attention;
 - ``versions``: decode attention of this module against another copy of it
@@ -44,7 +46,8 @@ from hifc.bench.probes import profile_kernels
 from hifc.layers.attention import AttentionMetadata, write_kv_cache
 from hifc.layers.triton_attention import (LaunchPlan, TritonAttentionBackend, paged_attention,
                                           plan_launch)
-from hifc.layers.triton_gemv import gemv
+from hifc.layers import triton_fused
+from hifc.layers.triton_gemv import gemv, gemv_rms_norm, gemv_silu_mul
 
 BLOCK = 64
 SHAPES = {"8b": dict(hq=32, hkv=8, d=128, hidden=4096, inter=14336, vocab=128256),
@@ -667,6 +670,48 @@ def gemvs(name, s, dev, dtype):
     return rows
 
 
+def prologues(name, s, dev, dtype):
+    """One-row projections with the elementwise kernel before them: the two launches the engine
+    ran (rms_norm or silu_and_mul, then the GEMV) against the fused GEMV, and the GEMV alone,
+    over weight copies that do not fit the L2 cache (us per projection, in CUDA graphs)."""
+    rows = []
+    h = s["hidden"]
+    norm_w = torch.rand(h, device=dev, dtype=dtype) + 0.5
+    for label, (n, k) in projection_shapes(s).items():
+        if label not in ("qkv", "gate_up", "down"):
+            continue
+        ws_ = weight_copies(n, k, dev, dtype)
+        if label == "down":
+            x = torch.randn(1, 2 * k, device=dev, dtype=dtype)
+            alone_x = triton_fused.silu_and_mul(x)
+
+            def two(w):
+                return gemv(triton_fused.silu_and_mul(x), w)
+
+            def one(w):
+                return gemv_silu_mul(x, w)
+        else:
+            x, r = torch.randn(1, k, device=dev, dtype=dtype), torch.randn(1, k, device=dev,
+                                                                          dtype=dtype)
+            alone_x = triton_fused.rms_norm(x, norm_w, 1e-5, r)[0]
+
+            def two(w):
+                return gemv(triton_fused.rms_norm(x, norm_w, 1e-5, r)[0], w)
+
+            def one(w):
+                return gemv_rms_norm(x, r, norm_w, 1e-5, False, w)[0]
+        ref = two(ws_[0]).float()
+        err = ((one(ws_[0]).float() - ref).norm() / ref.norm()).item()
+        times = {kind: graph_ms([lambda w=w, f=f: f(w) for w in ws_] * 2) * 1e3
+                 for kind, f in (("two_launches_us", two), ("fused_us", one),
+                                 ("gemv_alone_us", lambda w: gemv(alone_x, w)))}
+        rows.append({"model": name, "proj": label, "n": n, "k": k, **times,
+                     "saved_us": times["two_launches_us"] - times["fused_us"], "rel_err": err})
+        del ws_
+        torch.cuda.empty_cache()
+    return rows
+
+
 def blas(name, s, dev, dtype):
     """F.linear through cuBLAS (torch's default) against cuBLASLt, each projection at decode and
     prefill sizes, over weight copies that do not fit the L2 cache."""
@@ -803,7 +848,7 @@ def main() -> None:
     result = {"copy_gbps": copy_rate(dev), "torch": torch.__version__,
               "cudnn": torch.backends.cudnn.version(), "prefill": [], "decode": [], "gemm": [],
               "balance": [], "layouts": [], "chunks": [], "dense": [], "builds": [], "blas": [],
-              "prefetch": [], "versions": [], "gemv": []}
+              "prefetch": [], "versions": [], "gemv": [], "prologues": []}
     a = torch.randn(8192, 8192, device=dev, dtype=dtype)
     t = bench_ms(lambda: a @ a)
     result["matmul_tflops"] = 2 * 8192 ** 3 / t / 1e9
@@ -837,7 +882,7 @@ def main() -> None:
                 print("balance", json.dumps(r), flush=True)
         for part, probe in (("chunks", chunks), ("builds", builds), ("dense", dense),
                             ("layouts", layouts), ("gemm", gemms), ("blas", blas),
-                            ("gemv", gemvs)):
+                            ("gemv", gemvs), ("prologues", prologues)):
             if part in parts:
                 for r in probe(name, s, dev, dtype):
                     result[part].append(r)

@@ -12,6 +12,10 @@ knows which rows of its weight a shard fills and which part of it this rank keep
   the ranks' partial products with an all-reduce (its bias, if any, added once after the sum).
 
 With one rank (the default) every layer holds the whole matrix and runs no collective.
+
+A batch-1 decode step runs each projection through a Triton GEMV (``linear``), and the column
+layers' ``forward_normed`` and the row layer's ``forward_gated`` let that GEMV compute the
+RMSNorm or the SiLU-and-mul before it as it reads its input (one launch instead of two).
 """
 from __future__ import annotations
 
@@ -22,6 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from hifc.layers import triton_gemv
+from hifc.layers.activation import GATED_ACTIVATIONS
+from hifc.layers.norm import RMSNorm
 from hifc.layers.tensor_parallel import SINGLE, TPShard
 
 # Which shard of a merged layer a checkpoint tensor is: "q" / "k" / "v" (QKVLinear), an index
@@ -76,7 +82,11 @@ class Linear(nn.Module, ABC):
         (weight or bias); ValueError if its shape does not fit the model."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)  # [T, O]
+        return self.outputs(linear(x, self.weight, self.bias))
+
+    def outputs(self, y: torch.Tensor):
+        """What forward returns of the product y ([T, O]): y itself here."""
+        return y
 
 
 class MergedColumnLinear(Linear):
@@ -108,6 +118,16 @@ class MergedColumnLinear(Linear):
                         loaded.narrow(0, src + self.tp.rank * local, local))
             src += self.output_sizes[i]
 
+    def forward_normed(self, norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None):
+        """``(self(normed), summed)`` for ``normed, summed = norm(x, residual)``: in one launch
+        where the GEMV takes it (a column layer needs no collective, so any rank may)."""
+        if triton_gemv.usable_rms_norm(x, residual, norm.weight, self.weight):
+            y, summed = triton_gemv.gemv_rms_norm(x, residual, norm.weight, norm.eps,
+                                                  norm.unit_offset, self.weight, self.bias)
+            return self.outputs(y), summed
+        normed, summed = norm(x, residual)
+        return self(normed), summed
+
 
 class QKVLinear(MergedColumnLinear):
     """The query, key and value projections as one matrix: rows [q | k | v] of this rank's
@@ -126,11 +146,10 @@ class QKVLinear(MergedColumnLinear):
             raise ValueError(f"QKVLinear has no shard {shard!r}")
         return super().shard_parts(None if shard is None else self.SHARDS.index(shard))
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x: [T, H] -> q [T, Hq*D], k [T, Hkv*D], v [T, Hkv*D] (this rank's heads; views of one
-        output)."""
-        qkv = super().forward(x)  # [T, (Hq + 2 Hkv) D]
-        return qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+    def outputs(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """y: [T, (Hq + 2 Hkv) D] -> q [T, Hq*D], k [T, Hkv*D], v [T, Hkv*D] (this rank's heads;
+        views of y)."""
+        return y.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
 
 
 class RowLinear(Linear):
@@ -154,5 +173,19 @@ class RowLinear(Linear):
         """x: [T, I / tp] (this rank's features) -> [T, O], summed over the ranks."""
         if self.tp.size == 1:
             return linear(x, self.weight, self.bias)
-        y = self.tp.all_reduce(linear(x, self.weight, None))  # [T, O]
+        return self.reduce(linear(x, self.weight, None))
+
+    def forward_gated(self, gate_up: torch.Tensor, hidden_act: str) -> torch.Tensor:
+        """``self(act(gate) * up)`` for gate_up = [gate | up] ([T, 2 I / tp]) and the gated
+        activation named in ``GATED_ACTIVATIONS``: SiLU's in one launch where the GEMV takes
+        it."""
+        if hidden_act == "silu" and triton_gemv.usable_silu_mul(gate_up, self.weight):
+            if self.tp.size == 1:
+                return triton_gemv.gemv_silu_mul(gate_up, self.weight, self.bias)
+            return self.reduce(triton_gemv.gemv_silu_mul(gate_up, self.weight))
+        return self(GATED_ACTIVATIONS[hidden_act](gate_up))
+
+    def reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        """This rank's partial product ([T, O]) summed over the ranks, plus the bias."""
+        y = self.tp.all_reduce(partial)
         return y if self.bias is None else y + self.bias

@@ -37,7 +37,7 @@ def _interpreting() -> bool:
 
 
 @_jit
-def _round(x, dtype: tl.constexpr):
+def round_to(x, dtype: tl.constexpr):
     """float32 x rounded to dtype and back: the value torch stores after a dtype op."""
     return x.to(dtype).to(tl.float32)
 
@@ -63,7 +63,7 @@ def _rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, summed_ptr,
     if UNIT_OFFSET:  # Gemma: (1 + weight) * h in float32, rounded once
         out = (1.0 + weight) * h
     else:  # Llama: h rounded to the model dtype first
-        out = weight * _round(h, dtype)
+        out = weight * round_to(h, dtype)
     tl.store(out_ptr + row * stride_out + offs, out.to(dtype), mask=mask)
 
 
@@ -117,7 +117,7 @@ def _silu_and_mul_kernel(gate_up_ptr, out_ptr, stride_in, stride_out,
         silu = tl.math.div_rn(g, 1.0 + libdevice.exp(-g))
     else:  # the interpreter has no libdevice
         silu = g / (1.0 + tl.exp(-g))
-    out = _round(silu, dtype) * up.to(tl.float32)
+    out = round_to(silu, dtype) * up.to(tl.float32)
     tl.store(out_ptr + row * stride_out + offs, out.to(dtype), mask=mask)
 
 
@@ -155,8 +155,8 @@ def _rotate_heads(x_ptr, out_ptr, cos, sin, stride_x_head, stride_out_head,
     x2 = tl.load(x_ptrs + HALF, mask=mask, other=0.0).to(tl.float32)
     cos = cos[None, :]
     sin = sin[None, :]
-    out1 = _round(x1 * cos, dtype) - _round(x2 * sin, dtype)
-    out2 = _round(x2 * cos, dtype) + _round(x1 * sin, dtype)
+    out1 = round_to(x1 * cos, dtype) - round_to(x2 * sin, dtype)
+    out2 = round_to(x2 * cos, dtype) + round_to(x1 * sin, dtype)
     out_ptrs = out_ptr + offs_h * stride_out_head + offs_d
     tl.store(out_ptrs, out1.to(dtype), mask=mask)
     tl.store(out_ptrs + HALF, out2.to(dtype), mask=mask)

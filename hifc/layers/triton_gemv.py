@@ -1,4 +1,5 @@
-"""One-row projections (a batch-1 decode step's ``x W^T``) through a Triton GEMV.
+"""One-row projections (a batch-1 decode step's ``x W^T``) through a Triton GEMV, optionally
+computing its input on the way: RMSNorm of ``x + residual``, or ``silu(gate) * up``.
 
 At M = 1 a projection reads its whole weight for one output row, so it runs at the rate its
 weight streams from memory. cuBLAS reads the 8B preset's smaller weights well below that rate;
@@ -8,14 +9,29 @@ each weight read from HBM (scripts/gpu_kernel_probe.py --parts gemv, docs/RESULT
 against this kernel: QKV 17.5 / 14.2 us, O 13.2 / 10.1 us, down 31.1 / 28.5 us, gate-up 54.6 /
 54.9 us.
 
-Its float32 sums run in another order than cuBLAS's, so results differ from ``F.linear`` in the
-last bits; every one-row projection on CUDA takes this path, whether in a CUDA graph or not.
-Imports without Triton; ``usable`` then says False.
+At one row the elementwise kernels between projections are mostly launch latency, so two of
+them run inside the GEMV that reads their output, saving their launches:
+
+- ``gemv_rms_norm`` (a decoder layer's input norm before its QKV projection): each program first
+  sums the squares of ``s = x + residual`` (a few KiB from L2), then normalizes each K slice as
+  it reads it; program 0 also stores ``s``, the residual stream the next sub-layer adds to. It
+  rounds as ``triton_fused.rms_norm`` does (compiled without FMA contraction, as that is), so
+  the projection's input is the two-launch path's up to the order the squares are summed. (Before
+  the gate-up projection, whose 1,792 programs each repeat that sum, it saved nothing.)
+- ``gemv_silu_mul`` (the down projection): the input slice is ``silu(gate) * up`` of the merged
+  gate/up output, SiLU through the fast exp and division (every program computes every element:
+  torch's IEEE division made the 32B preset's down projection compute-bound), so an element
+  may differ from ``silu_and_mul``'s in its last bit.
+
+Float32 sums run in another order than cuBLAS's, so results differ from ``F.linear`` in the last
+bits; every one-row projection on CUDA takes this path, whether in a CUDA graph or not. Imports
+without Triton; the ``usable`` checks then say False.
 """
 from __future__ import annotations
 
 import torch
 
+from hifc.layers.triton_fused import round_to
 from hifc.layers.triton_jit import jit as _jit
 from hifc.layers.triton_jit import tl, triton
 
@@ -24,35 +40,113 @@ BLOCK_K = 512
 NUM_STAGES = 3
 NUM_WARPS = 4
 
+# what the kernel computes its input from
+_PLAIN, _RMS_NORM, _SILU_MUL = 0, 1, 2
+
 
 @_jit
-def _gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, N, stride_wn, K_STEPS: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
-                 HAS_BIAS: tl.constexpr):
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+def _gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, N, stride_wn,
+                 residual_ptr, norm_weight_ptr, summed_ptr, eps,
+                 K_STEPS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 STAGES: tl.constexpr, HAS_BIAS: tl.constexpr, PROLOGUE: tl.constexpr,
+                 HAS_RESIDUAL: tl.constexpr, UNIT_OFFSET: tl.constexpr,
+                 NORM_BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     n_ok = offs_n < N
+    K = K_STEPS * BLOCK_K
+    dtype = x_ptr.dtype.element_ty
+    if PROLOGUE == 1:  # 1 / rms(x + residual), as triton_fused.rms_norm computes it
+        offs = tl.arange(0, NORM_BLOCK)
+        ok = offs < K
+        s = tl.load(x_ptr + offs, mask=ok, other=0.0)
+        if HAS_RESIDUAL:
+            s = (s.to(tl.float32) + tl.load(residual_ptr + offs, mask=ok,
+                                            other=0.0).to(tl.float32)).to(dtype)
+            tl.store(summed_ptr + offs, s, mask=ok & (pid == 0))
+        h = s.to(tl.float32)
+        inv_rms = tl.math.rsqrt(tl.sum(h * h, axis=0) / K + eps)
     w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
-    x_ptrs = x_ptr + offs_k
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for _ in tl.range(0, K_STEPS, num_stages=STAGES):
+    for step in tl.range(0, K_STEPS, num_stages=STAGES):
         w = tl.load(w_ptrs, mask=n_ok[:, None], other=0.0)
-        acc += w.to(tl.float32) * tl.load(x_ptrs).to(tl.float32)[None, :]
+        k = step * BLOCK_K + offs_k
+        if PROLOGUE == 0:
+            x = tl.load(x_ptr + k).to(tl.float32)
+        elif PROLOGUE == 1:
+            s_k = tl.load(x_ptr + k)
+            if HAS_RESIDUAL:
+                s_k = (s_k.to(tl.float32) + tl.load(residual_ptr + k).to(tl.float32)).to(dtype)
+            h_k = s_k.to(tl.float32) * inv_rms
+            nw = tl.load(norm_weight_ptr + k).to(tl.float32)
+            if UNIT_OFFSET:  # Gemma: (1 + weight) * h, rounded once
+                x = round_to((1.0 + nw) * h_k, dtype)
+            else:  # Llama: h rounded to the model dtype first
+                x = round_to(nw * round_to(h_k, dtype), dtype)
+        else:  # x_ptr is [gate | up], each K wide
+            gate = tl.load(x_ptr + k).to(tl.float32)
+            up = tl.load(x_ptr + K + k).to(tl.float32)
+            # fast exp and division (each K element is computed by every program, and the
+            # precise ones made a 32B down projection compute-bound): float32 SiLU within a few
+            # ulps of torch's, rounded to the dtype as silu_and_mul rounds it
+            x = round_to(round_to(gate / (1.0 + tl.exp(-gate)), dtype) * up, dtype)
+        acc += w.to(tl.float32) * x[None, :]
         w_ptrs += BLOCK_K
-        x_ptrs += BLOCK_K
     out = tl.sum(acc, axis=1)
     if HAS_BIAS:
         out += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + offs_n, out.to(out_ptr.dtype.element_ty), mask=n_ok)
 
 
+def _one_row(x: torch.Tensor, weight: torch.Tensor, width: int) -> bool:
+    """One contiguous 16-bit row x of ``width`` on CUDA, a weight of its dtype contiguous along
+    K, K a multiple of BLOCK_K."""
+    return (triton is not None and x.is_cuda and x.dim() == 2 and x.shape[0] == 1
+            and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
+            and x.stride(-1) == 1 and weight.stride(-1) == 1 and x.shape[1] == width
+            and weight.shape[1] % BLOCK_K == 0)
+
+
 def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """True for one 16-bit row x ([1, K]) on CUDA against a weight ([N, K]) of its dtype,
     contiguous along K, with K a multiple of BLOCK_K."""
-    return (triton is not None and x.is_cuda and x.dim() == 2 and x.shape[0] == 1
-            and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
-            and x.stride(-1) == 1 and weight.stride(-1) == 1 and x.shape[1] == weight.shape[1]
-            and weight.shape[1] % BLOCK_K == 0)
+    return _one_row(x, weight, weight.shape[1])
+
+
+def usable_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
+                    weight: torch.Tensor) -> bool:
+    """``usable(x, weight)``, and a residual (if any) and norm weight ([K]) of x's dtype and
+    shape, contiguous."""
+    return (_one_row(x, weight, weight.shape[1]) and norm_weight.dtype == x.dtype
+            and norm_weight.shape == (x.shape[1],) and norm_weight.stride(0) == 1
+            and (residual is None or (residual.dtype == x.dtype and residual.shape == x.shape
+                                      and residual.stride(-1) == 1)))
+
+
+def usable_silu_mul(gate_up: torch.Tensor, weight: torch.Tensor) -> bool:
+    """True for one 16-bit row gate_up = [gate | up] ([1, 2K]) against a weight ([N, K]) as
+    ``usable`` takes them."""
+    return _one_row(gate_up, weight, 2 * weight.shape[1])
+
+
+def _launch(x, weight, bias, out, prologue, *, residual=None, norm_weight=None, summed=None,
+            eps=0.0, unit_offset=False, block_n=BLOCK_N, block_k=BLOCK_K, stages=NUM_STAGES,
+            warps=NUM_WARPS):
+    n, k = weight.shape
+    if out is None:
+        out = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    # the plain GEMV keeps FMA contraction; the fused inputs round as the separate kernels
+    fused_input = prologue != _PLAIN
+    _gemv_kernel[(triton.cdiv(n, block_n),)](
+        x, weight, weight if bias is None else bias, out, n, weight.stride(0),
+        x if residual is None else residual, x if norm_weight is None else norm_weight,
+        x if summed is None else summed, eps,
+        K_STEPS=k // block_k, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages,
+        HAS_BIAS=bias is not None, PROLOGUE=prologue, HAS_RESIDUAL=residual is not None,
+        UNIT_OFFSET=unit_offset, NORM_BLOCK=triton.next_power_of_2(k), num_warps=warps,
+        enable_fp_fusion=not fused_input)
+    return out
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
@@ -60,11 +154,24 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
          stages: int = NUM_STAGES, warps: int = NUM_WARPS) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for inputs ``usable`` accepts -> [1, N] (into ``out`` if
     given); the launch configuration is the module's unless given (K a multiple of block_k)."""
-    n, k = weight.shape
-    if out is None:
-        out = torch.empty(1, n, dtype=x.dtype, device=x.device)
-    _gemv_kernel[(triton.cdiv(n, block_n),)](
-        x, weight, weight if bias is None else bias, out, n, weight.stride(0),
-        K_STEPS=k // block_k, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages,
-        HAS_BIAS=bias is not None, num_warps=warps)
-    return out
+    return _launch(x, weight, bias, out, _PLAIN, block_n=block_n, block_k=block_k,
+                   stages=stages, warps=warps)
+
+
+def gemv_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
+                  eps: float, unit_offset: bool, weight: torch.Tensor,
+                  bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``F.linear(rms_norm(x + residual), weight, bias)`` in one launch for inputs
+    ``usable_rms_norm`` accepts; returns it ([1, N]) and ``x + residual`` (x itself without a
+    residual), as ``triton_fused.rms_norm`` returns its second value."""
+    summed = x if residual is None else torch.empty_like(x)
+    out = _launch(x, weight, bias, None, _RMS_NORM, residual=residual, norm_weight=norm_weight,
+                  summed=summed, eps=eps, unit_offset=unit_offset)
+    return out, summed
+
+
+def gemv_silu_mul(gate_up: torch.Tensor, weight: torch.Tensor,
+                  bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(silu(gate) * up, weight, bias)`` for gate_up = [gate | up] ([1, 2K]) in one
+    launch, for inputs ``usable_silu_mul`` accepts -> [1, N]."""
+    return _launch(gate_up, weight, bias, None, _SILU_MUL)

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from hifc.layers.activation import GATED_ACTIVATIONS
 from hifc.layers.attention import AttentionContext
 from hifc.layers.embedding import VocabParallelEmbedding
 from hifc.layers.linear import MergedColumnLinear, QKVLinear, RowLinear, ShardId
@@ -67,8 +66,22 @@ class LlamaAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, attn: AttentionContext,
                 rotary: RotaryEmbedding) -> torch.Tensor:
-        num_tokens = hidden.shape[0]
-        q, k, v = self.qkv_proj(hidden)
+        return self.attend(positions, self.qkv_proj(hidden), attn, rotary)
+
+    def forward_normed(self, norm: RMSNorm, positions: torch.Tensor, hidden: torch.Tensor,
+                       residual: torch.Tensor | None, attn: AttentionContext,
+                       rotary: RotaryEmbedding) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward`` of ``norm(hidden, residual)``'s normed states, and its residual sum (the
+        norm runs inside the QKV projection where it can)."""
+        qkv, residual = self.qkv_proj.forward_normed(norm, hidden, residual)
+        return self.attend(positions, qkv, attn, rotary), residual
+
+    def attend(self, positions: torch.Tensor, qkv: tuple[torch.Tensor, ...],
+               attn: AttentionContext, rotary: RotaryEmbedding) -> torch.Tensor:
+        """Attention of the projected (q, k, v) ([T, H*D] each), through the output
+        projection -> [T, hidden]."""
+        q, k, v = qkv
+        num_tokens = q.shape[0]
         q = q.view(num_tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
@@ -87,10 +100,10 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = MergedColumnLinear(arch.hidden_size, [inter, inter], False, dtype,
                                                device, tp)
         self.down_proj = RowLinear(inter, arch.hidden_size, False, dtype, device, tp)
-        self.act_and_mul = GATED_ACTIVATIONS[arch.hidden_act]
+        self.hidden_act = arch.hidden_act  # a key of GATED_ACTIVATIONS (the config checks)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_and_mul(self.gate_up_proj(hidden)))  # [T, H]
+        return self.down_proj.forward_gated(self.gate_up_proj(hidden), self.hidden_act)  # [T, H]
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -107,9 +120,10 @@ class LlamaDecoderLayer(nn.Module):
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor,
                 residual: torch.Tensor | None, attn: AttentionContext,
                 rotary: RotaryEmbedding) -> tuple[torch.Tensor, torch.Tensor]:
-        """hidden: this layer's input minus ``residual`` ([T, H]); returns (mlp out, residual)."""
-        hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, attn, rotary)
+        """hidden: this layer's input minus ``residual`` ([T, H]); returns (mlp out, residual).
+        The input norm runs inside the QKV projection where that can take it."""
+        hidden, residual = self.self_attn.forward_normed(self.input_layernorm, positions, hidden,
+                                                         residual, attn, rotary)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
 

@@ -1,4 +1,5 @@
-"""The Triton GEMV for one-row projections against F.linear in float32.
+"""The Triton GEMV for one-row projections against F.linear in float32, and with its input
+computed in the kernel (RMSNorm, SiLU-and-mul) against the two-launch path.
 
 Each case runs on the CPU through Triton's interpreter (with TRITON_INTERPRET=1; the default suite
 runs this file's interpreter cases in a child pytest, tests/test_triton_interpreter.py) and
@@ -14,8 +15,10 @@ import torch
 import torch.nn.functional as F
 
 from hifc.layers import linear as linear_module
-from hifc.layers import triton_gemv
-from hifc.layers.linear import RowLinear
+from hifc.layers import triton_fused, triton_gemv
+from hifc.layers.activation import GATED_ACTIVATIONS
+from hifc.layers.linear import MergedColumnLinear, QKVLinear, RowLinear
+from hifc.layers.norm import RMSNorm
 from tests.layers.test_triton_fused import DEVICES
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -37,6 +40,59 @@ def test_gemv_matches_float32_linear(device, dtype, n, k, bias):
     # one rounding of the float32 sum to the 16-bit dtype
     tol = 2 ** -7 if dtype == torch.bfloat16 else 2 ** -10
     assert torch.allclose(out.float(), ref, rtol=tol, atol=tol * ref.abs().max().item())
+
+
+def _tol(dtype):
+    """One rounding of a float32 result to the 16-bit dtype."""
+    return 2 ** -7 if dtype == torch.bfloat16 else 2 ** -10
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("residual,unit_offset,bias", [(True, False, False), (False, False, True),
+                                                       (True, True, False)])
+def test_gemv_rms_norm_matches_norm_then_linear(device, dtype, residual, unit_offset, bias):
+    n, k = 72, 1536  # K a multiple of BLOCK_K but not a power of two; rows masked
+    gen = torch.Generator().manual_seed(k + residual + 2 * unit_offset)
+    x = (3 * torch.randn(1, k, generator=gen)).to(dtype).to(device)
+    r = torch.randn(1, k, generator=gen).to(dtype).to(device) if residual else None
+    norm = RMSNorm(k, 1e-5, dtype, torch.device(device), unit_offset=unit_offset)
+    norm.weight.copy_(torch.rand(k, generator=gen) + 0.5)
+    w = (torch.randn(n, k, generator=gen) / k ** 0.5).to(dtype).to(device)
+    b = torch.randn(n, generator=gen).to(dtype).to(device) if bias else None
+    out, summed = triton_gemv.gemv_rms_norm(x, r, norm.weight, norm.eps, unit_offset, w, b)
+    # the residual sum bit for bit, as rms_norm returns it
+    if residual:
+        assert torch.equal(summed, (x.float() + r.float()).to(dtype))
+    else:
+        assert summed is x
+    normed, _ = norm(x, r)  # the two-launch path (the fused kernel, or torch on the CPU)
+    two_launches = triton_gemv.gemv(normed, w, b) if device == "cuda" else F.linear(
+        normed.float(), w.float(), None if b is None else b.float())
+    tol = _tol(dtype)
+    assert out.shape == (1, n) and out.dtype == dtype
+    # the same input up to an element's last bit (the squares summed in another order)
+    assert torch.allclose(out.float(), two_launches.float(), rtol=2 * tol,
+                          atol=2 * tol * two_launches.abs().max().item())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("bias", [False, True])
+def test_gemv_silu_mul_matches_silu_then_linear(device, dtype, bias):
+    n, k = 40, 1024
+    gen = torch.Generator().manual_seed(n + k + bias)
+    gate_up = (3 * torch.randn(1, 2 * k, generator=gen)).to(dtype).to(device)
+    w = (torch.randn(n, k, generator=gen) / k ** 0.5).to(dtype).to(device)
+    b = torch.randn(n, generator=gen).to(dtype).to(device) if bias else None
+    out = triton_gemv.gemv_silu_mul(gate_up, w, b)
+    x = GATED_ACTIVATIONS["silu"](gate_up)  # rounded as torch rounds each step
+    ref = F.linear(x.float(), w.float(), None if b is None else b.float())
+    tol = _tol(dtype)
+    assert out.shape == (1, n) and out.dtype == dtype
+    assert torch.allclose(out.float(), ref, rtol=tol, atol=tol * ref.abs().max().item())
+    if device == "cuda":  # silu_and_mul's input up to a last bit, then the GEMV
+        assert torch.allclose(out, triton_gemv.gemv(x, w, b), rtol=tol, atol=0)
 
 
 def test_usable_only_for_one_16_bit_row_on_cuda():
@@ -69,6 +125,21 @@ def test_usable_only_for_one_16_bit_row_on_cuda():
     assert not ok(1, 1024, torch.float32)
     assert not ok(1, 1024, torch.bfloat16, torch.float16)
 
+    def ok_fused(k, residual=True, norm_dtype=torch.bfloat16, gate_up_width=None):
+        def t(*shape, dtype=torch.bfloat16):
+            return Fake(torch.empty(*shape, dtype=dtype, device=meta))
+        w = t(64, k)
+        if gate_up_width is not None:
+            return triton_gemv.usable_silu_mul(t(1, gate_up_width), w)
+        return triton_gemv.usable_rms_norm(t(1, k), t(1, k) if residual else None,
+                                           t(k, dtype=norm_dtype), w)
+
+    assert ok_fused(1024) and ok_fused(1024, residual=False)
+    assert not ok_fused(1000)
+    assert not ok_fused(1024, norm_dtype=torch.float32)  # rms_norm wants one dtype
+    assert ok_fused(1024, gate_up_width=2048)
+    assert not ok_fused(1024, gate_up_width=1024)  # gate_up is twice the weight's K
+
 
 def test_row_linear_takes_the_gemv_for_one_row(monkeypatch):
     # Linear layers route through linear(): a usable row goes to the GEMV, others to F.linear.
@@ -85,15 +156,118 @@ def test_row_linear_takes_the_gemv_for_one_row(monkeypatch):
     assert calls == [torch.Size([1, 32])]
 
 
+@pytest.mark.parametrize("layer_class", [MergedColumnLinear, QKVLinear])
+def test_column_layers_take_the_norm_into_the_gemv_for_one_row(monkeypatch, layer_class):
+    fused = []
+
+    def gemv_rms_norm(x, residual, norm_weight, eps, unit_offset, w, b):
+        normed, summed = norm(x, residual)  # stands in for the kernel
+        fused.append(x.shape)
+        return F.linear(normed, w, b), summed
+
+    monkeypatch.setattr(linear_module.triton_gemv, "usable_rms_norm",
+                        lambda x, r, nw, w: x.shape[0] == 1)
+    monkeypatch.setattr(linear_module.triton_gemv, "gemv_rms_norm", gemv_rms_norm)
+    cpu = torch.device("cpu")
+    if layer_class is QKVLinear:
+        layer = QKVLinear(16, 2, 1, 4, True, torch.float32, cpu)  # q 8, k 4, v 4
+    else:
+        layer = MergedColumnLinear(16, [8, 8], True, torch.float32, cpu)
+    torch.nn.init.normal_(layer.weight)
+    torch.nn.init.normal_(layer.bias)
+    norm = RMSNorm(16, 1e-6, torch.float32, cpu)
+    torch.nn.init.normal_(norm.weight)
+    x, r = torch.randn(3, 16), torch.randn(3, 16)
+    for rows in (1, 3):  # one row fused, three through the norm and the layer
+        out, summed = layer.forward_normed(norm, x[:rows], r[:rows])
+        normed, expected_sum = norm(x[:rows], r[:rows])
+        expected = layer(normed)
+        assert torch.equal(summed, expected_sum)
+        if layer_class is QKVLinear:  # q, k, v as forward splits them
+            assert [t.shape[1] for t in out] == [8, 4, 4]
+            assert all(torch.allclose(a, e) for a, e in zip(out, expected))
+        else:
+            assert torch.allclose(out, expected)
+    assert fused == [torch.Size([1, 16])]
+
+
+def test_row_layer_takes_silu_into_the_gemv_for_one_row(monkeypatch):
+    fused = []
+    monkeypatch.setattr(linear_module.triton_gemv, "usable_silu_mul",
+                        lambda g, w: g.shape[0] == 1)
+    monkeypatch.setattr(linear_module.triton_gemv, "gemv_silu_mul",
+                        lambda g, w, b: fused.append(g.shape)
+                        or F.linear(GATED_ACTIVATIONS["silu"](g), w, b))
+    layer = RowLinear(8, 4, True, torch.float32, torch.device("cpu"))
+    torch.nn.init.normal_(layer.weight)
+    torch.nn.init.normal_(layer.bias)
+    gate_up = torch.randn(3, 16)
+    for act in ("silu", "gelu_pytorch_tanh"):  # only SiLU is fused
+        for rows in (1, 3):
+            expected = layer(GATED_ACTIVATIONS[act](gate_up[:rows]))
+            assert torch.allclose(layer.forward_gated(gate_up[:rows], act), expected)
+    assert fused == [torch.Size([1, 16])]
+
+
 @pytest.mark.skipif(not HAS_TRITON or INTERPRET, reason="needs triton, kernels compiled")
 def test_gemv_compiles_to_wide_loads_for_hopper():
     from tests.layers.test_triton_compile_fp8 import compile_ptx
 
     signature = {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "out_ptr": "*bf16",
-                 "N": "i32", "stride_wn": "i32"}
-    ptx = compile_ptx(triton_gemv._gemv_kernel, signature,
-                      dict(K_STEPS=8, BLOCK_N=triton_gemv.BLOCK_N, BLOCK_K=triton_gemv.BLOCK_K,
-                           STAGES=triton_gemv.NUM_STAGES, HAS_BIAS=False),
-                      triton_gemv.NUM_WARPS)
-    assert "cp.async" in ptx  # weight slices loaded ahead of their use (pipelined)
-    assert "mma" not in ptx  # no tensor cores for one row
+                 "N": "i32", "stride_wn": "i32", "residual_ptr": "*bf16",
+                 "norm_weight_ptr": "*bf16", "summed_ptr": "*bf16", "eps": "fp32"}
+    for prologue in (triton_gemv._PLAIN, triton_gemv._RMS_NORM, triton_gemv._SILU_MUL):
+        ptx = compile_ptx(triton_gemv._gemv_kernel, signature,
+                          dict(K_STEPS=8, BLOCK_N=triton_gemv.BLOCK_N,
+                               BLOCK_K=triton_gemv.BLOCK_K, STAGES=triton_gemv.NUM_STAGES,
+                               HAS_BIAS=False, PROLOGUE=prologue, HAS_RESIDUAL=True,
+                               UNIT_OFFSET=False, NORM_BLOCK=4096),
+                          triton_gemv.NUM_WARPS)
+        assert "cp.async" in ptx  # weight slices loaded ahead of their use (pipelined)
+        assert "mma" not in ptx  # no tensor cores for one row
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (HAS_TRITON and torch.cuda.is_available()) or INTERPRET,
+                    reason="needs triton and a CUDA GPU")
+@pytest.mark.parametrize("attention_bias", [False, True])
+@torch.inference_mode()
+def test_one_token_through_the_model_with_norm_and_silu_in_the_gemvs(monkeypatch, attention_bias):
+    # A decoder whose projections the GEMV takes (K = 512, 1536): one token through the fused
+    # launches against the two-launch path (the fused kernels switched off), attention stood in
+    # for by a function of q, k, v.
+    from hifc.models.config import ModelArchConfig
+    from hifc.models.llama import LlamaForCausalLM
+
+    arch = ModelArchConfig(architecture="LlamaForCausalLM", vocab_size=256, hidden_size=512,
+                           intermediate_size=1536, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, head_dim=128, attention_bias=attention_bias,
+                           max_position_embeddings=64)
+    model = LlamaForCausalLM(arch, torch.bfloat16, torch.device("cuda"))
+    gen = torch.Generator(device="cuda").manual_seed(int(attention_bias))
+    for name, p in model.named_parameters():
+        if "norm" in name:
+            p.uniform_(0.5, 1.5, generator=gen)
+        else:
+            p.normal_(0.0, 0.05, generator=gen)
+
+    def attn(layer_idx, q, k, v):
+        return q + (k * v).repeat_interleave(2, dim=1)  # [T, Hq, D]
+
+    calls = {"gemv_rms_norm": 0, "gemv_silu_mul": 0}
+    for name in calls:
+        def counted(*args, _name=name, _fn=getattr(triton_gemv, name)):
+            calls[_name] += 1
+            return _fn(*args)
+        monkeypatch.setattr(triton_gemv, name, counted)
+    ids = torch.tensor([7], device="cuda")
+    positions = torch.tensor([5], device="cuda")
+    fused = model(ids, positions, attn)
+    assert calls == {"gemv_rms_norm": 2, "gemv_silu_mul": 2}  # input norm and SiLU per layer
+    monkeypatch.setattr(triton_gemv, "usable_rms_norm", lambda *a: False)
+    monkeypatch.setattr(triton_gemv, "usable_silu_mul", lambda *a: False)
+    two_launches = model(ids, positions, attn)
+    assert calls == {"gemv_rms_norm": 2, "gemv_silu_mul": 2}
+    # the same inputs to each projection up to an element's last bit
+    rel = ((fused.float() - two_launches.float()).norm() / two_launches.float().norm()).item()
+    assert rel < 1e-2, rel
