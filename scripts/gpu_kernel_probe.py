@@ -20,6 +20,8 @@ Prints (and with --json writes) for the 8B and 32B presets' shapes:
 - ``blas``: each projection through cuBLAS (torch's default) against cuBLASLt;
 - ``gemv``: the projections at M = 1 through cuBLAS against hifc's Triton GEMV, in several
   configurations;
+- ``rows``: the projections at M = 2..16 through cuBLAS against hifc's small-M Triton kernel
+  (tensor cores over a 16-row tile), in several configurations;
 - ``prologues``: at M = 1, RMSNorm then the QKV / gate-up GEMV and SiLU-and-mul then the down
   GEMV, as two launches against one (the GEMV computing its input), and the GEMV alone;
 - ``prefetch``: decode attention then the output projection, per layer, serially and with the
@@ -47,7 +49,7 @@ from hifc.layers.attention import AttentionMetadata, write_kv_cache
 from hifc.layers.triton_attention import (LaunchPlan, TritonAttentionBackend, paged_attention,
                                           plan_launch)
 from hifc.layers import triton_fused
-from hifc.layers.triton_gemv import gemv, gemv_rms_norm, gemv_silu_mul
+from hifc.layers.triton_gemv import gemm_rows, gemv, gemv_rms_norm, gemv_silu_mul
 
 BLOCK = 64
 SHAPES = {"8b": dict(hq=32, hkv=8, d=128, hidden=4096, inter=14336, vocab=128256),
@@ -670,6 +672,53 @@ def gemvs(name, s, dev, dtype):
     return rows
 
 
+def rows_part(name, s, dev, dtype):
+    """Projections at M = 2..16 (small decode batches): cuBLAS against hifc's small-M kernel
+    over a range of configurations, over weight copies that do not fit the L2 cache; the best
+    configurations per projection and M, and the module's default configuration."""
+    from hifc.layers.triton_gemv import rows_config
+    rows = []
+    keys = ("block_n", "block_k", "stages", "warps")
+    configs = [(bn, bk, st, 4) for bn in (16, 32, 64) for bk in (128, 256, 512)
+               for st in (3, 4) if 2048 <= bn * bk <= 16384]
+    for label, (n, k) in projection_shapes(s).items():
+        if label == "lm_head":
+            continue
+        default = tuple(rows_config(n)[key] for key in keys)
+        ws_ = weight_copies(n, k, dev, dtype)
+        for m in (2, 4, 8, 16):
+            x = torch.randn(m, k, device=dev, dtype=dtype)
+            ref = F.linear(x, ws_[0]).float()
+            t = graph_ms([lambda w=w: F.linear(x, w) for w in ws_] * 2)
+            row = {"model": name, "proj": label, "m": m, "n": n, "k": k, "cublas_us": t * 1e3,
+                   "cublas_gbps": n * k * 2 / t / 1e6}
+            out = torch.empty(m, n, device=dev, dtype=dtype)
+            tried = []
+            for cfg in configs:
+                if k % cfg[1]:
+                    continue
+                config = dict(zip(keys, cfg))
+                try:
+                    gemm_rows(x, ws_[0], out=out, **config)
+                    err = ((out.float() - ref).norm() / ref.norm()).item()
+                    tc = graph_ms([lambda w=w: gemm_rows(x, w, out=out, **config)
+                                   for w in ws_] * 2)
+                except Exception as e:  # noqa: BLE001
+                    row.setdefault("errors", []).append(f"{cfg}: {str(e)[:100]}")
+                    continue
+                tried.append((tc, cfg, err))
+                if cfg == default:
+                    row["default_us"] = tc * 1e3
+            tried.sort()
+            row["best"] = [{"us": tc * 1e3, "cfg": cfg, "rel_err": err,
+                            "gbps": n * k * 2 / tc / 1e6, "over_cublas": tc / t}
+                           for tc, cfg, err in tried[:4]]
+            rows.append(row)
+        del ws_
+        torch.cuda.empty_cache()
+    return rows
+
+
 def prologues(name, s, dev, dtype):
     """One-row projections with the elementwise kernel before them: the two launches the engine
     ran (rms_norm or silu_and_mul, then the GEMV) against the fused GEMV, and the GEMV alone,
@@ -848,7 +897,7 @@ def main() -> None:
     result = {"copy_gbps": copy_rate(dev), "torch": torch.__version__,
               "cudnn": torch.backends.cudnn.version(), "prefill": [], "decode": [], "gemm": [],
               "balance": [], "layouts": [], "chunks": [], "dense": [], "builds": [], "blas": [],
-              "prefetch": [], "versions": [], "gemv": [], "prologues": []}
+              "prefetch": [], "versions": [], "gemv": [], "prologues": [], "rows": []}
     a = torch.randn(8192, 8192, device=dev, dtype=dtype)
     t = bench_ms(lambda: a @ a)
     result["matmul_tflops"] = 2 * 8192 ** 3 / t / 1e9
@@ -882,7 +931,8 @@ def main() -> None:
                 print("balance", json.dumps(r), flush=True)
         for part, probe in (("chunks", chunks), ("builds", builds), ("dense", dense),
                             ("layouts", layouts), ("gemm", gemms), ("blas", blas),
-                            ("gemv", gemvs), ("prologues", prologues)):
+                            ("gemv", gemvs), ("prologues", prologues),
+                            ("rows", rows_part)):
             if part in parts:
                 for r in probe(name, s, dev, dtype):
                     result[part].append(r)

@@ -13,9 +13,10 @@ knows which rows of its weight a shard fills and which part of it this rank keep
 
 With one rank (the default) every layer holds the whole matrix and runs no collective.
 
-A batch-1 decode step runs each projection through a Triton GEMV (``linear``), and the column
-layers' ``forward_normed`` and the row layer's ``forward_gated`` let that GEMV compute the
-RMSNorm or the SiLU-and-mul before it as it reads its input (one launch instead of two).
+A decode step of up to 16 sequences runs each projection through Triton kernels that stream
+the weight (``linear``, :mod:`hifc.layers.triton_gemv`); at batch 1 the column layers'
+``forward_normed`` and the row layer's ``forward_gated`` let the GEMV compute the RMSNorm or the
+SiLU-and-mul before it as it reads its input (one launch instead of two).
 """
 from __future__ import annotations
 
@@ -44,10 +45,12 @@ def copy_weight(dst: torch.Tensor, loaded: torch.Tensor) -> None:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``x W^T (+ b)``: one row on CUDA through the Triton GEMV (faster than cuBLAS there),
-    else ``F.linear``."""
+    """``x W^T (+ b)``: one row on CUDA through the Triton GEMV, a few rows through its
+    small-M kernel (both faster than cuBLAS there), else ``F.linear``."""
     if triton_gemv.usable(x, weight):
         return triton_gemv.gemv(x, weight, bias)
+    if triton_gemv.usable_rows(x, weight):
+        return triton_gemv.gemm_rows(x, weight, bias)
     return F.linear(x, weight, bias)
 
 

@@ -42,6 +42,24 @@ def test_gemv_matches_float32_linear(device, dtype, n, k, bias):
     assert torch.allclose(out.float(), ref, rtol=tol, atol=tol * ref.abs().max().item())
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("m,n,k,bias", [(2, 40, 1024, False), (5, 72, 1536, True),
+                                        (16, 6144, 4096, False)])
+def test_rows_kernel_matches_float32_linear(device, dtype, m, n, k, bias):
+    if device == "cpu" and dtype == torch.bfloat16:
+        pytest.skip("Triton's interpreter gets bf16 tl.dot wrong")
+    gen = torch.Generator().manual_seed(m + n + k)
+    x = torch.randn(m, k, generator=gen).to(dtype).to(device)
+    w = (torch.randn(n, k, generator=gen) / k ** 0.5).to(dtype).to(device)
+    b = torch.randn(n, generator=gen).to(dtype).to(device) if bias else None
+    out = triton_gemv.gemm_rows(x, w, b)
+    ref = F.linear(x.float(), w.float(), None if b is None else b.float())
+    assert out.shape == (m, n) and out.dtype == dtype
+    tol = _tol(dtype)
+    assert torch.allclose(out.float(), ref, rtol=tol, atol=tol * ref.abs().max().item())
+
+
 def _tol(dtype):
     """One rounding of a float32 result to the 16-bit dtype."""
     return 2 ** -7 if dtype == torch.bfloat16 else 2 ** -10
@@ -125,6 +143,16 @@ def test_usable_only_for_one_16_bit_row_on_cuda():
     assert not ok(1, 1024, torch.float32)
     assert not ok(1, 1024, torch.bfloat16, torch.float16)
 
+    def ok_rows(m, k=1024):
+        return triton_gemv.usable_rows(Fake(torch.empty(m, k, dtype=torch.bfloat16, device=meta)),
+                                       Fake(torch.empty(64, k, dtype=torch.bfloat16,
+                                                        device=meta)))
+
+    assert ok_rows(2) and ok_rows(triton_gemv.MAX_ROWS)
+    assert not ok_rows(1)  # one row: the GEMV
+    assert not ok_rows(triton_gemv.MAX_ROWS + 1)  # more: cuBLAS
+    assert not ok_rows(4, 1000)
+
     def ok_fused(k, residual=True, norm_dtype=torch.bfloat16, gate_up_width=None):
         def t(*shape, dtype=torch.bfloat16):
             return Fake(torch.empty(*shape, dtype=dtype, device=meta))
@@ -141,19 +169,24 @@ def test_usable_only_for_one_16_bit_row_on_cuda():
     assert not ok_fused(1024, gate_up_width=1024)  # gate_up is twice the weight's K
 
 
-def test_row_linear_takes_the_gemv_for_one_row(monkeypatch):
-    # Linear layers route through linear(): a usable row goes to the GEMV, others to F.linear.
+def test_row_linear_takes_the_gemv_for_one_row_and_the_rows_kernel_for_a_few(monkeypatch):
+    # Linear layers route through linear(): a usable row goes to the GEMV, a few usable rows to
+    # the small-M kernel, others to F.linear.
     calls = []
     monkeypatch.setattr(linear_module.triton_gemv, "usable", lambda x, w: x.shape[0] == 1)
+    monkeypatch.setattr(linear_module.triton_gemv, "usable_rows",
+                        lambda x, w: 2 <= x.shape[0] <= 3)
     monkeypatch.setattr(linear_module.triton_gemv, "gemv",
-                        lambda x, w, b: calls.append(x.shape) or F.linear(x, w, b))
+                        lambda x, w, b: calls.append(("gemv", x.shape[0])) or F.linear(x, w, b))
+    monkeypatch.setattr(linear_module.triton_gemv, "gemm_rows",
+                        lambda x, w, b: calls.append(("rows", x.shape[0])) or F.linear(x, w, b))
     layer = RowLinear(32, 8, True, torch.float32, torch.device("cpu"))
     torch.nn.init.normal_(layer.weight)
     torch.nn.init.normal_(layer.bias)
-    x = torch.randn(3, 32)
-    assert torch.equal(layer(x[:1]), F.linear(x[:1], layer.weight, layer.bias))
-    assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
-    assert calls == [torch.Size([1, 32])]
+    x = torch.randn(4, 32)
+    for rows in (1, 3, 4):
+        assert torch.equal(layer(x[:rows]), F.linear(x[:rows], layer.weight, layer.bias))
+    assert calls == [("gemv", 1), ("rows", 3)]
 
 
 @pytest.mark.parametrize("layer_class", [MergedColumnLinear, QKVLinear])
@@ -225,6 +258,16 @@ def test_gemv_compiles_to_wide_loads_for_hopper():
                           triton_gemv.NUM_WARPS)
         assert "cp.async" in ptx  # weight slices loaded ahead of their use (pipelined)
         assert "mma" not in ptx  # no tensor cores for one row
+    for n in (4096, 6144):  # both configurations rows_config gives
+        config = triton_gemv.rows_config(n)
+        ptx = compile_ptx(triton_gemv._rows_kernel,
+                          {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16",
+                           "out_ptr": "*bf16", "M": "i32", "N": "i32", "stride_xm": "i32",
+                           "stride_wn": "i32", "stride_om": "i32"},
+                          dict(K_STEPS=8, BLOCK_M=triton_gemv.ROWS_BLOCK_M,
+                               BLOCK_N=config["block_n"], BLOCK_K=config["block_k"],
+                               STAGES=config["stages"], HAS_BIAS=False), config["warps"])
+        assert "cp.async" in ptx and "mma.sync" in ptx  # pipelined, on tensor cores
 
 
 @pytest.mark.gpu
