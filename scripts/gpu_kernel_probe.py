@@ -49,7 +49,7 @@ from hifc.layers.attention import AttentionMetadata, write_kv_cache
 from hifc.layers.triton_attention import (LaunchPlan, TritonAttentionBackend, paged_attention,
                                           plan_launch)
 from hifc.layers import triton_fused
-from hifc.layers.triton_gemv import gemm_rows, gemv, gemv_rms_norm, gemv_silu_mul
+from hifc.layers.triton_gemv import gemm_rows, gemv, gemv_rms_norm, gemv_silu_mul, rows_config
 
 BLOCK = 64
 SHAPES = {"8b": dict(hq=32, hkv=8, d=128, hidden=4096, inter=14336, vocab=128256),
@@ -631,6 +631,36 @@ def gemms(name, s, dev, dtype):
     return rows
 
 
+CONFIG_KEYS = ("block_n", "block_k", "stages", "warps")
+
+
+def sweep_configs(kernel, x, ws_, configs, keep, **fields):
+    """cuBLAS against ``kernel(x, w, out=..., **config)`` for each configuration (a tuple in
+    CONFIG_KEYS order), timed over the weight copies in CUDA graphs. Returns the row (fields,
+    the cuBLAS time, the ``keep`` fastest configurations; failed ones under "errors") and every
+    timed configuration as (ms, config, relative error), fastest first."""
+    n, k = ws_[0].shape
+    ref = F.linear(x, ws_[0]).float()
+    t = graph_ms([lambda w=w: F.linear(x, w) for w in ws_] * 2)
+    row = {**fields, "n": n, "k": k, "cublas_us": t * 1e3, "cublas_gbps": n * k * 2 / t / 1e6}
+    out = torch.empty(x.shape[0], n, device=x.device, dtype=x.dtype)
+    tried = []
+    for cfg in configs:
+        config = dict(zip(CONFIG_KEYS, cfg))
+        try:
+            kernel(x, ws_[0], out=out, **config)
+            err = ((out.float() - ref).norm() / ref.norm()).item()
+            tc = graph_ms([lambda w=w: kernel(x, w, out=out, **config) for w in ws_] * 2)
+        except Exception as e:  # noqa: BLE001
+            row.setdefault("errors", []).append(f"{cfg}: {str(e)[:100]}")
+            continue
+        tried.append((tc, cfg, err))
+    tried.sort()
+    row["best"] = [{"us": tc * 1e3, "cfg": cfg, "rel_err": err, "gbps": n * k * 2 / tc / 1e6,
+                    "over_cublas": tc / t} for tc, cfg, err in tried[:keep]]
+    return row, tried
+
+
 def gemvs(name, s, dev, dtype):
     """One-row projections (a batch-1 decode step's): cuBLAS against hifc's Triton GEMV over a
     range of configurations (rows per program, K slice, stages, warps), over weight copies that
@@ -643,30 +673,8 @@ def gemvs(name, s, dev, dtype):
             continue
         ws_ = weight_copies(n, k, dev, dtype)
         x = torch.randn(1, k, device=dev, dtype=dtype)
-        ref = F.linear(x, ws_[0]).float()
-        t = graph_ms([lambda w=w: F.linear(x, w) for w in ws_] * 2)
-        row = {"model": name, "proj": label, "n": n, "k": k, "cublas_us": t * 1e3,
-               "cublas_gbps": n * k * 2 / t / 1e6}
-        out = torch.empty(1, n, device=dev, dtype=dtype)
-        tried = []
-        for cfg in configs:
-            block_n, block_k = cfg[:2]
-            if k % block_k or block_n * block_k > 16384:
-                continue
-            try:
-                config = dict(zip(("block_n", "block_k", "stages", "warps"), cfg))
-                gemv(x, ws_[0], out=out, **config)
-                err = ((out.float() - ref).norm() / ref.norm()).item()
-                tc = graph_ms([lambda w=w: gemv(x, w, out=out, **config) for w in ws_] * 2)
-            except Exception as e:  # noqa: BLE001
-                row.setdefault("errors", []).append(f"{cfg}: {str(e)[:100]}")
-                continue
-            tried.append((tc, cfg, err))
-        tried.sort()
-        row["best"] = [{"us": tc * 1e3, "cfg": cfg, "rel_err": err,
-                        "gbps": n * k * 2 / tc / 1e6, "over_cublas": tc / t}
-                       for tc, cfg, err in tried[:5]]
-        rows.append(row)
+        configs_k = [c for c in configs if not k % c[1] and c[0] * c[1] <= 16384]
+        rows.append(sweep_configs(gemv, x, ws_, configs_k, 5, model=name, proj=label)[0])
         del ws_
         torch.cuda.empty_cache()
     return rows
@@ -676,43 +684,19 @@ def rows_part(name, s, dev, dtype):
     """Projections at M = 2..16 (small decode batches): cuBLAS against hifc's small-M kernel
     over a range of configurations, over weight copies that do not fit the L2 cache; the best
     configurations per projection and M, and the module's default configuration."""
-    from hifc.layers.triton_gemv import rows_config
     rows = []
-    keys = ("block_n", "block_k", "stages", "warps")
     configs = [(bn, bk, st, 4) for bn in (16, 32, 64) for bk in (128, 256, 512)
                for st in (3, 4) if 2048 <= bn * bk <= 16384]
     for label, (n, k) in projection_shapes(s).items():
         if label == "lm_head":
             continue
-        default = tuple(rows_config(n)[key] for key in keys)
+        default = tuple(rows_config(n)[key] for key in CONFIG_KEYS)
         ws_ = weight_copies(n, k, dev, dtype)
         for m in (2, 4, 8, 16):
             x = torch.randn(m, k, device=dev, dtype=dtype)
-            ref = F.linear(x, ws_[0]).float()
-            t = graph_ms([lambda w=w: F.linear(x, w) for w in ws_] * 2)
-            row = {"model": name, "proj": label, "m": m, "n": n, "k": k, "cublas_us": t * 1e3,
-                   "cublas_gbps": n * k * 2 / t / 1e6}
-            out = torch.empty(m, n, device=dev, dtype=dtype)
-            tried = []
-            for cfg in configs:
-                if k % cfg[1]:
-                    continue
-                config = dict(zip(keys, cfg))
-                try:
-                    gemm_rows(x, ws_[0], out=out, **config)
-                    err = ((out.float() - ref).norm() / ref.norm()).item()
-                    tc = graph_ms([lambda w=w: gemm_rows(x, w, out=out, **config)
-                                   for w in ws_] * 2)
-                except Exception as e:  # noqa: BLE001
-                    row.setdefault("errors", []).append(f"{cfg}: {str(e)[:100]}")
-                    continue
-                tried.append((tc, cfg, err))
-                if cfg == default:
-                    row["default_us"] = tc * 1e3
-            tried.sort()
-            row["best"] = [{"us": tc * 1e3, "cfg": cfg, "rel_err": err,
-                            "gbps": n * k * 2 / tc / 1e6, "over_cublas": tc / t}
-                           for tc, cfg, err in tried[:4]]
+            row, tried = sweep_configs(gemm_rows, x, ws_, [c for c in configs if not k % c[1]],
+                                       4, model=name, proj=label, m=m)
+            row["default_us"] = next((tc * 1e3 for tc, cfg, _ in tried if cfg == default), None)
             rows.append(row)
         del ws_
         torch.cuda.empty_cache()
