@@ -33,7 +33,8 @@ batch 2-16 run 1.3-2.2% faster (8B) and 1.7-3.5% (32B at batch 4 and 16).
 
 Float32 sums run in another order than cuBLAS's, so results differ from ``F.linear`` in the last
 bits; every projection of up to MAX_ROWS 16-bit rows on CUDA whose K is a multiple of 512 takes
-these paths, whether in a CUDA graph or not. Imports without Triton; the ``usable`` checks then say False.
+these paths, whether in a CUDA graph or not. Imports without Triton; the ``usable`` checks then
+say False.
 """
 from __future__ import annotations
 
@@ -61,6 +62,7 @@ def rows_config(n: int) -> dict[str, int]:
     if n >= 80 * 64:
         return dict(block_n=64, block_k=256, stages=4, warps=4)
     return dict(block_n=32, block_k=512, stages=4, warps=4)
+
 
 # what the kernel computes its input from
 _PLAIN, _RMS_NORM, _SILU_MUL = 0, 1, 2
