@@ -19,6 +19,7 @@ from hifc.layers import triton_fused, triton_gemv
 from hifc.layers.activation import GATED_ACTIVATIONS
 from hifc.layers.linear import MergedColumnLinear, QKVLinear, RowLinear
 from hifc.layers.norm import RMSNorm
+from hifc.layers.tensor_parallel import TPShard
 from tests.layers.test_triton_fused import DEVICES
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -229,7 +230,7 @@ def test_row_layer_takes_silu_into_the_gemv_for_one_row(monkeypatch):
     monkeypatch.setattr(linear_module.triton_gemv, "usable_silu_mul",
                         lambda g, w: g.shape[0] == 1)
     monkeypatch.setattr(linear_module.triton_gemv, "gemv_silu_mul",
-                        lambda g, w, b: fused.append(g.shape)
+                        lambda g, w, b=None: fused.append(g.shape)
                         or F.linear(GATED_ACTIVATIONS["silu"](g), w, b))
     layer = RowLinear(8, 4, True, torch.float32, torch.device("cpu"))
     torch.nn.init.normal_(layer.weight)
@@ -240,6 +241,19 @@ def test_row_layer_takes_silu_into_the_gemv_for_one_row(monkeypatch):
             expected = layer(GATED_ACTIVATIONS[act](gate_up[:rows]))
             assert torch.allclose(layer.forward_gated(gate_up[:rows], act), expected)
     assert fused == [torch.Size([1, 16])]
+
+    # a rank of two: the fused partial product is summed over the ranks, the bias added once
+    class TwoRanks(TPShard):
+        def all_reduce(self, x):
+            return 2 * x  # both ranks' partial products alike
+
+    sharded = RowLinear(16, 4, True, torch.float32, torch.device("cpu"), TwoRanks(0, 2))
+    sharded.weight.copy_(layer.weight)
+    sharded.bias.copy_(layer.bias)
+    out = sharded.forward_gated(gate_up[:1], "silu")
+    partial = F.linear(GATED_ACTIVATIONS["silu"](gate_up[:1]), layer.weight)
+    assert torch.allclose(out, 2 * partial + layer.bias)
+    assert fused == [torch.Size([1, 16])] * 2
 
 
 @pytest.mark.skipif(not HAS_TRITON or INTERPRET, reason="needs triton, kernels compiled")
