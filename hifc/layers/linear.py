@@ -174,21 +174,26 @@ class RowLinear(Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, I / tp] (this rank's features) -> [T, O], summed over the ranks."""
-        if self.tp.size == 1:
-            return linear(x, self.weight, self.bias)
-        return self.reduce(linear(x, self.weight, None))
+        return self.reduce(linear(x, self.weight, self.local_bias))
 
     def forward_gated(self, gate_up: torch.Tensor, hidden_act: str) -> torch.Tensor:
         """``self(act(gate) * up)`` for gate_up = [gate | up] ([T, 2 I / tp]) and the gated
         activation named in ``GATED_ACTIVATIONS``: SiLU's in one launch where the GEMV takes
         it."""
         if hidden_act == "silu" and triton_gemv.usable_silu_mul(gate_up, self.weight):
-            if self.tp.size == 1:
-                return triton_gemv.gemv_silu_mul(gate_up, self.weight, self.bias)
-            return self.reduce(triton_gemv.gemv_silu_mul(gate_up, self.weight))
+            return self.reduce(triton_gemv.gemv_silu_mul(gate_up, self.weight, self.local_bias))
         return self(GATED_ACTIVATIONS[hidden_act](gate_up))
 
+    @property
+    def local_bias(self) -> torch.Tensor | None:
+        """The bias this rank's product adds itself: all of it with one rank, else none (it is
+        added once, after the sum)."""
+        return self.bias if self.tp.size == 1 else None
+
     def reduce(self, partial: torch.Tensor) -> torch.Tensor:
-        """This rank's partial product ([T, O]) summed over the ranks, plus the bias."""
+        """This rank's product ([T, O]) summed over the ranks plus the bias (with one rank, the
+        product itself: it holds the bias already)."""
+        if self.tp.size == 1:
+            return partial
         y = self.tp.all_reduce(partial)
         return y if self.bias is None else y + self.bias

@@ -43,6 +43,15 @@ def round_to(x, dtype: tl.constexpr):
 
 
 @_jit
+def norm_weighted(h, weight, dtype: tl.constexpr, UNIT_OFFSET: tl.constexpr):
+    """RMSNorm's last step in float32, before its final rounding to dtype: h (x / rms(x)) scaled
+    by the norm weight, as Llama (h rounded to dtype first) or Gemma ((1 + weight) * h) does."""
+    if UNIT_OFFSET:
+        return (1.0 + weight) * h
+    return weight * round_to(h, dtype)
+
+
+@_jit
 def _rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, summed_ptr,
                      stride_x, stride_residual, stride_out, stride_summed, eps,
                      HIDDEN: tl.constexpr, BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
@@ -60,10 +69,7 @@ def _rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, summed_ptr,
     variance = tl.sum(h * h, axis=0) / HIDDEN
     h = h * tl.math.rsqrt(variance + eps)
     weight = tl.load(weight_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    if UNIT_OFFSET:  # Gemma: (1 + weight) * h in float32, rounded once
-        out = (1.0 + weight) * h
-    else:  # Llama: h rounded to the model dtype first
-        out = weight * round_to(h, dtype)
+    out = norm_weighted(h, weight, dtype, UNIT_OFFSET)
     tl.store(out_ptr + row * stride_out + offs, out.to(dtype), mask=mask)
 
 

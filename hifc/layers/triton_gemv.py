@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import torch
 
-from hifc.layers.triton_fused import round_to
+from hifc.layers.triton_fused import norm_weighted, round_to
 from hifc.layers.triton_jit import jit as _jit
 from hifc.layers.triton_jit import tl, triton
 
@@ -102,12 +102,9 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, N, stride_wn,
             s_k = tl.load(x_ptr + k)
             if HAS_RESIDUAL:
                 s_k = (s_k.to(tl.float32) + tl.load(residual_ptr + k).to(tl.float32)).to(dtype)
-            h_k = s_k.to(tl.float32) * inv_rms
             nw = tl.load(norm_weight_ptr + k).to(tl.float32)
-            if UNIT_OFFSET:  # Gemma: (1 + weight) * h, rounded once
-                x = round_to((1.0 + nw) * h_k, dtype)
-            else:  # Llama: h rounded to the model dtype first
-                x = round_to(nw * round_to(h_k, dtype), dtype)
+            x = round_to(norm_weighted(s_k.to(tl.float32) * inv_rms, nw, dtype, UNIT_OFFSET),
+                         dtype)
         else:  # x_ptr is [gate | up], each K wide
             gate = tl.load(x_ptr + k).to(tl.float32)
             up = tl.load(x_ptr + K + k).to(tl.float32)
@@ -147,35 +144,34 @@ def _rows_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, M, N, stride_xm, stride_wn, st
              acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
-def _one_row(x: torch.Tensor, weight: torch.Tensor, width: int) -> bool:
-    """One contiguous 16-bit row x of ``width`` on CUDA, a weight of its dtype contiguous along
-    K, K a multiple of BLOCK_K."""
-    return (triton is not None and x.is_cuda and x.dim() == 2 and x.shape[0] == 1
+def _rows_fit(x: torch.Tensor, weight: torch.Tensor, width: int, max_rows: int,
+              k_multiple: int) -> bool:
+    """1..max_rows contiguous 16-bit rows x of ``width`` on CUDA, a weight of their dtype
+    contiguous along K, K a multiple of k_multiple."""
+    return (triton is not None and x.is_cuda and x.dim() == 2 and 1 <= x.shape[0] <= max_rows
             and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
             and x.stride(-1) == 1 and weight.stride(-1) == 1 and x.shape[1] == width
-            and weight.shape[1] % BLOCK_K == 0)
+            and weight.shape[1] % k_multiple == 0)
 
 
 def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """True for one 16-bit row x ([1, K]) on CUDA against a weight ([N, K]) of its dtype,
     contiguous along K, with K a multiple of BLOCK_K."""
-    return _one_row(x, weight, weight.shape[1])
+    return _rows_fit(x, weight, weight.shape[1], 1, BLOCK_K)
 
 
 def usable_rows(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """True for 2..MAX_ROWS 16-bit rows x ([M, K], contiguous along K) on CUDA against a weight
     ([N, K]) of its dtype, contiguous along K, with K a multiple of the rows kernel's K slice."""
-    return (triton is not None and x.is_cuda and x.dim() == 2 and 2 <= x.shape[0] <= MAX_ROWS
-            and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
-            and x.stride(-1) == 1 and weight.stride(-1) == 1 and x.shape[1] == weight.shape[1]
-            and weight.shape[1] % ROWS_K_MULTIPLE == 0)
+    return x.dim() == 2 and x.shape[0] >= 2 and _rows_fit(x, weight, weight.shape[1], MAX_ROWS,
+                                                           ROWS_K_MULTIPLE)
 
 
 def usable_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
                     weight: torch.Tensor) -> bool:
     """``usable(x, weight)``, and a residual (if any) and norm weight ([K]) of x's dtype and
     shape, contiguous."""
-    return (_one_row(x, weight, weight.shape[1]) and norm_weight.dtype == x.dtype
+    return (usable(x, weight) and norm_weight.dtype == x.dtype
             and norm_weight.shape == (x.shape[1],) and norm_weight.stride(0) == 1
             and (residual is None or (residual.dtype == x.dtype and residual.shape == x.shape
                                       and residual.stride(-1) == 1)))
@@ -184,7 +180,7 @@ def usable_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, norm_weight:
 def usable_silu_mul(gate_up: torch.Tensor, weight: torch.Tensor) -> bool:
     """True for one 16-bit row gate_up = [gate | up] ([1, 2K]) against a weight ([N, K]) as
     ``usable`` takes them."""
-    return _one_row(gate_up, weight, 2 * weight.shape[1])
+    return _rows_fit(gate_up, weight, 2 * weight.shape[1], 1, BLOCK_K)
 
 
 def _launch(x, weight, bias, out, prologue, *, residual=None, norm_weight=None, summed=None,
