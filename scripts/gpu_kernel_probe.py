@@ -20,8 +20,8 @@ Prints (and with --json writes) for the 8B and 32B presets' shapes:
 - ``blas``: each projection through cuBLAS (torch's default) against cuBLASLt;
 - ``gemv``: the projections at M = 1 through cuBLAS against hifc's Triton GEMV, in several
   configurations;
-- ``rows``: the projections at M = 2..16 through cuBLAS against hifc's small-M Triton kernel
-  (tensor cores over a 16-row tile), in several configurations;
+- ``rows``: the projections at M = 2..64 (``--rows-m``) through cuBLAS against hifc's small-M
+  Triton kernel (tensor cores over a 16-, 32- or 64-row tile), in several configurations;
 - ``prologues``: at M = 1, RMSNorm then the QKV / gate-up GEMV and SiLU-and-mul then the down
   GEMV, as two launches against one (the GEMV computing its input), and the GEMV alone;
 - ``prefetch``: decode attention then the output projection, per layer, serially and with the
@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import sys
 
@@ -49,7 +50,8 @@ from hifc.layers.attention import AttentionMetadata, write_kv_cache
 from hifc.layers.triton_attention import (LaunchPlan, TritonAttentionBackend, paged_attention,
                                           plan_launch)
 from hifc.layers import triton_fused
-from hifc.layers.triton_gemv import gemm_rows, gemv, gemv_rms_norm, gemv_silu_mul, rows_config
+from hifc.layers.triton_gemv import (gemm_rows, gemv, gemv_rms_norm, gemv_silu_mul, rows_block_m,
+                                     rows_config)
 
 BLOCK = 64
 SHAPES = {"8b": dict(hq=32, hkv=8, d=128, hidden=4096, inter=14336, vocab=128256),
@@ -680,22 +682,33 @@ def gemvs(name, s, dev, dtype):
     return rows
 
 
-def rows_part(name, s, dev, dtype):
-    """Projections at M = 2..16 (small decode batches): cuBLAS against hifc's small-M kernel
+def rows_configs(block_m: int) -> list[tuple[int, ...]]:
+    """The small-M kernel's configurations the probe sweeps for a row tile of block_m: those
+    whose stages fit the shared memory (CONFIG_KEYS order)."""
+    if block_m <= 16:
+        return [(bn, bk, st, 4) for bn in (16, 32, 64) for bk in (128, 256, 512)
+                for st in (3, 4) if 2048 <= bn * bk <= 16384]
+    return [(bn, bk, st, wp) for bn in (32, 64, 128) for bk in (128, 256, 512)
+            for st in (3, 4) for wp in (4, 8)
+            if 4096 <= bn * bk <= 32768 and (block_m + bn) * bk * 2 * st <= 200 * 1024
+            and (wp == 4 or bn == 128)]
+
+
+def rows_part(name, s, dev, dtype, ms=(2, 4, 8, 16, 24, 32)):
+    """Projections at M = ms (small decode batches): cuBLAS against hifc's small-M kernel
     over a range of configurations, over weight copies that do not fit the L2 cache; the best
     configurations per projection and M, and the module's default configuration."""
     rows = []
-    configs = [(bn, bk, st, 4) for bn in (16, 32, 64) for bk in (128, 256, 512)
-               for st in (3, 4) if 2048 <= bn * bk <= 16384]
     for label, (n, k) in projection_shapes(s).items():
         if label == "lm_head":
             continue
-        default = tuple(rows_config(n)[key] for key in CONFIG_KEYS)
         ws_ = weight_copies(n, k, dev, dtype)
-        for m in (2, 4, 8, 16):
+        for m in ms:
+            default = tuple(rows_config(n, m)[key] for key in CONFIG_KEYS)
             x = torch.randn(m, k, device=dev, dtype=dtype)
-            row, tried = sweep_configs(gemm_rows, x, ws_, [c for c in configs if not k % c[1]],
-                                       4, model=name, proj=label, m=m)
+            configs = [c for c in rows_configs(rows_block_m(m)) if not k % c[1]]
+            row, tried = sweep_configs(gemm_rows, x, ws_, configs, 4, model=name, proj=label,
+                                       m=m)
             row["default_us"] = next((tc * 1e3 for tc, cfg, _ in tried if cfg == default), None)
             rows.append(row)
         del ws_
@@ -872,6 +885,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--parts", default="prefill,decode,gemm")
     p.add_argument("--models", default="8b,32b")
+    p.add_argument("--rows-m", default="2,4,8,16,24,32", help="rows: the M values")
     p.add_argument("--other-module", help="versions: the triton_attention.py to compare with")
     p.add_argument("--json")
     args = p.parse_args()
@@ -916,7 +930,8 @@ def main() -> None:
         for part, probe in (("chunks", chunks), ("builds", builds), ("dense", dense),
                             ("layouts", layouts), ("gemm", gemms), ("blas", blas),
                             ("gemv", gemvs), ("prologues", prologues),
-                            ("rows", rows_part)):
+                            ("rows", functools.partial(
+                                rows_part, ms=[int(m) for m in args.rows_m.split(",")]))):
             if part in parts:
                 for r in probe(name, s, dev, dtype):
                     result[part].append(r)

@@ -15,12 +15,15 @@ rounded to float8, and read back as ``float(fp8) * k_scale`` (the same for value
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from hifc.dtypes import FP8_E4M3_MAX
+
+if TYPE_CHECKING:
+    from hifc.layers.rotary import RotaryEmbedding
 
 FP8 = torch.float8_e4m3fn
 
@@ -152,13 +155,21 @@ def reference_paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: Att
     return out
 
 
+class Rope(NamedTuple):
+    """RoPE still to apply to q and k: ``rotary(positions, q, k)``. A backend applies it before
+    it writes the cache, in the same launch where it can."""
+    rotary: RotaryEmbedding
+    positions: torch.Tensor  # [T]
+
+
 class AttentionBackend(Protocol):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata, scale: float, sliding_window: int | None = None,
-                logit_softcap: float | None = None,
-                kv_scale: torch.Tensor | None = None) -> torch.Tensor:
+                logit_softcap: float | None = None, kv_scale: torch.Tensor | None = None, *,
+                rope: Rope | None = None) -> torch.Tensor:
         """Write k, v ([T, Hkv, D]) into kv_cache, then return attention of q ([T, Hq, D]).
-        kv_scale: the K and V scales ([2, Hkv] float32) of a float8 cache, else None."""
+        kv_scale: the K and V scales ([2, Hkv] float32) of a float8 cache, else None. rope: q
+        and k are not rotated yet; the backend rotates them first."""
         ...
 
     def graph_context_caps(self, max_model_len: int) -> list[int]:
@@ -174,7 +185,9 @@ class TorchAttentionBackend:
         return [max_model_len]  # it plans nothing
 
     def forward(self, q, k, v, kv_cache, meta, scale, sliding_window=None, logit_softcap=None,
-                kv_scale=None):
+                kv_scale=None, *, rope=None):
+        if rope is not None:
+            q, k = rope.rotary(rope.positions, q, k)
         check_kv_scale(kv_cache, kv_scale)
         write_kv_cache(k, v, kv_cache, meta.slot_mapping, kv_scale)
         return reference_paged_attention(q, kv_cache, meta, scale, sliding_window, logit_softcap,
@@ -196,10 +209,13 @@ class AttentionContext:
         self.layers = layers
         self.kv_scales = kv_scales
 
-    def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor,
-                 v: torch.Tensor) -> torch.Tensor:
+    def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 rope: Rope | None = None) -> torch.Tensor:
+        """Attention of layer_idx's q over the cache with k, v written into it (rotated first by
+        rope, if given, with q) -> [T, Hq, D]."""
         layer = self.layers[layer_idx]
         kv_scale = self.kv_scales[layer_idx] if self.kv_scales is not None else None
         return self.backend.forward(q, k, v, self.kv_caches[layer_idx], self.meta, layer.scale,
                                     sliding_window=layer.sliding_window,
-                                    logit_softcap=layer.logit_softcap, kv_scale=kv_scale)
+                                    logit_softcap=layer.logit_softcap, kv_scale=kv_scale,
+                                    rope=rope)

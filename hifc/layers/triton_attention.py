@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hifc.layers.attention import FP8, AttentionMetadata, check_kv_scale, write_kv_cache
+from hifc.layers.attention import FP8, AttentionMetadata, Rope, check_kv_scale, write_kv_cache
 from hifc.layers.dense_attention import (FusedShapes, chunk_call_shapes, dense_chunks_after,
                                          dense_prefill_attention)
 
@@ -308,24 +308,38 @@ def _merge_segments_kernel(
     out_ptr, segm_out_ptr, segm_max_ptr, segm_sum_ptr, segm_count_ptr,
     stride_o_t, stride_o_h,
     NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-    NUM_SEGMENTS: tl.constexpr, SEGMENTS_PAD: tl.constexpr,
+    NUM_SEGMENTS: tl.constexpr, SEGMENTS_PAD: tl.constexpr, PRELOAD: tl.constexpr,
 ):
+    """Merge a row's partials. PRELOAD (rows that mostly have several): load every slot's
+    partial at once, not after the count, then mask the slots past it (one trip to memory
+    instead of two)."""
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
-    used = tl.load(segm_count_ptr + token)
-    if used == 1:  # the attention kernel wrote this row's output itself
-        return
     offs_s = tl.arange(0, SEGMENTS_PAD)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    s_valid = offs_s < used
     d_valid = offs_d < HEAD_DIM
     part = (token * NUM_Q_HEADS + head) * NUM_SEGMENTS + offs_s  # [S]
-    m = tl.load(segm_max_ptr + part, mask=s_valid, other=float("-inf"))
+    acc_ptrs = segm_out_ptr + part[:, None] * HEAD_DIM_PAD + offs_d[None, :]
+    used = tl.load(segm_count_ptr + token)
+    if PRELOAD:  # slots past `used` hold stale values (any bits): masked after the loads
+        slots = offs_s < NUM_SEGMENTS
+        m = tl.load(segm_max_ptr + part, mask=slots, other=float("-inf"))
+        sums = tl.load(segm_sum_ptr + part, mask=slots, other=0.0)
+        acc = tl.load(acc_ptrs, mask=slots[:, None] & d_valid[None, :], other=0.0)  # [S, Dp]
+    if used == 1:  # the attention kernel wrote this row's output itself
+        return
+    s_valid = offs_s < used
+    if PRELOAD:
+        m = tl.where(s_valid, m, float("-inf"))
+        sums = tl.where(s_valid, sums, 0.0)
+        acc = tl.where(s_valid[:, None], acc, 0.0)
+    else:
+        m = tl.load(segm_max_ptr + part, mask=s_valid, other=float("-inf"))
+        sums = tl.load(segm_sum_ptr + part, mask=s_valid, other=0.0)
+        acc = tl.load(acc_ptrs, mask=s_valid[:, None] & d_valid[None, :], other=0.0)
     m_all = tl.max(m, axis=0)  # finite: the segment holding the row's own key saw it
     w = tl.exp2(m - m_all)  # segments that no key of this row reached (max -inf) weigh 0
-    total = tl.sum(tl.load(segm_sum_ptr + part, mask=s_valid, other=0.0) * w, axis=0)
-    acc = tl.load(segm_out_ptr + part[:, None] * HEAD_DIM_PAD + offs_d[None, :],
-                  mask=s_valid[:, None] & d_valid[None, :], other=0.0)  # [S, Dp]
+    total = tl.sum(sums * w, axis=0)
     out = tl.sum(acc * w[:, None], axis=0) / total
     tl.store(out_ptr + token * stride_o_t + head * stride_o_h + offs_d,
              out.to(out_ptr.dtype.element_ty), mask=d_valid)
@@ -475,13 +489,21 @@ class TritonAttentionBackend:
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata, scale: float, sliding_window: int | None = None,
                 logit_softcap: float | None = None, kv_scale: torch.Tensor | None = None,
-                out: torch.Tensor | None = None) -> torch.Tensor:
+                out: torch.Tensor | None = None, *, rope: Rope | None = None) -> torch.Tensor:
         """Write k, v ([T, Hkv, D]) into kv_cache, then return attention of q ([T, Hq, D]).
-        kv_scale: the K and V scales ([2, Hkv] float32) of a float8 cache, else None."""
-        if self.triton_kv_write:
+        kv_scale: the K and V scales ([2, Hkv] float32) of a float8 cache, else None. rope: q
+        and k are not rotated yet (with the Triton KV write, rotated in its launch)."""
+        if rope is not None and self.triton_kv_write:
+            from hifc.layers.triton_kv_write import rotary_write_kv_cache
+            rotary = rope.rotary
+            q, k = rotary_write_kv_cache(rope.positions, q, k, v, rotary.cos_cache,
+                                         rotary.sin_cache, kv_cache, meta.slot_mapping, kv_scale)
+        elif self.triton_kv_write:
             from hifc.layers.triton_kv_write import triton_write_kv_cache
             triton_write_kv_cache(k, v, kv_cache, meta.slot_mapping, kv_scale)
         else:
+            if rope is not None:
+                q, k = rope.rotary(rope.positions, q, k)
             check_kv_scale(kv_cache, kv_scale)
             write_kv_cache(k, v, kv_cache, meta.slot_mapping, kv_scale)
         dense = (self._dense_chunks_after(q, k, v, meta) if self.dense_prefill is not False
@@ -615,6 +637,6 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
             out.stride(0), out.stride(1),
             NUM_Q_HEADS=num_q_heads, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
             NUM_SEGMENTS=plan.num_segments, SEGMENTS_PAD=max(2, _next_pow2(plan.num_segments)),
-            num_warps=4,
+            PRELOAD=plan.segment_tiles == 1, num_warps=4,
         )
     return out

@@ -147,10 +147,10 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 @_jit
-def _rotate_heads(x_ptr, out_ptr, cos, sin, stride_x_head, stride_out_head,
-                  NUM_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr,
-                  BLOCK_HALF: tl.constexpr):
-    """Rotate-half RoPE of one token's heads ([NUM_HEADS, 2 * HALF]); cos, sin: [BLOCK_HALF]."""
+def rotated_heads(x_ptr, cos, sin, stride_x_head, NUM_HEADS: tl.constexpr, HALF: tl.constexpr,
+                   BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    """Rotate-half RoPE of one token's heads ([NUM_HEADS, 2 * HALF]); cos, sin: [BLOCK_HALF].
+    Returns both halves ([BLOCK_H, BLOCK_HALF] each, in x's dtype) and their mask."""
     offs_h = tl.arange(0, BLOCK_H)[:, None]
     offs_d = tl.arange(0, BLOCK_HALF)[None, :]
     mask = (offs_h < NUM_HEADS) & (offs_d < HALF)
@@ -163,9 +163,32 @@ def _rotate_heads(x_ptr, out_ptr, cos, sin, stride_x_head, stride_out_head,
     sin = sin[None, :]
     out1 = round_to(x1 * cos, dtype) - round_to(x2 * sin, dtype)
     out2 = round_to(x2 * cos, dtype) + round_to(x1 * sin, dtype)
-    out_ptrs = out_ptr + offs_h * stride_out_head + offs_d
-    tl.store(out_ptrs, out1.to(dtype), mask=mask)
-    tl.store(out_ptrs + HALF, out2.to(dtype), mask=mask)
+    return out1.to(dtype), out2.to(dtype), mask
+
+
+@_jit
+def rotate_heads(x_ptr, out_ptr, cos, sin, stride_x_head, stride_out_head,
+                  NUM_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr,
+                  BLOCK_HALF: tl.constexpr):
+    """``rotated_heads`` of x stored into out (same layout, its own head stride)."""
+    out1, out2, mask = rotated_heads(x_ptr, cos, sin, stride_x_head, NUM_HEADS, HALF, BLOCK_H,
+                                      BLOCK_HALF)
+    out_ptrs = (out_ptr + tl.arange(0, BLOCK_H)[:, None] * stride_out_head
+                + tl.arange(0, BLOCK_HALF)[None, :])
+    tl.store(out_ptrs, out1, mask=mask)
+    tl.store(out_ptrs + HALF, out2, mask=mask)
+
+
+@_jit
+def rope_cos_sin(positions_ptr, cos_ptr, sin_ptr, token, stride_cache, HALF: tl.constexpr,
+                 BLOCK_HALF: tl.constexpr):
+    """cos and sin ([BLOCK_HALF], float32) of the token's position."""
+    pos = tl.load(positions_ptr + token).to(tl.int64)
+    offs_d = tl.arange(0, BLOCK_HALF)
+    d_mask = offs_d < HALF
+    cos = tl.load(cos_ptr + pos * stride_cache + offs_d, mask=d_mask, other=0.0).to(tl.float32)
+    sin = tl.load(sin_ptr + pos * stride_cache + offs_d, mask=d_mask, other=0.0).to(tl.float32)
+    return cos, sin
 
 
 @_jit
@@ -175,26 +198,19 @@ def _rotary_kernel(positions_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, q_out_ptr, k_o
                    NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HALF: tl.constexpr,
                    BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
-    pos = tl.load(positions_ptr + token).to(tl.int64)
-    offs_d = tl.arange(0, BLOCK_HALF)
-    d_mask = offs_d < HALF
-    cos = tl.load(cos_ptr + pos * stride_cache + offs_d, mask=d_mask, other=0.0).to(tl.float32)
-    sin = tl.load(sin_ptr + pos * stride_cache + offs_d, mask=d_mask, other=0.0).to(tl.float32)
-    _rotate_heads(q_ptr + token * stride_q_token, q_out_ptr + token * stride_q_out_token, cos, sin,
+    cos, sin = rope_cos_sin(positions_ptr, cos_ptr, sin_ptr, token, stride_cache, HALF,
+                            BLOCK_HALF)
+    rotate_heads(q_ptr + token * stride_q_token, q_out_ptr + token * stride_q_out_token, cos, sin,
                   stride_q_head, stride_q_out_head, NUM_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF)
-    _rotate_heads(k_ptr + token * stride_k_token, k_out_ptr + token * stride_k_out_token, cos, sin,
+    rotate_heads(k_ptr + token * stride_k_token, k_out_ptr + token * stride_k_out_token, cos, sin,
                   stride_k_head, stride_k_out_head, NUM_KV_HEADS, HALF, BLOCK_HKV, BLOCK_HALF)
 
 
-def rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache: torch.Tensor,
-           sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """RotaryEmbedding.forward in one launch. q [T, Hq, D], k [T, Hkv, D] may be strided views
-    (of one qkv tensor, say) with a contiguous last dim; cos/sin_cache [P, D/2] in q's dtype;
-    positions [T] of any integer dtype. Returns new contiguous q, k; the inputs are left as they
-    are."""
+def rope_operands(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                  cos_cache: torch.Tensor, sin_cache: torch.Tensor):
+    """What a kernel that rotates q and k as ``rotary`` does takes: (positions, q, k) with
+    contiguous last dims, new q_out and k_out, and its constexpr arguments and warps (a dict)."""
     num_tokens, num_q_heads, head_dim = q.shape
-    num_kv_heads = k.shape[1]
-    half = head_dim // 2
     if q.stride(-1) != 1:
         q = q.contiguous()
     if k.stride(-1) != 1:
@@ -205,14 +221,25 @@ def rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache:
         positions = positions.contiguous()
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    if num_tokens:
-        block_hq = triton.next_power_of_2(num_q_heads)
-        block_half = triton.next_power_of_2(half)
-        _rotary_kernel[(num_tokens,)](
+    block_hq = triton.next_power_of_2(num_q_heads)
+    block_half = triton.next_power_of_2(head_dim // 2)
+    meta = dict(NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=k.shape[1], HALF=head_dim // 2,
+                BLOCK_HQ=block_hq, BLOCK_HKV=triton.next_power_of_2(k.shape[1]),
+                BLOCK_HALF=block_half, num_warps=4 if block_hq * block_half <= 2048 else 8)
+    return positions, q, k, q_out, k_out, meta
+
+
+def rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache: torch.Tensor,
+           sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """RotaryEmbedding.forward in one launch. q [T, Hq, D], k [T, Hkv, D] may be strided views
+    (of one qkv tensor, say) with a contiguous last dim; cos/sin_cache [P, D/2] in q's dtype;
+    positions [T] of any integer dtype. Returns new contiguous q, k; the inputs are left as they
+    are."""
+    positions, q, k, q_out, k_out, meta = rope_operands(positions, q, k, cos_cache, sin_cache)
+    if q.shape[0]:
+        _rotary_kernel[(q.shape[0],)](
             positions, cos_cache, sin_cache, q, k, q_out, k_out, cos_cache.stride(0),
             q.stride(0), q.stride(1), k.stride(0), k.stride(1),
             q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1),
-            NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HALF=half, BLOCK_HQ=block_hq,
-            BLOCK_HKV=triton.next_power_of_2(num_kv_heads), BLOCK_HALF=block_half,
-            num_warps=4 if block_hq * block_half <= 2048 else 8, enable_fp_fusion=False)
+            **meta, enable_fp_fusion=False)
     return q_out, k_out

@@ -27,7 +27,8 @@ them run inside the GEMV that reads their output, saving their launches:
 From 2 to MAX_ROWS rows (the padded decode batches 2, 4, 8 and 16) the weight still dominates
 the bytes, and cuBLAS again reads it below the copy rate. ``gemm_rows`` runs the rows as one
 16-row tile on tensor cores (rows past M masked, never read) against 32 or 64 weight rows per
-program, four loads in flight (``rows_config``). Probe, 8B projections at M = 4 (us, cuBLAS /
+program, four loads in flight (``rows_config``; the kernel also takes 17..32 rows in a 32-row
+tile, which the probe measured no faster than cuBLAS). Probe, 8B projections at M = 4 (us, cuBLAS /
 this kernel): QKV 15.6 / 15.2, O 13.3 / 11.2, down 32.4 / 30.2; in the engine, decode steps at
 batch 2-16 run 1.3-2.2% faster (8B) and 1.7-3.5% (32B at batch 4 and 16).
 
@@ -49,19 +50,29 @@ BLOCK_K = 512
 NUM_STAGES = 3
 NUM_WARPS = 4
 
-# 2..MAX_ROWS rows: tensor cores over a ROWS_BLOCK_M-row tile (rows past M masked, never read)
+# 2..MAX_ROWS rows take the small-M kernel: tensor cores over one tile of rows_block_m(M) rows
+# (rows past M masked, never read). It runs up to 32 rows, but at 24 and 32 it was no faster
+# than cuBLAS (probe, docs/RESULTS.md), so projections of more than 16 rows keep cuBLAS.
 MAX_ROWS = 16
-ROWS_BLOCK_M = 16
 ROWS_K_MULTIPLE = 512  # K a multiple of this fits every configuration rows_config gives
+_ROWS_SHARED_BYTES = 200 * 1024  # the stages' tiles stay within this much shared memory
 
 
-def rows_config(n: int) -> dict[str, int]:
-    """The small-M kernel's launch configuration for N output features, from the probe's sweep
-    (8B and 32B projections, M = 2..16): 64 weight rows per program in 256-wide K slices, or 32
-    rows in 512-wide slices where 64-row tiles would be fewer than 80 programs."""
-    if n >= 80 * 64:
-        return dict(block_n=64, block_k=256, stages=4, warps=4)
-    return dict(block_n=32, block_k=512, stages=4, warps=4)
+def rows_block_m(m: int) -> int:
+    """The small-M kernel's row tile for M rows (at most 32): 16 or 32."""
+    if not 1 <= m <= 32:
+        raise ValueError(f"the small-M kernel takes 1..32 rows, got {m}")
+    return 16 if m <= 16 else 32
+
+
+def rows_config(n: int, m: int = 2) -> dict[str, int]:
+    """The small-M kernel's launch configuration for N output features and M rows, from the
+    probe's sweep (8B and 32B projections, M = 2..32): 64 weight rows per program in 256-wide K
+    slices, or 32 rows in 512-wide slices where 64-row tiles would be fewer than 80 programs;
+    four loads in flight where their tiles fit the shared memory, else three."""
+    config = (dict(block_n=64, block_k=256) if n >= 80 * 64 else dict(block_n=32, block_k=512))
+    tile_bytes = (rows_block_m(m) + config["block_n"]) * config["block_k"] * 2
+    return dict(config, stages=4 if 4 * tile_bytes <= _ROWS_SHARED_BYTES else 3, warps=4)
 
 
 # what the kernel computes its input from
@@ -219,7 +230,7 @@ def gemm_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
     if given, contiguous along N); the configuration ``rows_config`` gives unless given."""
     m, k = x.shape
     n = weight.shape[0]
-    config = rows_config(n)
+    config = rows_config(n, m)
     block_n = block_n or config["block_n"]
     block_k = block_k or config["block_k"]
     stages = stages or config["stages"]
@@ -228,7 +239,7 @@ def gemm_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     _rows_kernel[(triton.cdiv(n, block_n),)](
         x, weight, weight if bias is None else bias, out, m, n, x.stride(0), weight.stride(0),
-        out.stride(0), K_STEPS=k // block_k, BLOCK_M=ROWS_BLOCK_M, BLOCK_N=block_n,
+        out.stride(0), K_STEPS=k // block_k, BLOCK_M=rows_block_m(m), BLOCK_N=block_n,
         BLOCK_K=block_k, STAGES=stages, HAS_BIAS=bias is not None, num_warps=warps)
     return out
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from hifc.layers.attention import AttentionContext
+from hifc.layers.attention import AttentionContext, Rope
 from hifc.layers.embedding import VocabParallelEmbedding
 from hifc.layers.linear import MergedColumnLinear, QKVLinear, RowLinear, ShardId
 from hifc.layers.norm import RMSNorm
@@ -85,8 +85,8 @@ class LlamaAttention(nn.Module):
         q = q.view(num_tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
-        q, k = rotary(positions, *self.normalize_qk(q, k))
-        o = attn(self.layer_idx, q, k, v)  # [T, Hq, D]
+        q, k = self.normalize_qk(q, k)
+        o = attn(self.layer_idx, q, k, v, Rope(rotary, positions))  # [T, Hq, D], RoPE applied
         return self.o_proj(o.reshape(num_tokens, self.num_heads * self.head_dim))  # [T, H]
 
 

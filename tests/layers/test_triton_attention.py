@@ -13,13 +13,16 @@ import random
 import pytest
 import torch
 
-from hifc.layers.attention import (AttentionMetadata, TorchAttentionBackend,
+from hifc.layers import triton_fused
+from hifc.layers.attention import (AttentionMetadata, Rope, TorchAttentionBackend,
                                    reference_paged_attention, write_kv_cache)
 from hifc.layers.dense_attention import (GRAPH_BUILD_SECONDS, SECONDS_SAVED_PER_FLOP, FusedShapes,
                                          dense_chunks_after)
 from hifc.layers.triton_attention import TritonAttentionBackend, _segments, plan_launch
+from hifc.layers.rotary import RotaryEmbedding
 from hifc.layers.triton_jit import jit, tl
 from tests.fixtures import paged_metadata
+from tests.layers.test_triton_fused import torch_path
 
 try:
     import triton  # noqa: F401
@@ -411,6 +414,61 @@ def test_triton_kv_write_skips_negative_slots():
     write_kv_cache(k[keep], v[keep], expected, slots[keep])
     triton_write_kv_cache(k, v, kv_cache, slots)
     assert torch.equal(kv_cache, expected)
+
+
+def rope_step(step, seed):
+    """The step's RoPE (rotary tables of its head_dim, a position per token) as a Rope."""
+    q, _, _, _, meta = step
+    rotary = RotaryEmbedding(q.shape[-1], 4096, 10000.0, None, q.dtype, torch.device(DEVICE))
+    gen = torch.Generator().manual_seed(seed)
+    positions = torch.randint(0, 4096, (q.shape[0],), generator=gen).to(DEVICE)
+    return Rope(rotary, positions)
+
+
+@device_test
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16-cache", "fp8-cache"])
+@pytest.mark.parametrize("head_dim", [128, 96])
+def test_rotary_kv_write_matches_rotary_then_write(fp8, head_dim):
+    # One launch rotates q and k and writes the rotated k and v: the same q, k and cache as
+    # the rotary kernel then the KV write, a padding slot skipped.
+    from hifc.layers.triton_kv_write import rotary_write_kv_cache, triton_write_kv_cache
+    step = make_step([3, 1, 2], [5, 20, 0], 6, 2, head_dim, 16, torch.float16, seed=15)
+    q, k, v, kv_cache, meta = step
+    q = torch.cat([q, k, v], dim=1)[:, :6]  # a strided view, as the projection gives it
+    kv_scale = None
+    if fp8:
+        _, k, v, kv_cache, _, kv_scale = fp8_step(step, 15)
+    rope = rope_step(step, 15)
+    slots = meta.slot_mapping.clone()
+    slots[1] = -1  # a padding token
+    expected_cache = kv_cache.clone()
+    expected_q, expected_k = triton_fused.rotary(rope.positions, q, k, rope.rotary.cos_cache,
+                                                 rope.rotary.sin_cache)
+    triton_write_kv_cache(expected_k, v, expected_cache, slots, kv_scale)
+    out_q, out_k = rotary_write_kv_cache(rope.positions, q, k, v, rope.rotary.cos_cache,
+                                         rope.rotary.sin_cache, kv_cache, slots, kv_scale)
+    assert torch.equal(out_q, expected_q) and torch.equal(out_k, expected_k)
+    if fp8:
+        check_fp8_write(kv_cache, expected_cache, slots[slots >= 0])
+    else:
+        assert torch.equal(kv_cache, expected_cache)
+
+
+@device_test
+@pytest.mark.parametrize("triton_kv_write", [True, False])
+def test_backend_applies_rope_as_the_torch_backend_does(triton_kv_write):
+    # q and k not yet rotated: the Triton backend (rotation fused into the KV write, or the
+    # rotary kernel then torch's write) against the torch backend rotating them in torch.
+    step = make_step(MIXED_QUERY, MIXED_CONTEXT, 8, 2, 64, 16, torch.float16, seed=16)
+    q, k, v, kv_cache, meta = step
+    rope = rope_step(step, 16)
+    torch_cache = kv_cache.clone()
+    with torch_path():
+        ref = TorchAttentionBackend().forward(q, k, v, torch_cache, meta, 0.125, rope=rope)
+    out = TritonAttentionBackend(triton_kv_write=triton_kv_write).forward(
+        q, k, v, kv_cache, meta, 0.125, rope=rope)
+    assert torch.equal(kv_cache, torch_cache)
+    assert ((out.float() - ref.float()).norm() / ref.float().norm()).item() < 2e-3
 
 
 # ---- float8 KV cache ------------------------------------------------------------------------

@@ -52,6 +52,25 @@ def test_fp8_kv_write_compiles_to_saturating_conversions():
     assert "div.rn.f32" in ptx  # IEEE division, as torch divides
 
 
+def test_fp8_rotary_kv_write_compiles_to_saturating_conversions():
+    from hifc.dtypes import FP8_E4M3_MAX
+    from hifc.layers.triton_kv_write import _rotary_kv_write_kernel
+
+    pointers = {"positions_ptr": "*i64", "cos_ptr": "*bf16", "sin_ptr": "*bf16",
+                "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "q_out_ptr": "*bf16",
+                "k_out_ptr": "*bf16", "k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv",
+                "slot_mapping_ptr": "*i64", "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32"}
+    strides = {name: "i32" for name in (
+        "stride_cos", "stride_q_t", "stride_q_h", "stride_k_t", "stride_k_h", "stride_v_t",
+        "stride_v_h", "stride_qo_t", "stride_qo_h", "stride_ko_t", "stride_ko_h",
+        "stride_kc_slot", "stride_kc_head", "stride_vc_slot", "stride_vc_head")}
+    ptx = compile_ptx(_rotary_kv_write_kernel, {**pointers, **strides},
+                      dict(NUM_Q_HEADS=32, NUM_KV_HEADS=8, HALF=64, BLOCK_HQ=32, BLOCK_HKV=8,
+                           BLOCK_HALF=64, BLOCK_D=128, KV_FP8=True, FP8_MAX=FP8_E4M3_MAX),
+                      num_warps=4)
+    assert "cvt.rn.satfinite.e4m3x2.f32" in ptx and "div.rn.f32" in ptx  # as the KV write
+
+
 @pytest.mark.parametrize("max_query_len,num_seqs,split_kv", [(1, 2, True), (512, 1, False)],
                          ids=["decode-split", "prefill"])
 def test_fp8_paged_attention_compiles_to_hardware_conversions(max_query_len, num_seqs,

@@ -46,7 +46,8 @@ def test_gemv_matches_float32_linear(device, dtype, n, k, bias):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("m,n,k,bias", [(2, 40, 1024, False), (5, 72, 1536, True),
-                                        (16, 6144, 4096, False)])
+                                        (16, 6144, 4096, False), (24, 72, 1024, True),
+                                        (32, 4096, 1024, False)])
 def test_rows_kernel_matches_float32_linear(device, dtype, m, n, k, bias):
     if device == "cpu" and dtype == torch.bfloat16:
         pytest.skip("Triton's interpreter gets bf16 tl.dot wrong")
@@ -272,13 +273,13 @@ def test_gemv_compiles_to_wide_loads_for_hopper():
                           triton_gemv.NUM_WARPS)
         assert "cp.async" in ptx  # weight slices loaded ahead of their use (pipelined)
         assert "mma" not in ptx  # no tensor cores for one row
-    for n in (4096, 6144):  # both configurations rows_config gives
-        config = triton_gemv.rows_config(n)
+    for n, m in ((4096, 2), (6144, 16), (4096, 32), (6144, 32)):  # each rows_config gives
+        config = triton_gemv.rows_config(n, m)
         ptx = compile_ptx(triton_gemv._rows_kernel,
                           {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16",
                            "out_ptr": "*bf16", "M": "i32", "N": "i32", "stride_xm": "i32",
                            "stride_wn": "i32", "stride_om": "i32"},
-                          dict(K_STEPS=8, BLOCK_M=triton_gemv.ROWS_BLOCK_M,
+                          dict(K_STEPS=8, BLOCK_M=triton_gemv.rows_block_m(m),
                                BLOCK_N=config["block_n"], BLOCK_K=config["block_k"],
                                STAGES=config["stages"], HAS_BIAS=False), config["warps"])
         assert "cp.async" in ptx and "mma.sync" in ptx  # pipelined, on tensor cores
@@ -308,7 +309,8 @@ def test_one_token_through_the_model_with_norm_and_silu_in_the_gemvs(monkeypatch
         else:
             p.normal_(0.0, 0.05, generator=gen)
 
-    def attn(layer_idx, q, k, v):
+    def attn(layer_idx, q, k, v, rope):
+        q, k = rope.rotary(rope.positions, q, k)
         return q + (k * v).repeat_interleave(2, dim=1)  # [T, Hq, D]
 
     calls = {"gemv_rms_norm": 0, "gemv_silu_mul": 0}

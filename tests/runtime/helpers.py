@@ -14,7 +14,9 @@ class SkipPaddingReference(TorchAttentionBackend):
     Triton KV write does: lets padded decode batches run on CPU."""
 
     def forward(self, q, k, v, kv_cache, meta, scale, sliding_window=None, logit_softcap=None,
-                kv_scale=None):
+                kv_scale=None, *, rope=None):
+        if rope is not None:
+            q, k = rope.rotary(rope.positions, q, k)
         keep = meta.slot_mapping >= 0
         write_kv_cache(k[keep], v[keep], kv_cache, meta.slot_mapping[keep], kv_scale)
         return reference_paged_attention(q, kv_cache, meta, scale, sliding_window, logit_softcap,
