@@ -23,7 +23,8 @@ Prints (and with --json writes) for the 8B and 32B presets' shapes:
 - ``rows``: the projections at M = 2..64 (``--rows-m``) through cuBLAS against hifc's small-M
   Triton kernel (tensor cores over a 16-, 32- or 64-row tile), in several configurations;
 - ``prologues``: at M = 1, RMSNorm then the QKV / gate-up GEMV and SiLU-and-mul then the down
-  GEMV, as two launches against one (the GEMV computing its input), and the GEMV alone;
+  GEMV, as two launches against one (the GEMV computing its input), and the GEMV alone; the O
+  GEMV, residual add and norm, and gate-up GEMV as three launches against two;
 - ``prefetch``: decode attention then the output projection, per layer, serially and with the
   projection's weight prefetched into L2 on a side stream during the attention;
 - ``versions``: decode attention of this module against another copy of it
@@ -50,8 +51,8 @@ from hifc.layers.attention import AttentionMetadata, write_kv_cache
 from hifc.layers.triton_attention import (LaunchPlan, TritonAttentionBackend, paged_attention,
                                           plan_launch)
 from hifc.layers import triton_fused
-from hifc.layers.triton_gemv import (gemm_rows, gemv, gemv_rms_norm, gemv_silu_mul, rows_block_m,
-                                     rows_config)
+from hifc.layers.triton_gemv import (gemm_rows, gemv, gemv_add_sumsq, gemv_norm_sumsq,
+                                     gemv_rms_norm, gemv_silu_mul, rows_block_m, rows_config)
 
 BLOCK = 64
 SHAPES = {"8b": dict(hq=32, hkv=8, d=128, hidden=4096, inter=14336, vocab=128256),
@@ -755,7 +756,34 @@ def prologues(name, s, dev, dtype):
                      "saved_us": times["two_launches_us"] - times["fused_us"], "rel_err": err})
         del ws_
         torch.cuda.empty_cache()
+    rows.append(project_then_norm_row(name, s, dev, dtype, norm_w))
     return rows
+
+
+def project_then_norm_row(name, s, dev, dtype, norm_w):
+    """The O projection, the residual add and norm after it, and the gate-up projection at one
+    row: three launches (GEMV, rms_norm, GEMV) against two (``gemv_add_sumsq``,
+    ``gemv_norm_sumsq``), over weight copies past the L2 cache (us per layer, CUDA graphs)."""
+    shapes = projection_shapes(s)
+    pairs = list(zip(weight_copies(*shapes["o"], dev, dtype),
+                     weight_copies(*shapes["gate_up"], dev, dtype)))
+    x = torch.randn(1, shapes["o"][1], device=dev, dtype=dtype)
+    r = torch.randn(1, s["hidden"], device=dev, dtype=dtype)
+
+    def three(w_o, w_gu):
+        return gemv(triton_fused.rms_norm(gemv(x, w_o), norm_w, 1e-5, r)[0], w_gu)
+
+    def two(w_o, w_gu):
+        return gemv_norm_sumsq(*gemv_add_sumsq(x, r, w_o), norm_w, 1e-5, False, w_gu)
+
+    ref = three(*pairs[0]).float()
+    err = ((two(*pairs[0]).float() - ref).norm() / ref.norm()).item()
+    times = {kind: graph_ms([lambda p=p, f=f: f(*p) for p in pairs] * 2) * 1e3
+             for kind, f in (("three_launches_us", three), ("fused_us", two))}
+    del pairs
+    torch.cuda.empty_cache()
+    return {"model": name, "proj": "o + norm + gate_up", **times,
+            "saved_us": times["three_launches_us"] - times["fused_us"], "rel_err": err}
 
 
 def blas(name, s, dev, dtype):

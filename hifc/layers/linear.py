@@ -16,7 +16,9 @@ With one rank (the default) every layer holds the whole matrix and runs no colle
 A decode step of up to 16 sequences runs each projection through Triton kernels that stream
 the weight (``linear``, :mod:`hifc.layers.triton_gemv`); at batch 1 the column layers'
 ``forward_normed`` and the row layer's ``forward_gated`` let the GEMV compute the RMSNorm or the
-SiLU-and-mul before it as it reads its input (one launch instead of two).
+SiLU-and-mul before it as it reads its input (one launch instead of two), and
+``project_then_norm`` lets a row GEMV add the residual after it and the next column GEMV
+normalize that sum (two launches instead of three).
 """
 from __future__ import annotations
 
@@ -197,3 +199,20 @@ class RowLinear(Linear):
             return partial
         y = self.tp.all_reduce(partial)
         return y if self.bias is None else y + self.bias
+
+
+def project_then_norm(row: RowLinear, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm,
+                      column: MergedColumnLinear):
+    """``(column(normed), summed)`` for ``normed, summed = norm(row(x), residual)``: a
+    sub-layer's output projection, the residual add and norm after it, and the next
+    projection. With one rank and one row, two launches where there were three: the row GEMV
+    adds the residual and sums the squares of its features, and the column GEMV normalizes
+    its input from those sums."""
+    if (row.tp.size == 1 and triton_gemv.usable_add_sumsq(x, residual, row.weight)
+            and triton_gemv.usable_norm_sumsq(residual, norm.weight, column.weight)):
+        summed, sumsq = triton_gemv.gemv_add_sumsq(x, residual, row.weight, row.bias)
+        y = triton_gemv.gemv_norm_sumsq(summed, sumsq, norm.weight, norm.eps, norm.unit_offset,
+                                        column.weight, column.bias)
+        return column.outputs(y), summed
+    normed, summed = norm(row(x), residual)
+    return column(normed), summed

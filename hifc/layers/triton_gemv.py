@@ -76,16 +76,16 @@ def rows_config(n: int, m: int = 2) -> dict[str, int]:
 
 
 # what the kernel computes its input from
-_PLAIN, _RMS_NORM, _SILU_MUL = 0, 1, 2
+_PLAIN, _RMS_NORM, _SILU_MUL, _NORM_SUMSQ = 0, 1, 2, 3
 
 
 @_jit
 def _gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, N, stride_wn,
-                 residual_ptr, norm_weight_ptr, summed_ptr, eps,
+                 residual_ptr, norm_weight_ptr, summed_ptr, sumsq_ptr, num_partials, eps,
                  K_STEPS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  STAGES: tl.constexpr, HAS_BIAS: tl.constexpr, PROLOGUE: tl.constexpr,
                  HAS_RESIDUAL: tl.constexpr, UNIT_OFFSET: tl.constexpr,
-                 NORM_BLOCK: tl.constexpr):
+                 NORM_BLOCK: tl.constexpr, ADD_SUMSQ: tl.constexpr):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -102,6 +102,10 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, N, stride_wn,
             tl.store(summed_ptr + offs, s, mask=ok & (pid == 0))
         h = s.to(tl.float32)
         inv_rms = tl.math.rsqrt(tl.sum(h * h, axis=0) / K + eps)
+    elif PROLOGUE == 3:  # 1 / rms(x) from the partial sums of its squares
+        offs = tl.arange(0, NORM_BLOCK)
+        partials = tl.load(sumsq_ptr + offs, mask=offs < num_partials, other=0.0)
+        inv_rms = tl.math.rsqrt(tl.sum(partials, axis=0) / K + eps)
     w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for step in tl.range(0, K_STEPS, num_stages=STAGES):
@@ -109,9 +113,9 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, N, stride_wn,
         k = step * BLOCK_K + offs_k
         if PROLOGUE == 0:
             x = tl.load(x_ptr + k).to(tl.float32)
-        elif PROLOGUE == 1:
+        elif PROLOGUE == 1 or PROLOGUE == 3:
             s_k = tl.load(x_ptr + k)
-            if HAS_RESIDUAL:
+            if PROLOGUE == 1 and HAS_RESIDUAL:
                 s_k = (s_k.to(tl.float32) + tl.load(residual_ptr + k).to(tl.float32)).to(dtype)
             nw = tl.load(norm_weight_ptr + k).to(tl.float32)
             x = round_to(norm_weighted(s_k.to(tl.float32) * inv_rms, nw, dtype, UNIT_OFFSET),
@@ -128,7 +132,13 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, N, stride_wn,
     out = tl.sum(acc, axis=1)
     if HAS_BIAS:
         out += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
-    tl.store(out_ptr + offs_n, out.to(out_ptr.dtype.element_ty), mask=n_ok)
+    out = out.to(out_ptr.dtype.element_ty)
+    if ADD_SUMSQ:  # out + residual as rms_norm adds it, and this program's sum of its squares
+        out = (out.to(tl.float32) + tl.load(residual_ptr + offs_n, mask=n_ok,
+                                            other=0.0).to(tl.float32)).to(out.dtype)
+        h = out.to(tl.float32)
+        tl.store(sumsq_ptr + pid, tl.sum(h * h, axis=0))
+    tl.store(out_ptr + offs_n, out, mask=n_ok)
 
 
 @_jit
@@ -195,21 +205,25 @@ def usable_silu_mul(gate_up: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def _launch(x, weight, bias, out, prologue, *, residual=None, norm_weight=None, summed=None,
-            eps=0.0, unit_offset=False, block_n=BLOCK_N, block_k=BLOCK_K, stages=NUM_STAGES,
-            warps=NUM_WARPS):
+            sumsq=None, add_sumsq=False, eps=0.0, unit_offset=False, block_n=BLOCK_N,
+            block_k=BLOCK_K, stages=NUM_STAGES, warps=NUM_WARPS):
     n, k = weight.shape
     if out is None:
         out = torch.empty(1, n, dtype=x.dtype, device=x.device)
-    # the plain GEMV keeps FMA contraction; the fused inputs round as the separate kernels
-    fused_input = prologue != _PLAIN
+    # the plain GEMV keeps FMA contraction (with add_sumsq too: its product is the plain
+    # GEMV's); the fused inputs round as the separate kernels
+    fused = prologue != _PLAIN
+    num_partials = sumsq.shape[0] if sumsq is not None else 0
+    norm_block = (triton.next_power_of_2(num_partials) if prologue == _NORM_SUMSQ
+                  else triton.next_power_of_2(k))
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x, weight, weight if bias is None else bias, out, n, weight.stride(0),
         x if residual is None else residual, x if norm_weight is None else norm_weight,
-        x if summed is None else summed, eps,
+        x if summed is None else summed, out if sumsq is None else sumsq, num_partials, eps,
         K_STEPS=k // block_k, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages,
         HAS_BIAS=bias is not None, PROLOGUE=prologue, HAS_RESIDUAL=residual is not None,
-        UNIT_OFFSET=unit_offset, NORM_BLOCK=triton.next_power_of_2(k), num_warps=warps,
-        enable_fp_fusion=not fused_input)
+        UNIT_OFFSET=unit_offset, NORM_BLOCK=norm_block, ADD_SUMSQ=add_sumsq,
+        num_warps=warps, enable_fp_fusion=not fused)
     return out
 
 
@@ -261,3 +275,40 @@ def gemv_silu_mul(gate_up: torch.Tensor, weight: torch.Tensor,
     """``F.linear(silu(gate) * up, weight, bias)`` for gate_up = [gate | up] ([1, 2K]) in one
     launch, for inputs ``usable_silu_mul`` accepts -> [1, N]."""
     return _launch(gate_up, weight, bias, None, _SILU_MUL)
+
+
+def usable_add_sumsq(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor) -> bool:
+    """``usable(x, weight)``, and a residual of the product's shape ([1, N]) and x's dtype,
+    contiguous."""
+    return (usable(x, weight) and residual.dtype == x.dtype
+            and residual.shape == (1, weight.shape[0]) and residual.stride(-1) == 1)
+
+
+def gemv_add_sumsq(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                   bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``summed = F.linear(x, weight, bias) + residual`` in one launch (rounded as
+    ``triton_fused.rms_norm`` adds its residual) for inputs ``usable_add_sumsq`` accepts, and
+    the sums of its squares over each program's BLOCK_N features (float32,
+    [cdiv(N, BLOCK_N)]), from which ``gemv_norm_sumsq`` normalizes summed."""
+    n = weight.shape[0]
+    sumsq = torch.empty(triton.cdiv(n, BLOCK_N), dtype=torch.float32, device=x.device)
+    summed = _launch(x, weight, bias, None, _PLAIN, residual=residual, sumsq=sumsq,
+                     add_sumsq=True)
+    return summed, sumsq
+
+
+def usable_norm_sumsq(summed: torch.Tensor, norm_weight: torch.Tensor,
+                      weight: torch.Tensor) -> bool:
+    """``usable(summed, weight)``, and a norm weight ([K]) of summed's dtype, contiguous."""
+    return (usable(summed, weight) and norm_weight.dtype == summed.dtype
+            and norm_weight.shape == (summed.shape[1],) and norm_weight.stride(0) == 1)
+
+
+def gemv_norm_sumsq(summed: torch.Tensor, sumsq: torch.Tensor, norm_weight: torch.Tensor,
+                    eps: float, unit_offset: bool, weight: torch.Tensor,
+                    bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(rms_norm(summed), weight, bias)`` in one launch, the norm's sum of squares
+    being the sum of ``sumsq`` (``gemv_add_sumsq``'s), for inputs ``usable_norm_sumsq``
+    accepts -> [1, N]."""
+    return _launch(summed, weight, bias, None, _NORM_SUMSQ, norm_weight=norm_weight,
+                   sumsq=sumsq, eps=eps, unit_offset=unit_offset)

@@ -13,7 +13,8 @@ from torch import nn
 
 from hifc.layers.attention import AttentionContext, Rope
 from hifc.layers.embedding import VocabParallelEmbedding
-from hifc.layers.linear import MergedColumnLinear, QKVLinear, RowLinear, ShardId
+from hifc.layers.linear import (MergedColumnLinear, QKVLinear, RowLinear, ShardId,
+                                project_then_norm)
 from hifc.layers.norm import RMSNorm
 from hifc.layers.rotary import RotaryEmbedding
 from hifc.layers.tensor_parallel import SINGLE, TPShard
@@ -66,20 +67,21 @@ class LlamaAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, attn: AttentionContext,
                 rotary: RotaryEmbedding) -> torch.Tensor:
-        return self.attend(positions, self.qkv_proj(hidden), attn, rotary)
+        return self.o_proj(self.attention(positions, self.qkv_proj(hidden), attn, rotary))
 
-    def forward_normed(self, norm: RMSNorm, positions: torch.Tensor, hidden: torch.Tensor,
-                       residual: torch.Tensor | None, attn: AttentionContext,
-                       rotary: RotaryEmbedding) -> tuple[torch.Tensor, torch.Tensor]:
-        """``forward`` of ``norm(hidden, residual)``'s normed states, and its residual sum (the
-        norm runs inside the QKV projection where it can)."""
+    def attention_normed(self, norm: RMSNorm, positions: torch.Tensor, hidden: torch.Tensor,
+                         residual: torch.Tensor | None, attn: AttentionContext,
+                         rotary: RotaryEmbedding) -> tuple[torch.Tensor, torch.Tensor]:
+        """The attention output before the output projection ([T, Hq*D]) of
+        ``norm(hidden, residual)``'s normed states, and its residual sum (the norm runs inside
+        the QKV projection where it can)."""
         qkv, residual = self.qkv_proj.forward_normed(norm, hidden, residual)
-        return self.attend(positions, qkv, attn, rotary), residual
+        return self.attention(positions, qkv, attn, rotary), residual
 
-    def attend(self, positions: torch.Tensor, qkv: tuple[torch.Tensor, ...],
-               attn: AttentionContext, rotary: RotaryEmbedding) -> torch.Tensor:
-        """Attention of the projected (q, k, v) ([T, H*D] each), through the output
-        projection -> [T, hidden]."""
+    def attention(self, positions: torch.Tensor, qkv: tuple[torch.Tensor, ...],
+                  attn: AttentionContext, rotary: RotaryEmbedding) -> torch.Tensor:
+        """Attention of the projected (q, k, v) ([T, H*D] each) -> [T, Hq*D], before the output
+        projection."""
         q, k, v = qkv
         num_tokens = q.shape[0]
         q = q.view(num_tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
@@ -87,7 +89,7 @@ class LlamaAttention(nn.Module):
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         q, k = self.normalize_qk(q, k)
         o = attn(self.layer_idx, q, k, v, Rope(rotary, positions))  # [T, Hq, D], RoPE applied
-        return self.o_proj(o.reshape(num_tokens, self.num_heads * self.head_dim))  # [T, H]
+        return o.reshape(num_tokens, self.num_heads * self.head_dim)
 
 
 class LlamaMLP(nn.Module):
@@ -103,7 +105,11 @@ class LlamaMLP(nn.Module):
         self.hidden_act = arch.hidden_act  # a key of GATED_ACTIVATIONS (the config checks)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.down_proj.forward_gated(self.gate_up_proj(hidden), self.hidden_act)  # [T, H]
+        return self.down(self.gate_up_proj(hidden))
+
+    def down(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """The down projection of the gate-up projection's output ([T, 2I]) -> [T, H]."""
+        return self.down_proj.forward_gated(gate_up, self.hidden_act)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -121,11 +127,14 @@ class LlamaDecoderLayer(nn.Module):
                 residual: torch.Tensor | None, attn: AttentionContext,
                 rotary: RotaryEmbedding) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden: this layer's input minus ``residual`` ([T, H]); returns (mlp out, residual).
-        The input norm runs inside the QKV projection where that can take it."""
-        hidden, residual = self.self_attn.forward_normed(self.input_layernorm, positions, hidden,
-                                                         residual, attn, rotary)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        The input norm runs inside the QKV projection, and the residual add and norm after the
+        attention inside the output and gate-up projections, where they can take them."""
+        o, residual = self.self_attn.attention_normed(self.input_layernorm, positions, hidden,
+                                                      residual, attn, rotary)
+        gate_up, residual = project_then_norm(self.self_attn.o_proj, o, residual,
+                                              self.post_attention_layernorm,
+                                              self.mlp.gate_up_proj)
+        return self.mlp.down(gate_up), residual
 
 
 class LlamaModel(nn.Module):

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from hifc.layers import linear as linear_module
 from hifc.layers import triton_fused, triton_gemv
 from hifc.layers.activation import GATED_ACTIVATIONS
-from hifc.layers.linear import MergedColumnLinear, QKVLinear, RowLinear
+from hifc.layers.linear import MergedColumnLinear, QKVLinear, RowLinear, project_then_norm
 from hifc.layers.norm import RMSNorm
 from hifc.layers.tensor_parallel import TPShard
 from tests.layers.test_triton_fused import DEVICES
@@ -113,6 +113,45 @@ def test_gemv_silu_mul_matches_silu_then_linear(device, dtype, bias):
     assert torch.allclose(out.float(), ref, rtol=tol, atol=tol * ref.abs().max().item())
     if device == "cuda":  # silu_and_mul's input up to a last bit, then the GEMV
         assert torch.allclose(out, triton_gemv.gemv(x, w, b), rtol=tol, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("n,unit_offset,bias", [(1536, False, False), (1536, True, True),
+                                                (72, False, True)])
+def test_gemv_add_sumsq_then_norm_sumsq_match_the_norm_between(device, dtype, n, unit_offset,
+                                                                bias):
+    # An output projection adding the residual and summing squares, then a projection
+    # normalizing its input from those sums, against the product, rms_norm and the projection.
+    # N = 72 masks the last program's features (and is not a K the second GEMV takes).
+    k, m = 1024, 40
+    gen = torch.Generator().manual_seed(n + unit_offset + 2 * bias)
+    x = torch.randn(1, k, generator=gen).to(dtype).to(device)
+    w = (torch.randn(n, k, generator=gen) / k ** 0.5).to(dtype).to(device)
+    b = torch.randn(n, generator=gen).to(dtype).to(device) if bias else None
+    residual = (3 * torch.randn(1, n, generator=gen)).to(dtype).to(device)
+    summed, sumsq = triton_gemv.gemv_add_sumsq(x, residual, w, b)
+    # the GEMV's own product, plus the residual as rms_norm adds it, bit for bit
+    expected = (triton_gemv.gemv(x, w, b).float() + residual.float()).to(dtype)
+    assert summed.shape == (1, n) and summed.dtype == dtype
+    assert torch.equal(summed, expected)
+    assert sumsq.shape == (-(-n // triton_gemv.BLOCK_N),) and sumsq.dtype == torch.float32
+    assert torch.allclose(sumsq.sum(), summed.float().pow(2).sum(), rtol=1e-5)
+    if n % triton_gemv.BLOCK_K:
+        return
+    norm = RMSNorm(n, 1e-5, dtype, torch.device(device), unit_offset=unit_offset)
+    norm.weight.copy_(torch.rand(n, generator=gen) + 0.5)
+    w2 = (torch.randn(m, n, generator=gen) / n ** 0.5).to(dtype).to(device)
+    b2 = torch.randn(m, generator=gen).to(dtype).to(device) if bias else None
+    out = triton_gemv.gemv_norm_sumsq(summed, sumsq, norm.weight, norm.eps, unit_offset, w2, b2)
+    normed, _ = norm(summed)
+    two_launches = triton_gemv.gemv(normed, w2, b2) if device == "cuda" else F.linear(
+        normed.float(), w2.float(), None if b2 is None else b2.float())
+    tol = _tol(dtype)
+    assert out.shape == (1, m) and out.dtype == dtype
+    # the same input up to an element's last bit (the squares summed in another order)
+    assert torch.allclose(out.float(), two_launches.float(), rtol=2 * tol,
+                          atol=2 * tol * two_launches.abs().max().item())
 
 
 def test_usable_only_for_one_16_bit_row_on_cuda():
@@ -226,6 +265,55 @@ def test_column_layers_take_the_norm_into_the_gemv_for_one_row(monkeypatch, laye
     assert fused == [torch.Size([1, 16])]
 
 
+class TwoRanks(TPShard):
+    """Rank 0 of two whose all-reduce doubles its partial product (both ranks' alike)."""
+
+    def all_reduce(self, x):
+        return 2 * x
+
+
+def test_project_then_norm_takes_the_norm_into_both_gemvs_for_one_row(monkeypatch):
+    fused = []
+
+    def add_sumsq(x, residual, w, b):
+        summed = F.linear(x, w, b) + residual
+        fused.append("add")
+        return summed, summed.pow(2).sum().reshape(1)
+
+    def norm_sumsq(summed, sumsq, nw, eps, unit_offset, w, b):
+        assert torch.allclose(sumsq.sum(), summed.pow(2).sum())
+        fused.append("norm")
+        return F.linear(norm(summed)[0], w, b)
+
+    monkeypatch.setattr(linear_module.triton_gemv, "usable_add_sumsq",
+                        lambda x, r, w: x.shape[0] == 1)
+    monkeypatch.setattr(linear_module.triton_gemv, "usable_norm_sumsq", lambda s, nw, w: True)
+    monkeypatch.setattr(linear_module.triton_gemv, "gemv_add_sumsq", add_sumsq)
+    monkeypatch.setattr(linear_module.triton_gemv, "gemv_norm_sumsq", norm_sumsq)
+    cpu = torch.device("cpu")
+    row = RowLinear(8, 16, True, torch.float32, cpu)
+    column = QKVLinear(16, 2, 1, 4, True, torch.float32, cpu)  # q 8, k 4, v 4
+    norm = RMSNorm(16, 1e-6, torch.float32, cpu)
+    for p in (row.weight, row.bias, column.weight, column.bias, norm.weight):
+        torch.nn.init.normal_(p)
+    x, r = torch.randn(3, 8), torch.randn(3, 16)
+    for rows in (1, 3):  # one row through both GEMVs, three through the layers and the norm
+        out, summed = project_then_norm(row, x[:rows], r[:rows], norm, column)
+        normed, expected_sum = norm(row(x[:rows]), r[:rows])
+        assert torch.allclose(summed, expected_sum)
+        assert [t.shape[1] for t in out] == [8, 4, 4]  # split as QKVLinear splits
+        assert all(torch.allclose(a, e, atol=1e-5) for a, e in zip(out, column(normed)))
+    assert fused == ["add", "norm"]
+
+    # a row layer over two ranks sums its partial products first: the norm runs on its own
+    sharded = RowLinear(16, 16, True, torch.float32, cpu, TwoRanks(0, 2))
+    torch.nn.init.normal_(sharded.weight)
+    torch.nn.init.normal_(sharded.bias)
+    out, summed = project_then_norm(sharded, x[:1], r[:1], norm, column)
+    assert torch.allclose(summed, sharded(x[:1]) + r[:1])
+    assert fused == ["add", "norm"]
+
+
 def test_row_layer_takes_silu_into_the_gemv_for_one_row(monkeypatch):
     fused = []
     monkeypatch.setattr(linear_module.triton_gemv, "usable_silu_mul",
@@ -244,10 +332,6 @@ def test_row_layer_takes_silu_into_the_gemv_for_one_row(monkeypatch):
     assert fused == [torch.Size([1, 16])]
 
     # a rank of two: the fused partial product is summed over the ranks, the bias added once
-    class TwoRanks(TPShard):
-        def all_reduce(self, x):
-            return 2 * x  # both ranks' partial products alike
-
     sharded = RowLinear(16, 4, True, torch.float32, torch.device("cpu"), TwoRanks(0, 2))
     sharded.weight.copy_(layer.weight)
     sharded.bias.copy_(layer.bias)
@@ -263,13 +347,16 @@ def test_gemv_compiles_to_wide_loads_for_hopper():
 
     signature = {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "out_ptr": "*bf16",
                  "N": "i32", "stride_wn": "i32", "residual_ptr": "*bf16",
-                 "norm_weight_ptr": "*bf16", "summed_ptr": "*bf16", "eps": "fp32"}
-    for prologue in (triton_gemv._PLAIN, triton_gemv._RMS_NORM, triton_gemv._SILU_MUL):
+                 "norm_weight_ptr": "*bf16", "summed_ptr": "*bf16", "sumsq_ptr": "*fp32",
+                 "num_partials": "i32", "eps": "fp32"}
+    for prologue, add_sumsq in ((triton_gemv._PLAIN, False), (triton_gemv._RMS_NORM, False),
+                                (triton_gemv._SILU_MUL, False), (triton_gemv._PLAIN, True),
+                                (triton_gemv._NORM_SUMSQ, False)):
         ptx = compile_ptx(triton_gemv._gemv_kernel, signature,
                           dict(K_STEPS=8, BLOCK_N=triton_gemv.BLOCK_N,
                                BLOCK_K=triton_gemv.BLOCK_K, STAGES=triton_gemv.NUM_STAGES,
                                HAS_BIAS=False, PROLOGUE=prologue, HAS_RESIDUAL=True,
-                               UNIT_OFFSET=False, NORM_BLOCK=4096),
+                               UNIT_OFFSET=False, NORM_BLOCK=4096, ADD_SUMSQ=add_sumsq),
                           triton_gemv.NUM_WARPS)
         assert "cp.async" in ptx  # weight slices loaded ahead of their use (pipelined)
         assert "mma" not in ptx  # no tensor cores for one row
@@ -313,7 +400,7 @@ def test_one_token_through_the_model_with_norm_and_silu_in_the_gemvs(monkeypatch
         q, k = rope.rotary(rope.positions, q, k)
         return q + (k * v).repeat_interleave(2, dim=1)  # [T, Hq, D]
 
-    calls = {"gemv_rms_norm": 0, "gemv_silu_mul": 0}
+    calls = {"gemv_rms_norm": 0, "gemv_silu_mul": 0, "gemv_add_sumsq": 0, "gemv_norm_sumsq": 0}
     for name in calls:
         def counted(*args, _name=name, _fn=getattr(triton_gemv, name)):
             calls[_name] += 1
@@ -322,11 +409,12 @@ def test_one_token_through_the_model_with_norm_and_silu_in_the_gemvs(monkeypatch
     ids = torch.tensor([7], device="cuda")
     positions = torch.tensor([5], device="cuda")
     fused = model(ids, positions, attn)
-    assert calls == {"gemv_rms_norm": 2, "gemv_silu_mul": 2}  # input norm and SiLU per layer
-    monkeypatch.setattr(triton_gemv, "usable_rms_norm", lambda *a: False)
-    monkeypatch.setattr(triton_gemv, "usable_silu_mul", lambda *a: False)
+    # per layer: the input norm, the residual add and norm after attention, and SiLU
+    assert calls == dict.fromkeys(calls, 2)
+    for name in ("usable_rms_norm", "usable_silu_mul", "usable_add_sumsq"):
+        monkeypatch.setattr(triton_gemv, name, lambda *a: False)
     two_launches = model(ids, positions, attn)
-    assert calls == {"gemv_rms_norm": 2, "gemv_silu_mul": 2}
+    assert calls == dict.fromkeys(calls, 2)
     # the same inputs to each projection up to an element's last bit
     rel = ((fused.float() - two_launches.float()).norm() / two_launches.float().norm()).item()
     assert rel < 1e-2, rel
