@@ -148,7 +148,7 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 @_jit
 def rotated_heads(x_ptr, cos, sin, stride_x_head, NUM_HEADS: tl.constexpr, HALF: tl.constexpr,
-                   BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
+                  BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
     """Rotate-half RoPE of one token's heads ([NUM_HEADS, 2 * HALF]); cos, sin: [BLOCK_HALF].
     Returns both halves ([BLOCK_H, BLOCK_HALF] each, in x's dtype) and their mask."""
     offs_h = tl.arange(0, BLOCK_H)[:, None]
@@ -168,11 +168,11 @@ def rotated_heads(x_ptr, cos, sin, stride_x_head, NUM_HEADS: tl.constexpr, HALF:
 
 @_jit
 def rotate_heads(x_ptr, out_ptr, cos, sin, stride_x_head, stride_out_head,
-                  NUM_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr,
-                  BLOCK_HALF: tl.constexpr):
+                 NUM_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr,
+                 BLOCK_HALF: tl.constexpr):
     """``rotated_heads`` of x stored into out (same layout, its own head stride)."""
     out1, out2, mask = rotated_heads(x_ptr, cos, sin, stride_x_head, NUM_HEADS, HALF, BLOCK_H,
-                                      BLOCK_HALF)
+                                     BLOCK_HALF)
     out_ptrs = (out_ptr + tl.arange(0, BLOCK_H)[:, None] * stride_out_head
                 + tl.arange(0, BLOCK_HALF)[None, :])
     tl.store(out_ptrs, out1, mask=mask)
@@ -201,9 +201,9 @@ def _rotary_kernel(positions_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, q_out_ptr, k_o
     cos, sin = rope_cos_sin(positions_ptr, cos_ptr, sin_ptr, token, stride_cache, HALF,
                             BLOCK_HALF)
     rotate_heads(q_ptr + token * stride_q_token, q_out_ptr + token * stride_q_out_token, cos, sin,
-                  stride_q_head, stride_q_out_head, NUM_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF)
+                 stride_q_head, stride_q_out_head, NUM_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF)
     rotate_heads(k_ptr + token * stride_k_token, k_out_ptr + token * stride_k_out_token, cos, sin,
-                  stride_k_head, stride_k_out_head, NUM_KV_HEADS, HALF, BLOCK_HKV, BLOCK_HALF)
+                 stride_k_head, stride_k_out_head, NUM_KV_HEADS, HALF, BLOCK_HKV, BLOCK_HALF)
 
 
 def rope_operands(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,

@@ -33,10 +33,10 @@ them run inside the GEMV that reads their output, saving their launches:
 From 2 to MAX_ROWS rows (the padded decode batches 2, 4, 8 and 16) the weight still dominates
 the bytes, and cuBLAS again reads it below the copy rate. ``gemm_rows`` runs the rows as one
 16-row tile on tensor cores (rows past M masked, never read) against 32 or 64 weight rows per
-program, four loads in flight (``rows_config``; the kernel also takes 17..32 rows in a 32-row
-tile, which the probe measured no faster than cuBLAS). Probe, 8B projections at M = 4 (us, cuBLAS /
+program, four loads in flight (``rows_config``). Probe, 8B projections at M = 4 (us, cuBLAS /
 this kernel): QKV 15.6 / 15.2, O 13.3 / 11.2, down 32.4 / 30.2; in the engine, decode steps at
-batch 2-16 run 1.3-2.2% faster (8B) and 1.7-3.5% (32B at batch 4 and 16).
+batch 2-16 run 1.3-2.2% faster (8B) and 1.7-3.5% (32B at batch 4 and 16). The kernel also
+takes 17..32 rows in a 32-row tile, which the probe measured no faster than cuBLAS.
 
 Float32 sums run in another order than cuBLAS's, so results differ from ``F.linear`` in the last
 bits; every projection of up to MAX_ROWS 16-bit rows on CUDA whose K is a multiple of 512 takes
@@ -218,7 +218,7 @@ def _launch(x, weight, bias, out, prologue, *, residual=None, norm_weight=None, 
         out = torch.empty(1, n, dtype=x.dtype, device=x.device)
     # the plain GEMV keeps FMA contraction (with add_sumsq too: its product is the plain
     # GEMV's); the fused inputs round as the separate kernels
-    fused = prologue != _PLAIN
+    fused_input = prologue != _PLAIN
     num_partials = sumsq.shape[0] if sumsq is not None else 0
     norm_block = (triton.next_power_of_2(num_partials) if prologue == _NORM_SUMSQ
                   else triton.next_power_of_2(k))
@@ -229,7 +229,7 @@ def _launch(x, weight, bias, out, prologue, *, residual=None, norm_weight=None, 
         K_STEPS=k // block_k, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages,
         HAS_BIAS=bias is not None, PROLOGUE=prologue, HAS_RESIDUAL=residual is not None,
         UNIT_OFFSET=unit_offset, NORM_BLOCK=norm_block, ADD_SUMSQ=add_sumsq,
-        num_warps=warps, enable_fp_fusion=not fused)
+        num_warps=warps, enable_fp_fusion=not fused_input)
     return out
 
 

@@ -74,9 +74,9 @@ def _rotary_kv_write_kernel(positions_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr
     token = tl.program_id(0).to(tl.int64)
     cos, sin = rope_cos_sin(positions_ptr, cos_ptr, sin_ptr, token, stride_cos, HALF, BLOCK_HALF)
     rotate_heads(q_ptr + token * stride_q_t, q_out_ptr + token * stride_qo_t, cos, sin,
-                  stride_q_h, stride_qo_h, NUM_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF)
+                 stride_q_h, stride_qo_h, NUM_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF)
     k1, k2, mask = rotated_heads(k_ptr + token * stride_k_t, cos, sin, stride_k_h, NUM_KV_HEADS,
-                                  HALF, BLOCK_HKV, BLOCK_HALF)
+                                 HALF, BLOCK_HKV, BLOCK_HALF)
     offs_h = tl.arange(0, BLOCK_HKV)
     offs_d = tl.arange(0, BLOCK_HALF)
     k_out = k_out_ptr + token * stride_ko_t + offs_h[:, None] * stride_ko_h + offs_d[None, :]
