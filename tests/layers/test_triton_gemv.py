@@ -67,6 +67,18 @@ def _tol(dtype):
     return 2 ** -7 if dtype == torch.bfloat16 else 2 ** -10
 
 
+def _assert_projects_normed(out, normed, w, b, device, dtype):
+    """A fused norm-and-projection's output against the projection of the separately normed
+    input (the GEMV on CUDA, float32 F.linear on the CPU)."""
+    two_launches = triton_gemv.gemv(normed, w, b) if device == "cuda" else F.linear(
+        normed.float(), w.float(), None if b is None else b.float())
+    tol = _tol(dtype)
+    assert out.shape == (1, w.shape[0]) and out.dtype == dtype
+    # the same input up to an element's last bit (the squares summed in another order)
+    assert torch.allclose(out.float(), two_launches.float(), rtol=2 * tol,
+                          atol=2 * tol * two_launches.abs().max().item())
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("residual,unit_offset,bias", [(True, False, False), (False, False, True),
@@ -87,13 +99,7 @@ def test_gemv_rms_norm_matches_norm_then_linear(device, dtype, residual, unit_of
     else:
         assert summed is x
     normed, _ = norm(x, r)  # the two-launch path (the fused kernel, or torch on the CPU)
-    two_launches = triton_gemv.gemv(normed, w, b) if device == "cuda" else F.linear(
-        normed.float(), w.float(), None if b is None else b.float())
-    tol = _tol(dtype)
-    assert out.shape == (1, n) and out.dtype == dtype
-    # the same input up to an element's last bit (the squares summed in another order)
-    assert torch.allclose(out.float(), two_launches.float(), rtol=2 * tol,
-                          atol=2 * tol * two_launches.abs().max().item())
+    _assert_projects_normed(out, normed, w, b, device, dtype)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -145,13 +151,7 @@ def test_gemv_add_sumsq_then_norm_sumsq_match_the_norm_between(device, dtype, n,
     b2 = torch.randn(m, generator=gen).to(dtype).to(device) if bias else None
     out = triton_gemv.gemv_norm_sumsq(summed, sumsq, norm.weight, norm.eps, unit_offset, w2, b2)
     normed, _ = norm(summed)
-    two_launches = triton_gemv.gemv(normed, w2, b2) if device == "cuda" else F.linear(
-        normed.float(), w2.float(), None if b2 is None else b2.float())
-    tol = _tol(dtype)
-    assert out.shape == (1, m) and out.dtype == dtype
-    # the same input up to an element's last bit (the squares summed in another order)
-    assert torch.allclose(out.float(), two_launches.float(), rtol=2 * tol,
-                          atol=2 * tol * two_launches.abs().max().item())
+    _assert_projects_normed(out, normed, w2, b2, device, dtype)
 
 
 def test_usable_only_for_one_16_bit_row_on_cuda():
