@@ -45,8 +45,10 @@ from hifc.layers.dense_attention import (FusedShapes, chunk_call_shapes, dense_c
                                          dense_prefill_attention)
 
 # without Triton (a CPU-only install) this module imports and the backend refuses to run
+from hifc.layers import triton_pdl
 from hifc.layers.triton_jit import jit as _jit
 from hifc.layers.triton_jit import tl, triton
+from hifc.layers.triton_pdl import enter, prefetch_l2
 
 
 LOG2E = 1.4426950408889634
@@ -175,7 +177,7 @@ def _paged_attention_kernel(
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
     NUM_SEGMENTS: tl.constexpr, SEGMENT_TILES: tl.constexpr, DECODE_ONLY: tl.constexpr,
     SLIDING: tl.constexpr, SOFTCAP: tl.constexpr,
-    KV_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    KV_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
     # Later q blocks of a sequence see more keys: hand them out first.
     q_block = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -205,8 +207,6 @@ def _paged_attention_kernel(
     d_valid = offs_d < HEAD_DIM
     token = (q_start + q_pos).to(tl.int64)  # [M] row in the batch
 
-    q_offs = token[:, None] * stride_q_t + head[:, None] * stride_q_h + offs_d[None, :]
-    q = tl.load(q_ptr + q_offs, mask=row_valid[:, None] & d_valid[None, :], other=0.0)  # [M, Dp]
     last_key = context_len + q_pos  # [M] last key position each row may see
     first_key = last_key - window + 1  # [M] first one (used only with SLIDING)
 
@@ -242,12 +242,20 @@ def _paged_attention_kernel(
     unmasked_lo = tl.minimum(tl.maximum(full_lo, tile_lo), tile_hi)
     unmasked_hi = tl.minimum(tl.maximum(full_hi, unmasked_lo), tile_hi)
 
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max (log2 units)
-    l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2
-    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
     block_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
     k_base = k_cache_ptr + kv_head * stride_k_head
     v_base = v_cache_ptr + kv_head * stride_v_head
+    if PDL:  # the step's inputs and earlier steps' K/V are ready: q and this step's K/V not yet
+        if DECODE_ONLY:
+            _prefetch_tile(tile_lo, block_row, k_base, v_base, kv_end, stride_k_blk,
+                           stride_k_off, stride_v_blk, stride_v_off, HEAD_DIM_PAD, BLOCK_SIZE,
+                           TILE)
+        enter()
+    q_offs = token[:, None] * stride_q_t + head[:, None] * stride_q_h + offs_d[None, :]
+    q = tl.load(q_ptr + q_offs, mask=row_valid[:, None] & d_valid[None, :], other=0.0)  # [M, Dp]
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max (log2 units)
+    l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
     if KV_FP8:  # q.(k8 * k_scale) = (q.k8) * k_scale: one scale per program (its KV head)
         qk_scale = qk_scale * tl.load(k_scale_ptr + kv_head)
 
@@ -290,6 +298,25 @@ def _paged_attention_kernel(
 
 
 @_jit
+def _prefetch_tile(tile, block_row, k_base, v_base, kv_end, stride_k_blk, stride_k_off,
+                   stride_v_blk, stride_v_off, HEAD_DIM_PAD: tl.constexpr,
+                   BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr):
+    """Prefetch KV tile `tile` (its keys before kv_end) of one KV head into L2."""
+    key_pos = tile * TILE + tl.arange(0, TILE)
+    key_valid = key_pos < kv_end
+    block = tl.load(block_row + key_pos // BLOCK_SIZE, mask=key_valid, other=0).to(tl.int64)
+    in_block = key_pos % BLOCK_SIZE
+    per_line: tl.constexpr = 1024 // k_base.dtype.element_ty.primitive_bitwidth  # 128 bytes
+    LINES: tl.constexpr = (HEAD_DIM_PAD + per_line - 1) // per_line  # a key's head, in lines
+    offs = tl.arange(0, LINES)[None, :] * per_line
+    mask = key_valid[:, None] & (offs < HEAD_DIM_PAD)
+    prefetch_l2(k_base + block[:, None] * stride_k_blk + in_block[:, None] * stride_k_off + offs,
+                mask)
+    prefetch_l2(v_base + block[:, None] * stride_v_blk + in_block[:, None] * stride_v_off + offs,
+                mask)
+
+
+@_jit
 def _segments(span, NUM_SEGMENTS: tl.constexpr, SEGMENT_TILES: tl.constexpr):
     """How a q block's span tiles split: (tiles per segment, segments used). Slices of the span
     over NUM_SEGMENTS but at least SEGMENT_TILES long: with a large minimum, segments have one
@@ -309,10 +336,13 @@ def _merge_segments_kernel(
     stride_o_t, stride_o_h,
     NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     NUM_SEGMENTS: tl.constexpr, SEGMENTS_PAD: tl.constexpr, PRELOAD: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Merge a row's partials. PRELOAD (rows that mostly have several): load every slot's
     partial at once, not after the count, then mask the slots past it (one trip to memory
     instead of two)."""
+    if PDL:
+        enter()
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     offs_s = tl.arange(0, SEGMENTS_PAD)
@@ -599,6 +629,7 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
     # [Hkv] each; without float8 unused (any tensor will do)
     k_scale, v_scale = (kv_scale[0], kv_scale[1]) if fp8 else (meta.seq_lens, meta.seq_lens)
     split = plan.num_segments > 1
+    pdl = triton_pdl.enabled(q.device)
     if split:
         segm_out = torch.empty(num_tokens, num_q_heads, plan.num_segments, head_dim_pad,
                                dtype=torch.float32, device=q.device)
@@ -629,7 +660,7 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
         SLIDING=sliding_window is not None,
         SOFTCAP=logit_softcap is not None, KV_FP8=fp8,
         DOT_PRECISION="tf32x3" if q.dtype == torch.float32 else "tf32",
-        num_warps=plan.num_warps, num_stages=plan.num_stages,
+        **triton_pdl.options(pdl), num_warps=plan.num_warps, num_stages=plan.num_stages,
     )
     if split:
         _merge_segments_kernel[(num_tokens, num_q_heads)](
@@ -637,6 +668,6 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
             out.stride(0), out.stride(1),
             NUM_Q_HEADS=num_q_heads, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
             NUM_SEGMENTS=plan.num_segments, SEGMENTS_PAD=max(2, _next_pow2(plan.num_segments)),
-            PRELOAD=plan.segment_tiles == 1, num_warps=4,
+            PRELOAD=plan.segment_tiles == 1, **triton_pdl.options(pdl), num_warps=4,
         )
     return out

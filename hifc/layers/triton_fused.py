@@ -18,8 +18,10 @@ import os
 
 import torch
 
+from hifc.layers import triton_pdl
 from hifc.layers.triton_jit import jit as _jit
 from hifc.layers.triton_jit import tl, triton
+from hifc.layers.triton_pdl import enter
 
 if triton is not None:
     from triton.language.extra import libdevice
@@ -55,7 +57,9 @@ def norm_weighted(h, weight, dtype: tl.constexpr, UNIT_OFFSET: tl.constexpr):
 def _rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, summed_ptr,
                      stride_x, stride_residual, stride_out, stride_summed, eps,
                      HIDDEN: tl.constexpr, BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                     UNIT_OFFSET: tl.constexpr):
+                     UNIT_OFFSET: tl.constexpr, PDL: tl.constexpr):
+    if PDL:
+        enter()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < HIDDEN
@@ -103,7 +107,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
             x2, residual2, weight, out2, summed2,
             x2.stride(0), residual2.stride(0), out2.stride(0), summed2.stride(0), eps,
             HIDDEN=hidden, BLOCK=block, HAS_RESIDUAL=residual is not None,
-            UNIT_OFFSET=unit_offset,
+            UNIT_OFFSET=unit_offset, **triton_pdl.options(triton_pdl.enabled(x.device)),
             num_warps=max(1, min(block // 256, 16)), enable_fp_fusion=False)
     return out, summed
 
@@ -111,7 +115,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
 @_jit
 def _silu_and_mul_kernel(gate_up_ptr, out_ptr, stride_in, stride_out,
                          INTERMEDIATE: tl.constexpr, BLOCK: tl.constexpr,
-                         PRECISE_EXP: tl.constexpr):
+                         PRECISE_EXP: tl.constexpr, PDL: tl.constexpr):
+    if PDL:
+        enter()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < INTERMEDIATE
@@ -141,7 +147,8 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
         grid = (x.shape[0], triton.cdiv(intermediate, block))
         _silu_and_mul_kernel[grid](
             x, out2, x.stride(0), out2.stride(0), INTERMEDIATE=intermediate, BLOCK=block,
-            PRECISE_EXP=gate_up.is_cuda and not _interpreting(), num_warps=4,
+            PRECISE_EXP=gate_up.is_cuda and not _interpreting(),
+            **triton_pdl.options(triton_pdl.enabled(gate_up.device)), num_warps=4,
             enable_fp_fusion=False)
     return out
 

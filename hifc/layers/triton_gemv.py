@@ -47,9 +47,11 @@ from __future__ import annotations
 
 import torch
 
+from hifc.layers import triton_pdl
 from hifc.layers.triton_fused import norm_weighted, round_to
 from hifc.layers.triton_jit import jit as _jit
 from hifc.layers.triton_jit import tl, triton
+from hifc.layers.triton_pdl import enter, prefetch_rows
 
 BLOCK_N = 16
 BLOCK_K = 512
@@ -62,6 +64,11 @@ NUM_WARPS = 4
 MAX_ROWS = 16
 ROWS_K_MULTIPLE = 512  # K a multiple of this fits every configuration rows_config gives
 _ROWS_SHARED_BYTES = 200 * 1024  # the stages' tiles stay within this much shared memory
+# The small-M kernel is launched with PDL (triton_pdl): a program prefetches this many K
+# slices of its weight rows into L2 while the kernel before it finishes. The one-row GEMV is
+# not: launched early it made batch-1 steps slower (8B: 4.74-4.76 ms against 4.55-4.56 without
+# PDL anywhere, 4.44 with PDL on every kernel but it; docs/RESULTS.md).
+PREFETCH_SLICES = 2
 
 
 def rows_block_m(m: int) -> int:
@@ -150,12 +157,16 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, N, stride_wn,
 @_jit
 def _rows_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, M, N, stride_xm, stride_wn, stride_om,
                  K_STEPS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, STAGES: tl.constexpr, HAS_BIAS: tl.constexpr):
+                 BLOCK_K: tl.constexpr, STAGES: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr):
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     m_ok = offs_m < M
     n_ok = offs_n < N
+    if PDL:
+        prefetch_rows(w_ptr, offs_n, n_ok, stride_wn, PREFETCH_LINES)
+        enter()
     x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
     w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -260,7 +271,10 @@ def gemm_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
     _rows_kernel[(triton.cdiv(n, block_n),)](
         x, weight, weight if bias is None else bias, out, m, n, x.stride(0), weight.stride(0),
         out.stride(0), K_STEPS=k // block_k, BLOCK_M=rows_block_m(m), BLOCK_N=block_n,
-        BLOCK_K=block_k, STAGES=stages, HAS_BIAS=bias is not None, num_warps=warps)
+        BLOCK_K=block_k, STAGES=stages, HAS_BIAS=bias is not None,
+        PREFETCH_LINES=triton_pdl.prefetch_lines(k, weight.element_size(),
+                                                 PREFETCH_SLICES * block_k),
+        **triton_pdl.options(triton_pdl.enabled(x.device)), num_warps=warps)
     return out
 
 

@@ -14,8 +14,10 @@ import torch
 from hifc.dtypes import FP8_E4M3_MAX
 from hifc.layers.attention import check_kv_scale
 from hifc.layers.triton_fused import rotate_heads, rotated_heads, rope_cos_sin, rope_operands
+from hifc.layers import triton_pdl
 from hifc.layers.triton_jit import jit as _jit
 from hifc.layers.triton_jit import tl, triton
+from hifc.layers.triton_pdl import enter, enter_releasing_first
 
 
 @_jit
@@ -44,7 +46,10 @@ def _kv_write_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
                      stride_k_t, stride_k_h, stride_v_t, stride_v_h,
                      stride_kc_slot, stride_kc_head, stride_vc_slot, stride_vc_head,
                      NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
-                     BLOCK_D: tl.constexpr, KV_FP8: tl.constexpr, FP8_MAX: tl.constexpr):
+                     BLOCK_D: tl.constexpr, KV_FP8: tl.constexpr, FP8_MAX: tl.constexpr,
+                     PDL: tl.constexpr):
+    if PDL:
+        enter()
     token = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
     if slot < 0:
@@ -70,7 +75,9 @@ def _rotary_kv_write_kernel(positions_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr
                             NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
                             HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr,
                             BLOCK_HALF: tl.constexpr, BLOCK_D: tl.constexpr,
-                            KV_FP8: tl.constexpr, FP8_MAX: tl.constexpr):
+                            KV_FP8: tl.constexpr, FP8_MAX: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # a program per token: the attention after it launches (and prefetches) now
+        enter_releasing_first()
     token = tl.program_id(0).to(tl.int64)
     cos, sin = rope_cos_sin(positions_ptr, cos_ptr, sin_ptr, token, stride_cos, HALF, BLOCK_HALF)
     rotate_heads(q_ptr + token * stride_q_t, q_out_ptr + token * stride_qo_t, cos, sin,
@@ -135,6 +142,7 @@ def triton_write_kv_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tens
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_H=block_h, BLOCK_D=block_d,
         KV_FP8=kv_scale is not None, FP8_MAX=FP8_E4M3_MAX,
+        **triton_pdl.options(triton_pdl.enabled(k.device)),
         num_warps=4 if block_h * block_d >= 1024 else 1,
     )
 
@@ -161,5 +169,6 @@ def rotary_write_kv_cache(positions: torch.Tensor, q: torch.Tensor, k: torch.Ten
             k_out.stride(0), k_out.stride(1), k_cache.stride(0), k_cache.stride(1),
             v_cache.stride(0), v_cache.stride(1),
             **meta, BLOCK_D=triton.next_power_of_2(kv_cache.shape[-1]),
-            KV_FP8=kv_scale is not None, FP8_MAX=FP8_E4M3_MAX, enable_fp_fusion=False)
+            KV_FP8=kv_scale is not None, FP8_MAX=FP8_E4M3_MAX,
+            **triton_pdl.options(triton_pdl.enabled(q.device)), enable_fp_fusion=False)
     return q_out, k_out

@@ -47,7 +47,7 @@ def test_fp8_kv_write_compiles_to_saturating_conversions():
                                         "stride_vc_head")}
     ptx = compile_ptx(_kv_write_kernel, {**pointers, **strides},
                       dict(NUM_KV_HEADS=8, HEAD_DIM=128, BLOCK_H=8, BLOCK_D=128, KV_FP8=True,
-                           FP8_MAX=FP8_E4M3_MAX), num_warps=4)
+                           FP8_MAX=FP8_E4M3_MAX, PDL=False), num_warps=4)
     assert "cvt.rn.satfinite.e4m3x2.f32" in ptx  # round to nearest even, as torch does
     assert "div.rn.f32" in ptx  # IEEE division, as torch divides
 
@@ -66,8 +66,8 @@ def test_fp8_rotary_kv_write_compiles_to_saturating_conversions():
         "stride_kc_slot", "stride_kc_head", "stride_vc_slot", "stride_vc_head")}
     ptx = compile_ptx(_rotary_kv_write_kernel, {**pointers, **strides},
                       dict(NUM_Q_HEADS=32, NUM_KV_HEADS=8, HALF=64, BLOCK_HQ=32, BLOCK_HKV=8,
-                           BLOCK_HALF=64, BLOCK_D=128, KV_FP8=True, FP8_MAX=FP8_E4M3_MAX),
-                      num_warps=4)
+                           BLOCK_HALF=64, BLOCK_D=128, KV_FP8=True, FP8_MAX=FP8_E4M3_MAX,
+                           PDL=True), num_warps=4)
     assert "cvt.rn.satfinite.e4m3x2.f32" in ptx and "div.rn.f32" in ptx  # as the KV write
 
 
@@ -91,7 +91,7 @@ def test_fp8_paged_attention_compiles_to_hardware_conversions(max_query_len, num
                       TILE=plan.tile, BLOCK_M=plan.block_m, BLOCK_Q=plan.block_q,
                       NUM_SEGMENTS=plan.num_segments, SEGMENT_TILES=plan.segment_tiles,
                       DECODE_ONLY=max_query_len == 1, SLIDING=True, SOFTCAP=True, KV_FP8=True,
-                      DOT_PRECISION="tf32")
+                      DOT_PRECISION="tf32", PDL=max_query_len == 1)  # with the K/V prefetch
     ptx = compile_ptx(_paged_attention_kernel, signature, constexprs, plan.num_warps,
                       plan.num_stages)
     assert "cvt.rn.f16x2.e4m3x2" in ptx  # float8 pairs converted by the hardware

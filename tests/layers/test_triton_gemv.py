@@ -8,6 +8,7 @@ compiled on CUDA (marked gpu). The kernel's PTX for Hopper is checked on any mac
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import os
 
 import pytest
@@ -344,14 +345,16 @@ def test_row_layer_takes_silu_into_the_gemv_for_one_row(monkeypatch):
 @pytest.mark.skipif(not HAS_TRITON or INTERPRET, reason="needs triton, kernels compiled")
 def test_gemv_compiles_to_wide_loads_for_hopper():
     from tests.layers.test_triton_compile_fp8 import compile_ptx
+    from tests.layers.test_triton_pdl import assert_prefetch_then_wait
 
     signature = {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "out_ptr": "*bf16",
                  "N": "i32", "stride_wn": "i32", "residual_ptr": "*bf16",
                  "norm_weight_ptr": "*bf16", "summed_ptr": "*bf16", "sumsq_ptr": "*fp32",
                  "num_partials": "i32", "eps": "fp32"}
-    for prologue, add_sumsq in ((triton_gemv._PLAIN, False), (triton_gemv._RMS_NORM, False),
-                                (triton_gemv._SILU_MUL, False), (triton_gemv._PLAIN, True),
-                                (triton_gemv._NORM_SUMSQ, False)):
+    cases = ((triton_gemv._PLAIN, False), (triton_gemv._RMS_NORM, False),
+             (triton_gemv._SILU_MUL, False), (triton_gemv._PLAIN, True),
+             (triton_gemv._NORM_SUMSQ, False))
+    for prologue, add_sumsq in cases:
         ptx = compile_ptx(triton_gemv._gemv_kernel, signature,
                           dict(K_STEPS=8, BLOCK_N=triton_gemv.BLOCK_N,
                                BLOCK_K=triton_gemv.BLOCK_K, STAGES=triton_gemv.NUM_STAGES,
@@ -360,7 +363,9 @@ def test_gemv_compiles_to_wide_loads_for_hopper():
                           triton_gemv.NUM_WARPS)
         assert "cp.async" in ptx  # weight slices loaded ahead of their use (pipelined)
         assert "mma" not in ptx  # no tensor cores for one row
-    for n, m in ((4096, 2), (6144, 16), (4096, 32), (6144, 32)):  # each rows_config gives
+        assert_prefetch_then_wait(ptx, False)  # launched without PDL
+    for (n, m), pdl in itertools.product(((4096, 2), (6144, 16), (4096, 32), (6144, 32)),
+                                         (False, True)):  # each rows_config gives
         config = triton_gemv.rows_config(n, m)
         ptx = compile_ptx(triton_gemv._rows_kernel,
                           {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16",
@@ -368,8 +373,10 @@ def test_gemv_compiles_to_wide_loads_for_hopper():
                            "stride_wn": "i32", "stride_om": "i32"},
                           dict(K_STEPS=8, BLOCK_M=triton_gemv.rows_block_m(m),
                                BLOCK_N=config["block_n"], BLOCK_K=config["block_k"],
-                               STAGES=config["stages"], HAS_BIAS=False), config["warps"])
+                               STAGES=config["stages"], HAS_BIAS=False, PDL=pdl,
+                               PREFETCH_LINES=16), config["warps"])
         assert "cp.async" in ptx and "mma.sync" in ptx  # pipelined, on tensor cores
+        assert_prefetch_then_wait(ptx, pdl)
 
 
 @pytest.mark.gpu
