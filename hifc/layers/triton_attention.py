@@ -248,8 +248,8 @@ def _paged_attention_kernel(
     if PDL:  # the step's inputs and earlier steps' K/V are ready: q and this step's K/V not yet
         if DECODE_ONLY:
             _prefetch_tile(tile_lo, block_row, k_base, v_base, kv_end, stride_k_blk,
-                           stride_k_off, stride_v_blk, stride_v_off, HEAD_DIM_PAD, BLOCK_SIZE,
-                           TILE)
+                           stride_k_off, stride_v_blk, stride_v_off, HEAD_DIM, HEAD_DIM_PAD,
+                           BLOCK_SIZE, TILE)
         enter()
     q_offs = token[:, None] * stride_q_t + head[:, None] * stride_q_h + offs_d[None, :]
     q = tl.load(q_ptr + q_offs, mask=row_valid[:, None] & d_valid[None, :], other=0.0)  # [M, Dp]
@@ -299,9 +299,10 @@ def _paged_attention_kernel(
 
 @_jit
 def _prefetch_tile(tile, block_row, k_base, v_base, kv_end, stride_k_blk, stride_k_off,
-                   stride_v_blk, stride_v_off, HEAD_DIM_PAD: tl.constexpr,
-                   BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr):
-    """Prefetch KV tile `tile` (its keys before kv_end) of one KV head into L2."""
+                   stride_v_blk, stride_v_off, HEAD_DIM: tl.constexpr,
+                   HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr):
+    """Prefetch KV tile `tile` (its keys before kv_end) of one KV head into L2: each key's
+    lines that start inside its head."""
     key_pos = tile * TILE + tl.arange(0, TILE)
     key_valid = key_pos < kv_end
     block = tl.load(block_row + key_pos // BLOCK_SIZE, mask=key_valid, other=0).to(tl.int64)
@@ -309,7 +310,7 @@ def _prefetch_tile(tile, block_row, k_base, v_base, kv_end, stride_k_blk, stride
     per_line: tl.constexpr = 1024 // k_base.dtype.element_ty.primitive_bitwidth  # 128 bytes
     LINES: tl.constexpr = (HEAD_DIM_PAD + per_line - 1) // per_line  # a key's head, in lines
     offs = tl.arange(0, LINES)[None, :] * per_line
-    mask = key_valid[:, None] & (offs < HEAD_DIM_PAD)
+    mask = key_valid[:, None] & (offs < HEAD_DIM)
     prefetch_l2(k_base + block[:, None] * stride_k_blk + in_block[:, None] * stride_k_off + offs,
                 mask)
     prefetch_l2(v_base + block[:, None] * stride_v_blk + in_block[:, None] * stride_v_off + offs,

@@ -82,10 +82,10 @@ def prefetch_rows(ptr, offs_row, row_ok, stride_row, LINES: tl.constexpr):
 
 
 def prefetch_lines(row_elements: int, element_size: int, elements: int) -> int:
-    """How many whole cache lines hold the first ``elements`` of a row (at most the row),
-    rounded up to a power of two as a tile's width must be."""
+    """How many cache lines hold the first ``elements`` of a row (at most the row), rounded
+    down to a power of two as a tile's width must be (so every line starts inside the row)."""
     count = -(-min(elements, row_elements) * element_size // LINE_BYTES)
-    return 1 << max(0, count - 1).bit_length()
+    return 1 << (max(1, count).bit_length() - 1)
 
 
 @_jit

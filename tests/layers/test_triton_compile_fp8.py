@@ -35,6 +35,36 @@ def compile_ptx(fn, signature: dict, constexprs: dict, num_warps: int, num_stage
     return kernel.asm["ptx"]
 
 
+def rotary_kv_write_signature(cache: str) -> dict:
+    """The RoPE + KV-write kernel's runtime arguments with a cache of Triton type ``cache``."""
+    pointers = {name: "*bf16" for name in ("cos_ptr", "sin_ptr", "q_ptr", "k_ptr", "v_ptr",
+                                           "q_out_ptr", "k_out_ptr")}
+    pointers.update(positions_ptr="*i64", k_cache_ptr=f"*{cache}", v_cache_ptr=f"*{cache}",
+                    slot_mapping_ptr="*i64", k_scale_ptr="*fp32", v_scale_ptr="*fp32")
+    order = ["positions_ptr", "cos_ptr", "sin_ptr", "q_ptr", "k_ptr", "v_ptr", "q_out_ptr",
+             "k_out_ptr", "k_cache_ptr", "v_cache_ptr", "slot_mapping_ptr", "k_scale_ptr",
+             "v_scale_ptr"]
+    strides = {name: "i32" for name in (
+        "stride_cos", "stride_q_t", "stride_q_h", "stride_k_t", "stride_k_h", "stride_v_t",
+        "stride_v_h", "stride_qo_t", "stride_qo_h", "stride_ko_t", "stride_ko_h",
+        "stride_kc_slot", "stride_kc_head", "stride_vc_slot", "stride_vc_head")}
+    return {**{name: pointers[name] for name in order}, **strides}
+
+
+def paged_attention_signature(cache: str) -> dict:
+    """The paged attention kernel's runtime arguments with a cache of Triton type ``cache``."""
+    signature = {"out_ptr": "*bf16", "segm_out_ptr": "*fp32", "segm_max_ptr": "*fp32",
+                 "segm_sum_ptr": "*fp32", "segm_count_ptr": "*i32", "q_ptr": "*bf16",
+                 "k_cache_ptr": f"*{cache}", "v_cache_ptr": f"*{cache}",
+                 "block_tables_ptr": "*i32", "seq_lens_ptr": "*i32",
+                 "query_start_loc_ptr": "*i32", "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32",
+                 "qk_scale": "fp32", "softcap_log2": "fp32", "window": "i32", "num_seqs": "i32"}
+    signature.update({name: "i32" for name in (
+        "stride_q_t", "stride_q_h", "stride_o_t", "stride_o_h", "stride_k_blk", "stride_k_off",
+        "stride_k_head", "stride_v_blk", "stride_v_off", "stride_v_head", "stride_bt")})
+    return signature
+
+
 def test_fp8_kv_write_compiles_to_saturating_conversions():
     from hifc.dtypes import FP8_E4M3_MAX
     from hifc.layers.triton_kv_write import _kv_write_kernel
@@ -56,15 +86,7 @@ def test_fp8_rotary_kv_write_compiles_to_saturating_conversions():
     from hifc.dtypes import FP8_E4M3_MAX
     from hifc.layers.triton_kv_write import _rotary_kv_write_kernel
 
-    pointers = {"positions_ptr": "*i64", "cos_ptr": "*bf16", "sin_ptr": "*bf16",
-                "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "q_out_ptr": "*bf16",
-                "k_out_ptr": "*bf16", "k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv",
-                "slot_mapping_ptr": "*i64", "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32"}
-    strides = {name: "i32" for name in (
-        "stride_cos", "stride_q_t", "stride_q_h", "stride_k_t", "stride_k_h", "stride_v_t",
-        "stride_v_h", "stride_qo_t", "stride_qo_h", "stride_ko_t", "stride_ko_h",
-        "stride_kc_slot", "stride_kc_head", "stride_vc_slot", "stride_vc_head")}
-    ptx = compile_ptx(_rotary_kv_write_kernel, {**pointers, **strides},
+    ptx = compile_ptx(_rotary_kv_write_kernel, rotary_kv_write_signature("fp8e4nv"),
                       dict(NUM_Q_HEADS=32, NUM_KV_HEADS=8, HALF=64, BLOCK_HQ=32, BLOCK_HKV=8,
                            BLOCK_HALF=64, BLOCK_D=128, KV_FP8=True, FP8_MAX=FP8_E4M3_MAX,
                            PDL=True), num_warps=4)
@@ -79,20 +101,13 @@ def test_fp8_paged_attention_compiles_to_hardware_conversions(max_query_len, num
 
     plan = plan_launch(max_query_len, 4096, num_seqs, 32, 8, 128, 2, 132, split_kv)
     assert (plan.num_segments > 1) == split_kv
-    signature = {"out_ptr": "*bf16", "segm_out_ptr": "*fp32", "segm_max_ptr": "*fp32",
-                 "segm_sum_ptr": "*fp32", "segm_count_ptr": "*i32", "q_ptr": "*bf16", "k_cache_ptr": "*fp8e4nv",
-                 "v_cache_ptr": "*fp8e4nv", "block_tables_ptr": "*i32", "seq_lens_ptr": "*i32",
-                 "query_start_loc_ptr": "*i32", "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32",
-                 "qk_scale": "fp32", "softcap_log2": "fp32", "window": "i32", "num_seqs": "i32"}
-    signature.update({name: "i32" for name in (
-        "stride_q_t", "stride_q_h", "stride_o_t", "stride_o_h", "stride_k_blk", "stride_k_off",
-        "stride_k_head", "stride_v_blk", "stride_v_off", "stride_v_head", "stride_bt")})
     constexprs = dict(NUM_Q_HEADS=32, GROUP=4, HEAD_DIM=128, HEAD_DIM_PAD=128, BLOCK_SIZE=64,
                       TILE=plan.tile, BLOCK_M=plan.block_m, BLOCK_Q=plan.block_q,
                       NUM_SEGMENTS=plan.num_segments, SEGMENT_TILES=plan.segment_tiles,
                       DECODE_ONLY=max_query_len == 1, SLIDING=True, SOFTCAP=True, KV_FP8=True,
                       DOT_PRECISION="tf32", PDL=max_query_len == 1)  # with the K/V prefetch
-    ptx = compile_ptx(_paged_attention_kernel, signature, constexprs, plan.num_warps,
+    ptx = compile_ptx(_paged_attention_kernel, paged_attention_signature("fp8e4nv"), constexprs,
+                      plan.num_warps,
                       plan.num_stages)
     assert "cvt.rn.f16x2.e4m3x2" in ptx  # float8 pairs converted by the hardware
     assert "ld.global.v4.b32" in ptx  # K and V read 16 bytes (16 float8 values) at a time

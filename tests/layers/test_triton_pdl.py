@@ -57,7 +57,9 @@ def test_prefetch_lines_cover_the_first_elements_of_a_row():
     assert triton_pdl.prefetch_lines(4096, 2, 1024) == 16  # two 512-wide bf16 slices
     assert triton_pdl.prefetch_lines(256, 2, 1024) == 4  # at most the row
     assert triton_pdl.prefetch_lines(4096, 2, 100) == 2  # 200 bytes: two lines
-    assert triton_pdl.prefetch_lines(4096, 2, 192) == 4  # three lines, a power of two
+    assert triton_pdl.prefetch_lines(4096, 2, 192) == 2  # three lines, down to a power of two
+    assert triton_pdl.prefetch_lines(96, 2, 1024) == 2  # a 192-byte row: both lines start in it
+    assert triton_pdl.prefetch_lines(320, 2, 1024) == 4  # five lines, never one past the row
     assert triton_pdl.prefetch_lines(4096, 1, 64) == 1
 
 
@@ -92,18 +94,10 @@ def test_elementwise_and_merge_kernels_wait_before_reading(pdl):
 def test_rotary_kv_write_releases_the_attention_first_and_the_attention_prefetches():
     from hifc.layers.triton_attention import _paged_attention_kernel, plan_launch
     from hifc.layers.triton_kv_write import _rotary_kv_write_kernel
-    from tests.layers.test_triton_compile_fp8 import compile_ptx
+    from tests.layers.test_triton_compile_fp8 import (compile_ptx, paged_attention_signature,
+                                                      rotary_kv_write_signature)
 
-    pointers = {name: "*bf16" for name in ("cos_ptr", "sin_ptr", "q_ptr", "k_ptr", "v_ptr",
-                                           "q_out_ptr", "k_out_ptr", "k_cache_ptr",
-                                           "v_cache_ptr")}
-    pointers.update(positions_ptr="*i64", slot_mapping_ptr="*i64", k_scale_ptr="*fp32",
-                    v_scale_ptr="*fp32")
-    strides = {name: "i32" for name in (
-        "stride_cos", "stride_q_t", "stride_q_h", "stride_k_t", "stride_k_h", "stride_v_t",
-        "stride_v_h", "stride_qo_t", "stride_qo_h", "stride_ko_t", "stride_ko_h",
-        "stride_kc_slot", "stride_kc_head", "stride_vc_slot", "stride_vc_head")}
-    rope = compile_ptx(_rotary_kv_write_kernel, {**pointers, **strides},
+    rope = compile_ptx(_rotary_kv_write_kernel, rotary_kv_write_signature("bf16"),
                        dict(NUM_Q_HEADS=32, NUM_KV_HEADS=8, HALF=64, BLOCK_HQ=32, BLOCK_HKV=8,
                             BLOCK_HALF=64, BLOCK_D=128, KV_FP8=False, FP8_MAX=448.0, PDL=True),
                        num_warps=4)
@@ -111,15 +105,6 @@ def test_rotary_kv_write_releases_the_attention_first_and_the_attention_prefetch
 
     plan = plan_launch(1, 4096, 1, 32, 8, 128, 2, 132)
     assert plan.num_segments > 1
-    signature = {"out_ptr": "*bf16", "segm_out_ptr": "*fp32", "segm_max_ptr": "*fp32",
-                 "segm_sum_ptr": "*fp32", "segm_count_ptr": "*i32", "q_ptr": "*bf16",
-                 "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "block_tables_ptr": "*i32",
-                 "seq_lens_ptr": "*i32", "query_start_loc_ptr": "*i32", "k_scale_ptr": "*fp32",
-                 "v_scale_ptr": "*fp32", "qk_scale": "fp32", "softcap_log2": "fp32",
-                 "window": "i32", "num_seqs": "i32"}
-    signature.update({name: "i32" for name in (
-        "stride_q_t", "stride_q_h", "stride_o_t", "stride_o_h", "stride_k_blk", "stride_k_off",
-        "stride_k_head", "stride_v_blk", "stride_v_off", "stride_v_head", "stride_bt")})
     for decode_only in (True, False):
         constexprs = dict(NUM_Q_HEADS=32, GROUP=4, HEAD_DIM=128, HEAD_DIM_PAD=128,
                           BLOCK_SIZE=64, TILE=plan.tile, BLOCK_M=plan.block_m,
@@ -127,8 +112,8 @@ def test_rotary_kv_write_releases_the_attention_first_and_the_attention_prefetch
                           SEGMENT_TILES=plan.segment_tiles, DECODE_ONLY=decode_only,
                           SLIDING=False, SOFTCAP=False, KV_FP8=False, DOT_PRECISION="tf32",
                           PDL=True)
-        ptx = compile_ptx(_paged_attention_kernel, signature, constexprs, plan.num_warps,
-                          plan.num_stages)
+        ptx = compile_ptx(_paged_attention_kernel, paged_attention_signature("bf16"),
+                          constexprs, plan.num_warps, plan.num_stages)
         if decode_only:  # the first K/V tile of its segment, before the wait
             assert_prefetch_then_wait(ptx, True)
             assert ptx.count(PREFETCH) >= 2  # K and V
