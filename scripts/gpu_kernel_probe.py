@@ -20,8 +20,8 @@ Prints (and with --json writes) for the 8B and 32B presets' shapes:
 - ``blas``: each projection through cuBLAS (torch's default) against cuBLASLt;
 - ``gemv``: the projections at M = 1 through cuBLAS against hifc's Triton GEMV, in several
   configurations;
-- ``rows``: the projections at M = 2..64 (``--rows-m``) through cuBLAS against hifc's small-M
-  Triton kernel (tensor cores over a 16-, 32- or 64-row tile), in several configurations;
+- ``rows``: the projections at M = 2..32 (``--rows-m``) through cuBLAS against hifc's small-M
+  Triton kernel (tensor cores over a 16- or 32-row tile), in several configurations;
 - ``prologues``: at M = 1, RMSNorm then the QKV / gate-up GEMV and SiLU-and-mul then the down
   GEMV, as two launches against one (the GEMV computing its input), and the GEMV alone; the O
   GEMV, residual add and norm, and gate-up GEMV as three launches against two;
@@ -51,8 +51,9 @@ from hifc.layers.attention import AttentionMetadata, write_kv_cache
 from hifc.layers.triton_attention import (LaunchPlan, TritonAttentionBackend, paged_attention,
                                           plan_launch)
 from hifc.layers import triton_fused
-from hifc.layers.triton_gemv import (gemm_rows, gemv, gemv_add_sumsq, gemv_norm_sumsq,
-                                     gemv_rms_norm, gemv_silu_mul, rows_block_m, rows_config)
+from hifc.layers.triton_gemv import (ROWS_SHARED_BYTES, gemm_rows, gemv, gemv_add_sumsq,
+                                     gemv_norm_sumsq, gemv_rms_norm, gemv_silu_mul, rows_block_m,
+                                     rows_config)
 
 BLOCK = 64
 SHAPES = {"8b": dict(hq=32, hkv=8, d=128, hidden=4096, inter=14336, vocab=128256),
@@ -691,7 +692,7 @@ def rows_configs(block_m: int) -> list[tuple[int, ...]]:
                 for st in (3, 4) if 2048 <= bn * bk <= 16384]
     return [(bn, bk, st, wp) for bn in (32, 64, 128) for bk in (128, 256, 512)
             for st in (3, 4) for wp in (4, 8)
-            if 4096 <= bn * bk <= 32768 and (block_m + bn) * bk * 2 * st <= 200 * 1024
+            if 4096 <= bn * bk <= 32768 and (block_m + bn) * bk * 2 * st <= ROWS_SHARED_BYTES
             and (wp == 4 or bn == 128)]
 
 

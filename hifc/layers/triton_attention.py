@@ -630,7 +630,7 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
     # [Hkv] each; without float8 unused (any tensor will do)
     k_scale, v_scale = (kv_scale[0], kv_scale[1]) if fp8 else (meta.seq_lens, meta.seq_lens)
     split = plan.num_segments > 1
-    pdl = triton_pdl.enabled(q.device)
+    pdl = triton_pdl.launch_options(q.device)
     if split:
         segm_out = torch.empty(num_tokens, num_q_heads, plan.num_segments, head_dim_pad,
                                dtype=torch.float32, device=q.device)
@@ -661,7 +661,7 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
         SLIDING=sliding_window is not None,
         SOFTCAP=logit_softcap is not None, KV_FP8=fp8,
         DOT_PRECISION="tf32x3" if q.dtype == torch.float32 else "tf32",
-        **triton_pdl.options(pdl), num_warps=plan.num_warps, num_stages=plan.num_stages,
+        **pdl, num_warps=plan.num_warps, num_stages=plan.num_stages,
     )
     if split:
         _merge_segments_kernel[(num_tokens, num_q_heads)](
@@ -669,6 +669,6 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
             out.stride(0), out.stride(1),
             NUM_Q_HEADS=num_q_heads, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
             NUM_SEGMENTS=plan.num_segments, SEGMENTS_PAD=max(2, _next_pow2(plan.num_segments)),
-            PRELOAD=plan.segment_tiles == 1, **triton_pdl.options(pdl), num_warps=4,
+            PRELOAD=plan.segment_tiles == 1, **pdl, num_warps=4,
         )
     return out

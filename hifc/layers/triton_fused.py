@@ -14,13 +14,11 @@ captured in CUDA graphs. Imports without Triton; ``usable`` then says False.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
 from hifc.layers import triton_pdl
+from hifc.layers.triton_jit import interpreting, tl, triton
 from hifc.layers.triton_jit import jit as _jit
-from hifc.layers.triton_jit import tl, triton
 from hifc.layers.triton_pdl import enter
 
 if triton is not None:
@@ -32,10 +30,6 @@ else:  # CPU-only install: the module imports, the torch code runs instead
 def usable(*tensors: torch.Tensor) -> bool:
     """True if Triton is installed and every tensor is on a CUDA device."""
     return triton is not None and all(t.is_cuda for t in tensors)
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @_jit
@@ -107,7 +101,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
             x2, residual2, weight, out2, summed2,
             x2.stride(0), residual2.stride(0), out2.stride(0), summed2.stride(0), eps,
             HIDDEN=hidden, BLOCK=block, HAS_RESIDUAL=residual is not None,
-            UNIT_OFFSET=unit_offset, **triton_pdl.options(triton_pdl.enabled(x.device)),
+            UNIT_OFFSET=unit_offset, **triton_pdl.launch_options(x.device),
             num_warps=max(1, min(block // 256, 16)), enable_fp_fusion=False)
     return out, summed
 
@@ -147,8 +141,8 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
         grid = (x.shape[0], triton.cdiv(intermediate, block))
         _silu_and_mul_kernel[grid](
             x, out2, x.stride(0), out2.stride(0), INTERMEDIATE=intermediate, BLOCK=block,
-            PRECISE_EXP=gate_up.is_cuda and not _interpreting(),
-            **triton_pdl.options(triton_pdl.enabled(gate_up.device)), num_warps=4,
+            PRECISE_EXP=gate_up.is_cuda and not interpreting(),
+            **triton_pdl.launch_options(gate_up.device), num_warps=4,
             enable_fp_fusion=False)
     return out
 

@@ -63,7 +63,7 @@ NUM_WARPS = 4
 # than cuBLAS (probe, docs/RESULTS.md), so projections of more than 16 rows keep cuBLAS.
 MAX_ROWS = 16
 ROWS_K_MULTIPLE = 512  # K a multiple of this fits every configuration rows_config gives
-_ROWS_SHARED_BYTES = 200 * 1024  # the stages' tiles stay within this much shared memory
+ROWS_SHARED_BYTES = 200 * 1024  # the stages' tiles stay within this much shared memory
 # The small-M kernel is launched with PDL (triton_pdl): a program prefetches this many K
 # slices of its weight rows into L2 while the kernel before it finishes. The one-row GEMV is
 # not: launched early it made batch-1 steps slower (8B: 4.74-4.76 ms against 4.55-4.56 without
@@ -85,7 +85,7 @@ def rows_config(n: int, m: int = 2) -> dict[str, int]:
     four loads in flight where their tiles fit the shared memory, else three."""
     config = (dict(block_n=64, block_k=256) if n >= 80 * 64 else dict(block_n=32, block_k=512))
     tile_bytes = (rows_block_m(m) + config["block_n"]) * config["block_k"] * 2
-    return dict(config, stages=4 if 4 * tile_bytes <= _ROWS_SHARED_BYTES else 3, warps=4)
+    return dict(config, stages=4 if 4 * tile_bytes <= ROWS_SHARED_BYTES else 3, warps=4)
 
 
 # what the kernel computes its input from
@@ -274,7 +274,7 @@ def gemm_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
         BLOCK_K=block_k, STAGES=stages, HAS_BIAS=bias is not None,
         PREFETCH_LINES=triton_pdl.prefetch_lines(k, weight.element_size(),
                                                  PREFETCH_SLICES * block_k),
-        **triton_pdl.options(triton_pdl.enabled(x.device)), num_warps=warps)
+        **triton_pdl.launch_options(x.device), num_warps=warps)
     return out
 
 

@@ -9,6 +9,7 @@ steady-state speed; the benchmarks report them (one took 2.1-2.4 s on the H200).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 
@@ -20,6 +21,11 @@ except ImportError:
     tl = None
 
 log = logging.getLogger(__name__)
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels through its interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def jit(fn=None, **options):

@@ -13,8 +13,8 @@ import torch
 
 from hifc.dtypes import FP8_E4M3_MAX
 from hifc.layers.attention import check_kv_scale
-from hifc.layers.triton_fused import rotate_heads, rotated_heads, rope_cos_sin, rope_operands
 from hifc.layers import triton_pdl
+from hifc.layers.triton_fused import rotate_heads, rotated_heads, rope_cos_sin, rope_operands
 from hifc.layers.triton_jit import jit as _jit
 from hifc.layers.triton_jit import tl, triton
 from hifc.layers.triton_pdl import enter, enter_releasing_first
@@ -142,7 +142,7 @@ def triton_write_kv_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tens
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_H=block_h, BLOCK_D=block_d,
         KV_FP8=kv_scale is not None, FP8_MAX=FP8_E4M3_MAX,
-        **triton_pdl.options(triton_pdl.enabled(k.device)),
+        **triton_pdl.launch_options(k.device),
         num_warps=4 if block_h * block_d >= 1024 else 1,
     )
 
@@ -170,5 +170,5 @@ def rotary_write_kv_cache(positions: torch.Tensor, q: torch.Tensor, k: torch.Ten
             v_cache.stride(0), v_cache.stride(1),
             **meta, BLOCK_D=triton.next_power_of_2(kv_cache.shape[-1]),
             KV_FP8=kv_scale is not None, FP8_MAX=FP8_E4M3_MAX,
-            **triton_pdl.options(triton_pdl.enabled(q.device)), enable_fp_fusion=False)
+            **triton_pdl.launch_options(q.device), enable_fp_fusion=False)
     return q_out, k_out

@@ -32,8 +32,8 @@ import os
 
 import torch
 
+from hifc.layers.triton_jit import interpreting, tl, triton
 from hifc.layers.triton_jit import jit as _jit
-from hifc.layers.triton_jit import tl, triton
 
 if triton is not None:
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -47,7 +47,7 @@ _enabled: dict[int, bool] = {}
 
 def enabled(device: torch.device) -> bool:
     """Whether kernels on this device launch with PDL."""
-    if triton is None or device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+    if triton is None or device.type != "cuda" or interpreting():
         return False
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _enabled:
@@ -60,6 +60,11 @@ def options(pdl: bool) -> dict:
     """A kernel launch's keywords for ``pdl``: its PDL constexpr and, when on, the launch
     attribute."""
     return dict(PDL=True, launch_pdl=True) if pdl else dict(PDL=False)
+
+
+def launch_options(device: torch.device) -> dict:
+    """``options`` for a launch on ``device``."""
+    return options(enabled(device))
 
 
 @_jit
