@@ -17,7 +17,8 @@ Prints (and with --json writes) for the 8B and 32B presets' shapes:
 - ``builds``: the host cost of a new shape for the fused kernels (cuDNN's graph per shape);
 - ``layouts``: fresh-prompt attention as the engine calls it (q, k, v strided views of one fused
   projection) against contiguous inputs, one prompt and several, and torch's varlen kernels;
-- ``blas``: each projection through cuBLAS (torch's default) against cuBLASLt;
+- ``blas``: each projection through cuBLAS (torch's default) against cuBLASLt, at M = 1, 4, 32,
+  128 and 8192 or ``--blas-m``;
 - ``gemv``: the projections at M = 1 through cuBLAS against hifc's Triton GEMV, in several
   configurations;
 - ``rows``: the projections at M = 2..32 (``--rows-m``) through cuBLAS against hifc's small-M
@@ -787,13 +788,13 @@ def project_then_norm_row(name, s, dev, dtype, norm_w):
             "saved_us": times["three_launches_us"] - times["fused_us"], "rel_err": err}
 
 
-def blas(name, s, dev, dtype):
-    """F.linear through cuBLAS (torch's default) against cuBLASLt, each projection at decode and
-    prefill sizes, over weight copies that do not fit the L2 cache."""
+def blas(name, s, dev, dtype, ms=(1, 4, 32, 128, 8192)):
+    """F.linear through cuBLAS (torch's default) against cuBLASLt, each projection at the
+    ``ms`` sizes (decode and prefill), over weight copies that do not fit the L2 cache."""
     rows = []
     for label, (n, k) in projection_shapes(s).items():
         ws_ = weight_copies(n, k, dev, dtype)
-        for m in (1, 4, 32, 128, 8192):
+        for m in ms:
             if m == 8192 and label == "lm_head":
                 continue
             x = torch.randn(m, k, device=dev, dtype=dtype)
@@ -915,6 +916,7 @@ def main() -> None:
     p.add_argument("--parts", default="prefill,decode,gemm")
     p.add_argument("--models", default="8b,32b")
     p.add_argument("--rows-m", default="2,4,8,16,24,32", help="rows: the M values")
+    p.add_argument("--blas-m", default="1,4,32,128,8192", help="blas: the M values")
     p.add_argument("--other-module", help="versions: the triton_attention.py to compare with")
     p.add_argument("--json")
     args = p.parse_args()
@@ -957,7 +959,9 @@ def main() -> None:
                 result["balance"].append(r)
                 print("balance", json.dumps(r), flush=True)
         for part, probe in (("chunks", chunks), ("builds", builds), ("dense", dense),
-                            ("layouts", layouts), ("gemm", gemms), ("blas", blas),
+                            ("layouts", layouts), ("gemm", gemms),
+                            ("blas", functools.partial(
+                                blas, ms=[int(m) for m in args.blas_m.split(",")])),
                             ("gemv", gemvs), ("prologues", prologues),
                             ("rows", functools.partial(
                                 rows_part, ms=[int(m) for m in args.rows_m.split(",")]))):

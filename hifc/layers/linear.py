@@ -19,9 +19,15 @@ the weight (``linear``, :mod:`hifc.layers.triton_gemv`); at batch 1 the column l
 SiLU-and-mul before it as it reads its input (one launch instead of two), and
 ``project_then_norm`` lets a row GEMV add the residual after it and the next column GEMV
 normalize that sum (two launches instead of three).
+
+Inputs of more than 16 and up to ``LT_MAX_ROWS`` rows (decode batches, short prompts) take
+cuBLASLt's kernels, which read the weights faster there than those torch's default cuBLAS path
+picks (a CUDA graph keeps the kernel chosen at capture); longer inputs (prefill) keep cuBLAS,
+which is faster for them (docs/RESULTS.md).
 """
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 
 import torch
@@ -46,13 +52,38 @@ def copy_weight(dst: torch.Tensor, loaded: torch.Tensor) -> None:
     dst.copy_(loaded)
 
 
+# Inputs of MAX_ROWS + 1 .. LT_MAX_ROWS rows on CUDA run through cuBLASLt (module doc).
+LT_MAX_ROWS = 128
+
+
+@contextlib.contextmanager
+def cublaslt():
+    """torch's matmuls inside prefer cuBLASLt; the previous preference is restored after."""
+    previous = torch.backends.cuda.preferred_blas_library()
+    torch.backends.cuda.preferred_blas_library("cublaslt")
+    try:
+        yield
+    finally:
+        torch.backends.cuda.preferred_blas_library(previous)
+
+
+def prefers_cublaslt(x: torch.Tensor) -> bool:
+    """Whether ``linear`` runs ``x`` through cuBLASLt: a decode batch of more than MAX_ROWS and
+    at most LT_MAX_ROWS rows on CUDA."""
+    return x.is_cuda and x.dim() == 2 and triton_gemv.MAX_ROWS < x.shape[0] <= LT_MAX_ROWS
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``x W^T (+ b)``: one row on CUDA through the Triton GEMV, a few rows through its
-    small-M kernel (both faster than cuBLAS there), else ``F.linear``."""
+    small-M kernel (both faster than cuBLAS there), decode batches past those through
+    cuBLASLt, else ``F.linear`` (cuBLAS)."""
     if triton_gemv.usable(x, weight):
         return triton_gemv.gemv(x, weight, bias)
     if triton_gemv.usable_rows(x, weight):
         return triton_gemv.gemm_rows(x, weight, bias)
+    if prefers_cublaslt(x):
+        with cublaslt():
+            return F.linear(x, weight, bias)
     return F.linear(x, weight, bias)
 
 

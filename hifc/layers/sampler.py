@@ -87,11 +87,11 @@ class Sampler:
                         else None)  # [B, V]
         logits = self.process(logits, batch)
         if batch.all_greedy:
-            token_ids = logits.argmax(dim=-1)  # [B]
+            token_ids = ops.argmax(logits)  # [B]
         elif batch.greedy is None:
             token_ids = _draw(logits, batch, generator)
         else:
-            token_ids = torch.where(batch.greedy, logits.argmax(dim=-1),
+            token_ids = torch.where(batch.greedy, ops.argmax(logits),
                                     _draw(logits, batch, generator))
         if raw_logprobs is None:
             return SampledTokens(token_ids)

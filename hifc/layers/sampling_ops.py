@@ -10,11 +10,20 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from hifc.layers import triton_argmax
 from hifc.layers.triton_jit import triton
 from hifc.layers.triton_penalties import triton_apply_penalties
 
 _MASK32 = 0xFFFFFFFF
 _NEG_INF = float("-inf")
+
+
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's first largest logit (int64 [B]); on CUDA two short Triton launches
+    (``triton_argmax``) rather than torch's one slow reduction."""
+    if triton_argmax.usable(logits):
+        return triton_argmax.argmax_rows(logits)
+    return logits.argmax(dim=-1)
 
 
 def apply_penalties(logits: torch.Tensor, rows: torch.Tensor | None, pool_rows: torch.Tensor,

@@ -156,11 +156,9 @@ def _attend_tile(q, m_i, l_i, acc, tile, block_row, k_base, v_base, kv_end, firs
     return m_new, l_i, acc
 
 
-# num_seqs changes every step: not specialised (Triton would compile a variant for 1, for
-# multiples of 16 and for the rest, in the middle of a run)
-# not specialised on the batch (num_seqs) or the block tables' width (stride_bt: Triton would
-# compile again the first time a step's widest table is a multiple of 16 blocks, 1.7-2.5 s
-# inside a running batch on the H200)
+# Not specialised on the batch (num_seqs) or the block tables' width (stride_bt): Triton would
+# compile a variant for 1, for multiples of 16 and for the rest, the first time a step brings
+# one (1.7-2.5 s inside a running batch on the H200).
 @_jit(do_not_specialize=["num_seqs", "stride_bt"])
 def _paged_attention_kernel(
     out_ptr, segm_out_ptr, segm_max_ptr, segm_sum_ptr, segm_count_ptr,

@@ -37,3 +37,41 @@ def test_merged_layer_takes_shards_or_the_fused_tensor():
     row = RowLinear(4, 2, bias=False, dtype=torch.float32, device=CPU)
     with pytest.raises(ValueError, match="no shard 0"):
         row.load_weight(row.weight, torch.zeros(2, 4), 0)
+
+
+def test_only_cuda_decode_batches_past_the_small_m_kernel_prefer_cublaslt():
+    from hifc.layers.linear import prefers_cublaslt
+    assert not prefers_cublaslt(torch.randn(32, 8))  # CPU: torch's own matmul
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_decode_batches_run_through_cublaslt_and_restore_the_preference(monkeypatch):
+    import hifc.layers.linear as linear_mod
+    from hifc.layers.linear import LT_MAX_ROWS, linear, prefers_cublaslt
+    from hifc.layers.triton_gemv import MAX_ROWS
+
+    seen = []
+    real = torch.nn.functional.linear
+
+    class Recording:  # the module's F, recording the preference each product runs under
+        @staticmethod
+        def linear(x, weight, bias=None):
+            seen.append(torch.backends.cuda.preferred_blas_library())
+            return real(x, weight, bias)
+
+    monkeypatch.setattr(linear_mod, "F", Recording)
+    before = torch.backends.cuda.preferred_blas_library()
+    dev = torch.device("cuda")
+    weight = torch.randn(384, 512, device=dev, dtype=torch.bfloat16)
+    bias = torch.randn(384, device=dev, dtype=torch.bfloat16)
+    for m, lt in ((MAX_ROWS + 1, True), (32, True), (LT_MAX_ROWS, True),
+                  (LT_MAX_ROWS + 1, False), (512, False)):
+        x = torch.randn(m, 512, device=dev, dtype=torch.bfloat16)
+        assert prefers_cublaslt(x) is lt
+        seen.clear()
+        out = linear(x, weight, bias)
+        assert seen == [torch._C._BlasBackend.Cublaslt if lt else before]
+        torch.testing.assert_close(out.float(), (x.float() @ weight.float().T + bias.float()),
+                                   rtol=2e-2, atol=2e-1)
+        assert torch.backends.cuda.preferred_blas_library() == before
