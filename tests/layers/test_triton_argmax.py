@@ -1,27 +1,11 @@
 """The Triton greedy argmax (hifc.layers.triton_argmax) against torch.argmax, in Triton's
 interpreter on the CPU (TRITON_INTERPRET=1; tests/test_triton_interpreter.py runs it in a child
 pytest) and compiled on CUDA (marked gpu)."""
-import os
-
 import pytest
 import torch
 
 from hifc.layers import sampling_ops, triton_argmax
-
-try:
-    import triton  # noqa: F401
-    HAS_TRITON = True
-except ImportError:
-    HAS_TRITON = False
-
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-DEVICES = [
-    pytest.param("cpu", id="interpreter", marks=pytest.mark.skipif(
-        not (HAS_TRITON and INTERPRET), reason="needs triton and TRITON_INTERPRET=1")),
-    pytest.param("cuda", id="cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
-        not (HAS_TRITON and torch.cuda.is_available()) or INTERPRET,
-        reason="needs CUDA and triton, kernels compiled (no TRITON_INTERPRET)")]),
-]
+from tests.layers.triton_devices import DEVICES
 
 
 @pytest.mark.parametrize("device", DEVICES)

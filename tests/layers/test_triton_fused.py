@@ -16,7 +16,6 @@ What must match:
   float32 outputs by a few ulps (4 seen; 8 allowed), and in fp16/bf16 an element's last bit
   flips rarely, which the weight multiply can make 2 ulps (at most 2, in under 1% of elements).
 """
-import os
 from contextlib import contextmanager
 from unittest import mock
 
@@ -28,24 +27,10 @@ from hifc.layers import triton_fused
 from hifc.layers.activation import silu_and_mul
 from hifc.layers.norm import RMSNorm
 from hifc.layers.rotary import RotaryEmbedding
+from tests.layers.triton_devices import DEVICES, HAS_TRITON, INTERPRET
 
-try:
-    import triton  # noqa: F401
-    HAS_TRITON = True
-except ImportError:
-    HAS_TRITON = False
-
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 HAS_CUDA = torch.cuda.is_available()
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-
-DEVICES = [
-    pytest.param("cpu", id="interpreter", marks=pytest.mark.skipif(
-        not (HAS_TRITON and INTERPRET), reason="needs triton and TRITON_INTERPRET=1")),
-    pytest.param("cuda", id="cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
-        not (HAS_TRITON and HAS_CUDA) or INTERPRET,
-        reason="needs CUDA and triton, kernels compiled (no TRITON_INTERPRET)")]),
-]
 
 
 @contextmanager
