@@ -13,8 +13,9 @@ scheduling hides a step's host work behind the device work of the next), and eac
 on its own (``synced_step_ms``, the median: host and device time of one step added up). The
 floor is the bytes the step reads (the weights its matmuls use, lm_head included, plus the KV of
 every sequence) moved at the copy rate. With CUDA graphs, each batch's graph is also timed alone
-(``forward_ms``: the GPU part of the step); ``--profile`` lists its kernels and the step's host
-functions (:mod:`hifc.bench.probes`).
+(``forward_ms``: the GPU part of the step); ``--profile`` lists its kernels, the step's host
+functions and, on CUDA, the device timeline of a few more steps run back to back: kernels and
+copies inside and between the graphs, and where the device idled (:mod:`hifc.bench.probes`).
 
 Prefill: one prompt of ``--prefill-len`` random token ids in one ``step()`` (one warm-up, then
 ``--prefill-repeats`` timed, median). FLOPs: 2 x decoder-layer parameters x tokens, the lm_head
@@ -31,12 +32,13 @@ import time
 from hifc.analysis.common import int_list, positive_int
 from hifc.bench.costs import kv_bytes_per_token, prefill_flops, weight_bytes_read
 from hifc.bench.probes import (copy_gbps, graph_capture_info, host_functions, matmul_tflops,
-                               profile_kernels, replay_times, sync)
+                               profile_kernels, replay_times, step_timeline, sync)
 from hifc.bench.workloads import fixed_requests
 from hifc.config import add_engine_args, engine_config_from_args
 
 DEFAULT_BATCHED_TOKENS = 65536  # tokens per prefill step while the decode batches are admitted
 PROFILED_STEPS = 8  # decode steps after the timed ones that --profile runs under cProfile
+TIMELINE_STEPS = 6  # and then, on CUDA, one more and these under torch's profiler
 
 
 def register(subparsers) -> None:
@@ -52,8 +54,8 @@ def register(subparsers) -> None:
     p.add_argument("--prefill-repeats", type=positive_int, default=3, help="timed prefills")
     p.add_argument("--profile", action="store_true",
                    help="list the kernels of each batch's decode graph, longest first, the "
-                        "host functions of a few more steps (cProfile), and on CUDA the kernels "
-                        "of one more prefill")
+                        "host functions of a few more steps (cProfile), and on CUDA the device "
+                        "timeline of a few more steps and the kernels of one more prefill")
     p.add_argument("--json", dest="json_out", help="write results as JSON here")
     add_engine_args(p, model="random:ds-r1-llama-8b")
     p.set_defaults(func=run)
@@ -63,7 +65,7 @@ def register(subparsers) -> None:
 def decode_max_tokens(batches, context: int, steps: int, warmup: int, batched_tokens: int) -> int:
     """New tokens per decode request: enough for every admission step, warm-up and timed step."""
     admit_steps = -(-max(batches) // max(1, batched_tokens // context))
-    return admit_steps + warmup + 2 * steps + PROFILED_STEPS + 4
+    return admit_steps + warmup + 2 * steps + PROFILED_STEPS + TIMELINE_STEPS + 5
 
 
 def kv_blocks(num_seqs: int, tokens_per_seq: int, block_size: int) -> int:
@@ -142,6 +144,9 @@ def measure_decode(engine, batch: int, context: int, steps: int, warmup: int,
         host = cProfile.Profile()
         host.runcall(lambda: [engine.step() for _ in range(PROFILED_STEPS)])
         forward["host_functions"] = host_functions(host, PROFILED_STEPS)
+        if engine.device.type == "cuda":
+            forward["timeline"] = step_timeline(
+                lambda: [engine.step() for _ in range(TIMELINE_STEPS + 1)], TIMELINE_STEPS)
     engine.abort_request(ids)
     while engine.has_unfinished_requests():
         engine.step()
@@ -229,6 +234,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def print_timeline(t: dict | None) -> None:
+    if not t:
+        return
+    print(f"{'':>8}device timeline of {t['steps']} steps back to back: {t['span_ms']:.3f} ms/step, "
+          f"busy {t['busy_ms']:.3f}, idle {t['idle_ms']:.3f}")
+    for k in t["kernels"]:
+        print(f"{'':>8}{k['ms']:>8.3f} ms/step {k['calls']:>6.1f}x  {k['name'][:80]}")
+    for g in t["idle"]:
+        print(f"{'':>8}{g['us']:>8.1f} us/step idle {g['count']:>4.1f}x  "
+              f"{str(g['after'])[:40]} -> {g['before'][:40]}")
+
+
 def print_result(result: dict) -> None:
     print(f"model {result['model']}  dtype {result['dtype']}  device {result['device']}  "
           f"copy {result['copy_gbps']:.1f} GB/s (read+write)  matmul "
@@ -248,6 +265,7 @@ def print_result(result: dict) -> None:
         for f in r.get("host_functions", []):
             print(f"{'':>8}{f['ms_per_step']:>8.3f} ms/step host {f['calls']:>6}x  "
                   f"{f['function'][:80]}")
+        print_timeline(r.get("timeline"))
     p = result["prefill"]
     print(f"prefill {p['tokens']} tokens: {1000 * p['seconds']:.1f} ms, {p['tokens_per_s']:.0f} "
           f"tokens/s, {p['tflops']:.2f} TFLOP/s = {p['fraction_of_matmul']:.2f} of the matmul rate")

@@ -1,11 +1,14 @@
 """Probes of the device for ``hifc bench kernels``: its copy and matrix rates, the GPU time of a
 decode step's CUDA graph, and where a step's time goes (the graph's kernels, the host functions of
-``LLMEngine.step``)."""
+``LLMEngine.step``, and the device timeline of whole steps run back to back)."""
 from __future__ import annotations
 
 import cProfile
 import gc
+import json
+import os
 import pstats
+import tempfile
 import time
 
 
@@ -126,6 +129,74 @@ def profile_kernels(fn, top: int = 15) -> list[dict]:
             kernels[e.name] = (calls + 1, us + e.device_time)
     ranked = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:top]
     return [{"name": name, "calls": calls, "ms": us / 1000} for name, (calls, us) in ranked]
+
+
+# Chrome-trace categories of device work (torch profiler's export)
+DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+STEP_END = "Memcpy DtoH"  # a decode step's last device work: its sampled ids to the host
+
+
+def step_timeline(fn, steps: int) -> dict:
+    """The device timeline (``timeline``) of ``steps`` decode steps run back to back, from
+    torch's profiler with CUDA activity only (host tracing would slow the host and widen the
+    gaps it leaves). ``fn()`` runs the steps, one more than ``steps``: the window starts where
+    the first one profiled ends, past the profiler's start."""
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    return timeline(events, steps)
+
+
+def timeline(events: list[dict], steps: int, top: int = 12) -> dict:
+    """Per step, from Chrome-trace events (``ph`` "X", ``ts`` and ``dur`` in us) of decode
+    steps: between the end of the first step's copy of its sampled ids to the host and the end
+    of the copy ``steps`` steps later (the whole trace where it holds fewer such copies), the
+    span, the time some event ran (``busy_ms``: events that overlap, as launches under
+    programmatic dependent launch do, count once) and the rest (``idle_ms``); the ``top`` events
+    by time (name, calls, ms per step) and the ``top`` idle stretches by the event before and
+    after them (us per step, how often; the event before is None at the window's start)."""
+    work = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") in DEVICE_CATEGORIES),
+                  key=lambda e: e["ts"])
+    ends = [e["ts"] + e["dur"] for e in work if e["name"].startswith(STEP_END)]
+    if len(ends) > steps:
+        start, stop = ends[0], ends[steps]
+        work = [e for e in work if start <= e["ts"] < stop]
+    elif work:
+        start, stop = work[0]["ts"], max(e["ts"] + e["dur"] for e in work)
+    if not work:
+        return {}
+    covered, busy, last = start, 0.0, None
+    by_name: dict[str, list] = {}
+    idle: dict[tuple[str | None, str], list] = {}
+    for e in work:
+        begin, end = e["ts"], min(e["ts"] + e["dur"], stop)
+        if begin > covered:
+            gap = idle.setdefault((last, e["name"]), [0, 0.0])
+            gap[0] += 1
+            gap[1] += begin - covered
+        if end > covered:
+            busy += end - max(begin, covered)
+            covered, last = end, e["name"]
+        entry = by_name.setdefault(e["name"], [0, 0.0])
+        entry[0] += 1
+        entry[1] += e["dur"]
+    span = stop - start
+    kernels = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]
+    gaps = sorted(idle.items(), key=lambda kv: -kv[1][1])[:top]
+    return {"steps": steps, "span_ms": span / steps / 1000, "busy_ms": busy / steps / 1000,
+            "idle_ms": (span - busy) / steps / 1000,
+            "kernels": [{"name": name, "calls": calls / steps, "ms": us / steps / 1000}
+                        for name, (calls, us) in kernels],
+            "idle": [{"after": after, "before": before, "count": count / steps,
+                      "us": us / steps} for (after, before), (count, us) in gaps]}
 
 
 def host_functions(prof: cProfile.Profile, steps: int, top: int = 12) -> list[dict]:

@@ -70,7 +70,7 @@ def test_argparse_rejects_non_positive_options(argparse_rejects, argv):
 @pytest.mark.parametrize("argv, message", [
     (["--max-num-batched-tokens", "256", "--prefill-len", "512"],
      "--max-num-batched-tokens 256 is below max_model_len 513"),
-    (["--max-model-len", "64", "--prefill-len", "96"], "--max-model-len 64 is below the 97"),
+    (["--max-model-len", "64", "--prefill-len", "128"], "--max-model-len 64 is below the 129"),
     (["--prefill-len", "2000"], "exceeds the model's context length 1024"),
 ])
 def test_sizes_the_engine_cannot_hold_are_refused(hifc, argv, message):
@@ -86,9 +86,42 @@ def test_profile_lists_the_host_functions_of_decode_steps(hifc, tmp_path):
                            "--profile", "--json", out)
     assert code == 0
     for r in json.loads(out.read_text())["decode"]:
-        assert "kernels" not in r  # CPU: no decode graph to profile
+        assert "kernels" not in r and "timeline" not in r  # CPU: no graph, no device trace
         functions = r["host_functions"]
         assert 0 < len(functions) <= 12
         assert all(f["calls"] > 0 and f["ms_per_step"] >= 0 for f in functions)
         assert any("step" in f["function"] or "forward" in f["function"] for f in functions)
     assert "ms/step host" in stdout
+
+
+def test_timeline_counts_overlapping_launches_once_and_names_idle_stretches():
+    from hifc.bench.probes import timeline
+
+    def event(name, ts, dur, cat="kernel"):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}
+
+    step = [event("gemv", 0, 10), event("attention", 8, 6),  # launched early: overlaps
+            event("merge", 9, 7), event("argmax", 20, 3),  # 4 us idle before the argmax
+            event("Memcpy DtoH", 25, 1, "gpu_memcpy")]  # 2 us idle before the copy
+    events = [dict(e, ts=e["ts"] + 30 * i) for i in range(2) for e in step]  # 4 us between steps
+    events += [{"ph": "X", "cat": "cpu_op", "name": "aten::argmax", "ts": 0, "dur": 500},
+               {"ph": "i", "cat": "kernel", "name": "marker", "ts": 3}]  # host, instant: ignored
+    t = timeline(events, steps=2)
+    assert t["steps"] == 2
+    assert t["span_ms"] * 1000 == pytest.approx(28)  # 56 us over two steps
+    assert t["busy_ms"] * 1000 == pytest.approx(20)  # 16 + 3 + 1 per step
+    assert t["idle_ms"] * 1000 == pytest.approx(8)  # (4 + 2) per step, and 4 once between steps
+    assert [k["name"] for k in t["kernels"][:2]] == ["gemv", "merge"]
+    assert t["kernels"][0] == {"name": "gemv", "calls": 1.0, "ms": pytest.approx(0.010)}
+    gaps = {(g["after"], g["before"]): (g["count"], g["us"]) for g in t["idle"]}
+    assert gaps == {("merge", "argmax"): (1.0, pytest.approx(4.0)),
+                    ("argmax", "Memcpy DtoH"): (1.0, pytest.approx(2.0)),
+                    ("Memcpy DtoH", "gemv"): (0.5, pytest.approx(2.0))}
+    # with more copies to the host than steps, the window runs from the end of the first to
+    # the end of the copy `steps` later: the second step, and the idle stretch before it
+    one = timeline(events, steps=1)
+    assert (one["span_ms"] * 1000, one["busy_ms"] * 1000) == (pytest.approx(30), pytest.approx(20))
+    assert {(g["after"], g["before"]): g["us"] for g in one["idle"]}[None, "gemv"] == 4
+    assert [k["calls"] for k in one["kernels"]] == [1.0] * 5
+    assert timeline([step[0]], steps=1)["idle_ms"] == 0
+    assert timeline([], steps=1) == {}
