@@ -64,10 +64,9 @@ NUM_WARPS = 4
 MAX_ROWS = 16
 ROWS_K_MULTIPLE = 512  # K a multiple of this fits every configuration rows_config gives
 ROWS_SHARED_BYTES = 200 * 1024  # the stages' tiles stay within this much shared memory
-# The small-M kernel is launched with PDL (triton_pdl): a program prefetches this many K
-# slices of its weight rows into L2 while the kernel before it finishes. The one-row GEMV is
-# not: launched early it made batch-1 steps slower (8B: 4.74-4.76 ms against 4.55-4.56 without
-# PDL anywhere, 4.44 with PDL on every kernel but it; docs/RESULTS.md).
+# The small-M kernel is launched with PDL (triton_pdl; the one-row GEMV is not, see there): a
+# program prefetches this many K slices of its weight rows into L2 while the kernel before it
+# finishes.
 PREFETCH_SLICES = 2
 
 

@@ -7,9 +7,7 @@ compiled on CUDA (marked gpu). The kernel's PTX for Hopper is checked on any mac
 """
 from __future__ import annotations
 
-import importlib.util
 import itertools
-import os
 
 import pytest
 import torch
@@ -21,10 +19,7 @@ from hifc.layers.activation import GATED_ACTIVATIONS
 from hifc.layers.linear import MergedColumnLinear, QKVLinear, RowLinear, project_then_norm
 from hifc.layers.norm import RMSNorm
 from hifc.layers.tensor_parallel import TPShard
-from tests.layers.test_triton_fused import DEVICES
-
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+from tests.layers.triton_devices import DEVICES, HAS_TRITON, INTERPRET
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -2,17 +2,14 @@
 anything the step computes is read, weights and K/V prefetched into L2 before it), and on a GPU
 the same greedy outputs with it as without."""
 import dataclasses
-import importlib.util
-import os
 from types import MappingProxyType
 
 import pytest
 import torch
 
 from hifc.layers import triton_pdl
+from tests.layers.triton_devices import HAS_TRITON, INTERPRET
 
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 WAIT, RELEASE, PREFETCH = ("griddepcontrol.wait", "griddepcontrol.launch_dependents",
                            "prefetch.global.L2")
 
