@@ -46,8 +46,11 @@ from hifc.layers.dense_attention import (FusedShapes, chunk_call_shapes, dense_c
 
 # without Triton (a CPU-only install) this module imports and the backend refuses to run
 from hifc.layers import triton_pdl
+from hifc.dtypes import FP8_E4M3_MAX
+from hifc.layers.triton_fused import round_to
 from hifc.layers.triton_jit import jit as _jit
 from hifc.layers.triton_jit import tl, triton
+from hifc.layers.triton_kv_write import quantize
 from hifc.layers.triton_pdl import enter, prefetch_l2
 
 
@@ -74,6 +77,9 @@ MIXED_SPLIT_MAX_TOKENS = 1024
 # in 8 / 8 / 1; scripts/gpu_kernel_probe.py --parts decode).
 DECODE_PROGRAMS_PER_SM = 4
 MIXED_SEGMENT_KEYS = 2048
+# A decode-only launch whose segments of a KV head's query heads are at most this many partials
+# merges them in the program that finishes last, instead of in a merge kernel after it.
+MERGE_ROWS = 64
 MIXED_SPLIT_ROWS = 8192
 MIXED_MAX_SEGMENTS = 32
 
@@ -164,11 +170,12 @@ def _paged_attention_kernel(
     out_ptr, segm_out_ptr, segm_max_ptr, segm_sum_ptr, segm_count_ptr,
     q_ptr, k_cache_ptr, v_cache_ptr,
     block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, k_scale_ptr, v_scale_ptr,
+    positions_ptr, cos_ptr, sin_ptr, k_new_ptr, v_new_ptr, slot_mapping_ptr, arrivals_ptr,
     qk_scale, softcap_log2, window, num_seqs,
     stride_q_t, stride_q_h, stride_o_t, stride_o_h,
     stride_k_blk, stride_k_off, stride_k_head,
     stride_v_blk, stride_v_off, stride_v_head,
-    stride_bt,
+    stride_bt, stride_cos, stride_kn_t, stride_kn_h, stride_vn_t, stride_vn_h,
     NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
@@ -176,6 +183,8 @@ def _paged_attention_kernel(
     NUM_SEGMENTS: tl.constexpr, SEGMENT_TILES: tl.constexpr, DECODE_ONLY: tl.constexpr,
     SLIDING: tl.constexpr, SOFTCAP: tl.constexpr,
     KV_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
+    ROPE: tl.constexpr, MERGE: tl.constexpr, GROUP_PAD: tl.constexpr,
+    SEGMENTS_PAD: tl.constexpr, FP8_MAX: tl.constexpr,
 ):
     # Later q blocks of a sequence see more keys: hand them out first.
     q_block = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -243,6 +252,11 @@ def _paged_attention_kernel(
     block_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
     k_base = k_cache_ptr + kv_head * stride_k_head
     v_base = v_cache_ptr + kv_head * stride_v_head
+    if ROPE:  # a decode step's q and k are not rotated yet, nor its K/V written; the angles
+        # and slot come from the step's inputs, read before the wait
+        cos, sin = _rope_angles(positions_ptr, cos_ptr, sin_ptr, seq, stride_cos, offs_d,
+                                d_valid, HEAD_DIM)
+        slot = tl.load(slot_mapping_ptr + seq).to(tl.int64)
     if PDL:  # the step's inputs and earlier steps' K/V are ready: q and this step's K/V not yet
         if DECODE_ONLY:
             _prefetch_tile(tile_lo, block_row, k_base, v_base, kv_end, stride_k_blk,
@@ -250,7 +264,18 @@ def _paged_attention_kernel(
                            BLOCK_SIZE, TILE)
         enter()
     q_offs = token[:, None] * stride_q_t + head[:, None] * stride_q_h + offs_d[None, :]
-    q = tl.load(q_ptr + q_offs, mask=row_valid[:, None] & d_valid[None, :], other=0.0)  # [M, Dp]
+    q_mask = row_valid[:, None] & d_valid[None, :]
+    q = tl.load(q_ptr + q_offs, mask=q_mask, other=0.0)  # [M, Dp]
+    if ROPE:
+        q = _rope_rotate(q, q_ptr + q_offs, q_mask, offs_d, cos, sin, HEAD_DIM)
+        if segment == used_segments - 1:  # the segment ending with the new key writes it
+            _write_new_kv(k_new_ptr + seq * stride_kn_t + kv_head * stride_kn_h,
+                          v_new_ptr + seq * stride_vn_t + kv_head * stride_vn_h,
+                          slot, k_base, v_base, k_scale_ptr + kv_head,
+                          v_scale_ptr + kv_head, cos, sin, offs_d, d_valid, stride_k_blk,
+                          stride_k_off, stride_v_blk, stride_v_off, HEAD_DIM, BLOCK_SIZE,
+                          KV_FP8, FP8_MAX)
+            tl.debug_barrier()  # its stores are seen by this program's loads of the last tile
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max (log2 units)
     l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
@@ -278,7 +303,8 @@ def _paged_attention_kernel(
 
     if KV_FP8:  # p @ (v8 * v_scale) = (p @ v8) * v_scale; partials merge linearly
         acc = acc * tl.load(v_scale_ptr + kv_head)
-    if NUM_SEGMENTS > 1 and segment == 0:  # the merge kernel reads how many partials a row has
+    if NUM_SEGMENTS > 1 and not MERGE and segment == 0:  # the merge kernel reads how many
+        # partials a row has
         tl.store(segm_count_ptr + token, tl.full([BLOCK_M], 1, tl.int32) * used_segments,
                  mask=row_valid)
     if used_segments == 1:
@@ -293,6 +319,91 @@ def _paged_attention_kernel(
         tl.store(segm_sum_ptr + part, l_i, mask=row_valid)
         tl.store(segm_out_ptr + part[:, None] * HEAD_DIM_PAD + offs_d[None, :], acc,
                  mask=row_valid[:, None])
+        if MERGE:  # the last of the sequence's segments (for this KV head) to finish merges
+            tl.debug_barrier()  # every thread's partials stored before the release below
+            arrivals = arrivals_ptr + seq * tl.num_programs(1) + kv_head
+            if tl.atomic_add(arrivals, 1, sem="acq_rel", scope="gpu") == used_segments - 1:
+                tl.store(arrivals, 0)  # zero again for the next launch
+                _merge_in_program(out_ptr, segm_out_ptr, segm_max_ptr, segm_sum_ptr, seq,
+                                  kv_head, used_segments, stride_o_t, stride_o_h, NUM_Q_HEADS,
+                                  GROUP, GROUP_PAD, HEAD_DIM, HEAD_DIM_PAD, NUM_SEGMENTS,
+                                  SEGMENTS_PAD)
+
+
+@_jit
+def _rope_angles(positions_ptr, cos_ptr, sin_ptr, token, stride_cos, offs_d, d_valid,
+                 HEAD_DIM: tl.constexpr):
+    """cos and sin ([Dp], float32) of the token's position for each dimension of a head: the
+    angle of dimension d is that of d mod HEAD_DIM / 2 (rotate-half RoPE)."""
+    half: tl.constexpr = HEAD_DIM // 2
+    pair = tl.where(offs_d < half, offs_d, offs_d - half)
+    at = tl.load(positions_ptr + token).to(tl.int64) * stride_cos + pair
+    cos = tl.load(cos_ptr + at, mask=d_valid, other=0.0).to(tl.float32)
+    sin = tl.load(sin_ptr + at, mask=d_valid, other=0.0).to(tl.float32)
+    return cos, sin
+
+
+@_jit
+def _rope_rotate(x, ptrs, mask, offs_d, cos, sin, HEAD_DIM: tl.constexpr):
+    """Rotate-half RoPE of x (loaded from ptrs; last dimension offs_d, one head), rounded as
+    ``triton_fused.rotated_heads`` rounds it: dimension d pairs with d +- HEAD_DIM / 2."""
+    half: tl.constexpr = HEAD_DIM // 2
+    first = offs_d < half
+    partner = tl.load(ptrs + tl.where(first, half, -half), mask=mask, other=0.0)
+    a = round_to(x.to(tl.float32) * cos, x.dtype)
+    b = round_to(partner.to(tl.float32) * sin, x.dtype)
+    return tl.where(first, a - b, a + b).to(x.dtype)
+
+
+@_jit
+def _write_new_kv(k_ptr, v_ptr, slot, k_base, v_base, k_scale_ptr, v_scale_ptr, cos, sin,
+                  offs_d, d_valid, stride_k_blk, stride_k_off, stride_v_blk, stride_v_off,
+                  HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, KV_FP8: tl.constexpr,
+                  FP8_MAX: tl.constexpr):
+    """Rotate one head's new key (k_ptr) and write it and its value (v_ptr) into the cache at
+    the token's slot, as ``rotary_write_kv_cache`` writes them; a negative slot is skipped."""
+    if slot >= 0:
+        k = tl.load(k_ptr + offs_d, mask=d_valid, other=0.0)
+        k = _rope_rotate(k, k_ptr + offs_d, d_valid, offs_d, cos, sin, HEAD_DIM)
+        v = tl.load(v_ptr + offs_d, mask=d_valid, other=0.0)
+        if KV_FP8:
+            k = quantize(k, tl.load(k_scale_ptr), FP8_MAX)
+            v = quantize(v, tl.load(v_scale_ptr), FP8_MAX)
+        block = slot // BLOCK_SIZE
+        in_block = slot % BLOCK_SIZE
+        tl.store(k_base + block * stride_k_blk + in_block * stride_k_off + offs_d, k,
+                 mask=d_valid)
+        tl.store(v_base + block * stride_v_blk + in_block * stride_v_off + offs_d, v,
+                 mask=d_valid)
+
+
+@_jit
+def _merge_in_program(out_ptr, segm_out_ptr, segm_max_ptr, segm_sum_ptr, token, kv_head, used,
+                      stride_o_t, stride_o_h, NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr,
+                      GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+                      HEAD_DIM_PAD: tl.constexpr, NUM_SEGMENTS: tl.constexpr,
+                      SEGMENTS_PAD: tl.constexpr):
+    """Merge the `used` partials of a decode token's GROUP query heads of one KV head, all at
+    once, as ``_merge_segments_kernel`` merges a head's, and store its output. The partials
+    were written by other programs: loaded past L1."""
+    offs_g = tl.arange(0, GROUP_PAD)
+    offs_s = tl.arange(0, SEGMENTS_PAD)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    g_ok = offs_g < GROUP
+    head = kv_head * GROUP + offs_g  # [G]
+    part = ((token.to(tl.int64) * NUM_Q_HEADS + head) * NUM_SEGMENTS)[:, None] + offs_s[None, :]
+    seen = g_ok[:, None] & (offs_s < used)[None, :]  # [G, S]
+    m = tl.load(segm_max_ptr + part, mask=seen, other=float("-inf"), cache_modifier=".cg")
+    sums = tl.load(segm_sum_ptr + part, mask=seen, other=0.0, cache_modifier=".cg")
+    acc = tl.load(segm_out_ptr + part[:, :, None] * HEAD_DIM_PAD + offs_d[None, None, :],
+                  mask=seen[:, :, None], other=0.0, cache_modifier=".cg")  # [G, S, Dp]
+    # finite on a head's rows: the segment holding the token's own key saw it
+    m_all = tl.where(g_ok, tl.max(m, axis=1), 0.0)  # [G]
+    w = tl.exp2(m - m_all[:, None])  # slots past `used` weigh 0
+    total = tl.where(g_ok, tl.sum(sums * w, axis=1), 1.0)
+    out = tl.sum(acc * w[:, :, None], axis=1) / total[:, None]
+    tl.store(out_ptr + token * stride_o_t + head[:, None] * stride_o_h + offs_d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & (offs_d < HEAD_DIM)[None, :])
 
 
 @_jit
@@ -376,6 +487,67 @@ def _merge_segments_kernel(
 
 def _next_pow2(x: int) -> int:
     return 1 << max(0, (x - 1).bit_length())
+
+
+def rotates_in_launch(plan: LaunchPlan) -> bool:
+    """Whether a decode-only step's attention launch under ``plan`` also rotates q and k and
+    writes the new K/V (``paged_attention``'s rope), rather than a RoPE + KV-write kernel
+    before it: with even splits (8B shapes on an H200, a decode layer with its projections at
+    batch 1 / 4 / 32 took 41.8 / 54.7 / 162.7 us against 42.5 / 56.7 / 163.9), but not with
+    balanced segments, whose 128-key tiles in two stages leave room for one program per SM,
+    so that its wait on the rotation's loads stalls the SM (batch 32, 4,190-key cap: 178.3
+    against 169.2 us)."""
+    return plan.segment_tiles == 1
+
+
+def merges_in_launch(num_segments: int, group: int) -> bool:
+    """Whether a split decode-only launch merges its partials itself: when a KV head's query
+    heads x segments (padded) are at most MERGE_ROWS, which the merging program loads at once.
+    The last program of a sequence's KV head to finish merges (counted in the arrival counters),
+    saving the merge kernel's launch: 8B shapes on an H200, a decode layer (QKV projection,
+    attention, O projection) at batch 4 (16 segments) took 56.5 us against 59.8 with the merge
+    kernel; at batch 1 (64 segments, four loads of partials one after another) 44.7 against
+    44.0 (docs/RESULTS.md)."""
+    return num_segments > 1 and _next_pow2(group) * _next_pow2(num_segments) <= MERGE_ROWS
+
+
+# Each device's segment-arrival counters of in-kernel merges, all zero between launches (the
+# merging program zeroes its own); every buffer is kept, as CUDA graphs captured with it hold
+# its address.
+_arrival_buffers: dict[torch.device, list[torch.Tensor]] = {}
+ARRIVALS_MIN = 1 << 16
+
+
+def _arrivals(device: torch.device, n: int) -> torch.Tensor:
+    """At least n zeroed int32 counters on device (one per decode token and KV head)."""
+    buffers = _arrival_buffers.setdefault(device, [])
+    if not buffers or buffers[-1].numel() < n:
+        buffers.append(torch.zeros(max(n, ARRIVALS_MIN), dtype=torch.int32, device=device))
+    return buffers[-1]
+
+
+def _new_kv_operands(rope: Rope | None, q: torch.Tensor, k: torch.Tensor | None,
+                     v: torch.Tensor | None, kv_cache: torch.Tensor, meta: AttentionMetadata,
+                     decode_only: bool) -> tuple:
+    """The kernel's positions, cos, sin, new k and v and slot-mapping operands, then its cos
+    stride and k and v strides: rope's, checked, or stand-ins when there is no rope."""
+    if rope is None:
+        return (q,) * 6 + (0,) * 5
+    if not decode_only:
+        raise ValueError("rotating q and k in the attention launch takes a decode-only step")
+    num_kv_heads, head_dim = kv_cache.shape[-2:]
+    if k is None or v is None or k.shape != v.shape or k.shape != (q.shape[0], num_kv_heads,
+                                                                    head_dim):
+        raise ValueError("rope needs the step's new k and v, [T, Hkv, D] each")
+    if head_dim % 2:
+        raise ValueError(f"rotate-half RoPE needs an even head_dim, got {head_dim}")
+    cos, sin = rope.rotary.cos_cache, rope.rotary.sin_cache
+    if cos.stride(-1) != 1 or cos.stride() != sin.stride() or cos.shape[-1] != head_dim // 2:
+        raise ValueError("cos_cache and sin_cache must be alike [P, D/2], contiguous last dim")
+    k, v, positions = (t if t.stride(-1) == 1 else t.contiguous()
+                       for t in (k, v, rope.positions))
+    return (positions, cos, sin, k, v, meta.slot_mapping, cos.stride(0), k.stride(0),
+            k.stride(1), v.stride(0), v.stride(1))
 
 
 @dataclass(frozen=True)
@@ -465,6 +637,11 @@ def plan_launch(max_query_len: int, max_seq_len: int, num_seqs: int, num_q_heads
         if max_query_len == 1 and tile == 64:
             tile = 128
         segment_tiles = max(1, BALANCED_SEGMENT_KEYS // tile)
+    if max_query_len == 1 and segment_tiles == 1 and num_segments * tile >= max_seq_len:
+        # a decode program reads one tile: nothing to pipeline, and a second stage's shared
+        # memory only keeps programs off the SMs (8B shapes on an H200, batch 1 at 4k in 64
+        # segments: 42.3 against 44.0 us per decode layer with its projections)
+        num_stages = 1
     return LaunchPlan(block_m, block_q, tile, num_segments, num_warps, num_stages, segment_tiles)
 
 
@@ -521,7 +698,14 @@ class TritonAttentionBackend:
                 out: torch.Tensor | None = None, *, rope: Rope | None = None) -> torch.Tensor:
         """Write k, v ([T, Hkv, D]) into kv_cache, then return attention of q ([T, Hq, D]).
         kv_scale: the K and V scales ([2, Hkv] float32) of a float8 cache, else None. rope: q
-        and k are not rotated yet (with the Triton KV write, rotated in its launch)."""
+        and k are not rotated yet (with the Triton KV write, rotated in its launch; in a
+        decode-only step, in the attention's launch, which also writes k and v)."""
+        if (rope is not None and self.triton_kv_write and meta.max_query_len == 1
+                and q.shape[0] == meta.num_seqs):
+            plan = self.plan(q, kv_cache, meta, sliding_window)
+            if rotates_in_launch(plan):
+                return paged_attention(q, kv_cache, meta, scale, plan, out, sliding_window,
+                                       logit_softcap, kv_scale, rope=rope, k=k, v=v)
         if rope is not None and self.triton_kv_write:
             from hifc.layers.triton_kv_write import rotary_write_kv_cache
             rotary = rope.rotary
@@ -597,10 +781,15 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
                     plan: LaunchPlan, out: torch.Tensor | None = None,
                     sliding_window: int | None = None,
                     logit_softcap: float | None = None,
-                    kv_scale: torch.Tensor | None = None) -> torch.Tensor:
+                    kv_scale: torch.Tensor | None = None, *, rope: Rope | None = None,
+                    k: torch.Tensor | None = None, v: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of q ([T, Hq, D]) over the paged cache ([2, NB, BS, Hkv, D]), within the
     last sliding_window keys of each query if set, scores soft-capped at logit_softcap if set;
-    a float8 cache is read with kv_scale ([2, Hkv] float32: K and V scales)."""
+    a float8 cache is read with kv_scale ([2, Hkv] float32: K and V scales).
+
+    rope, k, v (a decode-only step, one token per sequence): q and the new keys k ([T, Hkv, D])
+    are not rotated yet, and k and v are not in the cache. The launch rotates them and writes k
+    and v as ``rotary_write_kv_cache`` does (a negative slot skipped), then attends."""
     check_kv_scale(kv_cache, kv_scale)
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = kv_cache.shape[-2]
@@ -628,6 +817,7 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
     # [Hkv] each; without float8 unused (any tensor will do)
     k_scale, v_scale = (kv_scale[0], kv_scale[1]) if fp8 else (meta.seq_lens, meta.seq_lens)
     split = plan.num_segments > 1
+    merge = split and decode_only and merges_in_launch(plan.num_segments, group)
     pdl = triton_pdl.launch_options(q.device)
     if split:
         segm_out = torch.empty(num_tokens, num_q_heads, plan.num_segments, head_dim_pad,
@@ -635,13 +825,17 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
         segm_max = torch.empty(num_tokens, num_q_heads, plan.num_segments, dtype=torch.float32,
                                device=q.device)
         segm_sum = torch.empty_like(segm_max)
-        segm_count = torch.empty(num_tokens, dtype=torch.int32, device=q.device)
+        segm_count = (out if merge else
+                      torch.empty(num_tokens, dtype=torch.int32, device=q.device))
     else:
         segm_out = segm_max = segm_sum = segm_count = out  # unused
+    arrivals = _arrivals(q.device, num_tokens * num_kv_heads) if merge else segm_count
+    new_kv = _new_kv_operands(rope, q, k, v, kv_cache, meta, decode_only)
     _paged_attention_kernel[(num_q_blocks, num_kv_heads, plan.num_segments)](
         out, segm_out, segm_max, segm_sum, segm_count,
         q, k_cache, v_cache,
         meta.block_tables, meta.seq_lens, meta.query_start_loc, k_scale, v_scale,
+        *new_kv[:6], arrivals,
         # soft-capping: tanh(q.k * scale / cap) * cap, in log2 units
         scale * LOG2E if logit_softcap is None else scale / logit_softcap,
         0.0 if logit_softcap is None else logit_softcap * LOG2E,
@@ -649,7 +843,7 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        meta.block_tables.stride(0),
+        meta.block_tables.stride(0), *new_kv[6:],
         NUM_Q_HEADS=num_q_heads, GROUP=group,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
         BLOCK_SIZE=meta.block_size, TILE=plan.tile,
@@ -659,9 +853,10 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
         SLIDING=sliding_window is not None,
         SOFTCAP=logit_softcap is not None, KV_FP8=fp8,
         DOT_PRECISION="tf32x3" if q.dtype == torch.float32 else "tf32",
-        **pdl, num_warps=plan.num_warps, num_stages=plan.num_stages,
+        **pdl, ROPE=rope is not None, MERGE=merge, GROUP_PAD=_next_pow2(group),
+        SEGMENTS_PAD=max(2, _next_pow2(plan.num_segments)), FP8_MAX=FP8_E4M3_MAX, num_warps=plan.num_warps, num_stages=plan.num_stages,
     )
-    if split:
+    if split and not merge:
         _merge_segments_kernel[(num_tokens, num_q_heads)](
             out, segm_out, segm_max, segm_sum, segm_count,
             out.stride(0), out.stride(1),

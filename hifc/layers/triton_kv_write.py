@@ -21,10 +21,9 @@ from hifc.layers.triton_pdl import enter, enter_releasing_first
 
 
 @_jit
-def _quantize(x, scale_ptr, offs_h, NUM_KV_HEADS: tl.constexpr, FP8_MAX: tl.constexpr):
-    """x ([BLOCK_H, BLOCK_D]) / its head's scale, clamped to float8's range, as float8."""
-    scale = tl.load(scale_ptr + offs_h, mask=offs_h < NUM_KV_HEADS, other=1.0)  # [BLOCK_H]
-    scaled = tl.math.div_rn(x.to(tl.float32), scale[:, None])  # IEEE division, as torch's
+def quantize(x, scale, FP8_MAX: tl.constexpr):
+    """x / scale (float32, broadcast against x), clamped to float8's range, as float8."""
+    scaled = tl.math.div_rn(x.to(tl.float32), scale)  # IEEE division, as torch's
     scaled = tl.minimum(tl.maximum(scaled, -FP8_MAX), FP8_MAX)
     return scaled.to(tl.float8e4nv, fp_downcast_rounding="rtne")
 
@@ -35,7 +34,8 @@ def _store_heads(x, cache_ptr, slot, scale_ptr, offs_h, offs_d, mask, stride_slo
     """x ([BLOCK_H, BLOCK_D]: heads offs_h, dims offs_d) into the cache at slot (float8: scaled
     per head)."""
     if KV_FP8:
-        x = _quantize(x, scale_ptr, offs_h, NUM_KV_HEADS, FP8_MAX)
+        scale = tl.load(scale_ptr + offs_h, mask=offs_h < NUM_KV_HEADS, other=1.0)  # [BLOCK_H]
+        x = quantize(x, scale[:, None], FP8_MAX)
     tl.store(cache_ptr + slot * stride_slot + offs_h[:, None] * stride_head + offs_d[None, :], x,
              mask=mask)
 

@@ -9,6 +9,7 @@ import dataclasses
 import math
 import os
 import random
+from unittest import mock
 
 import pytest
 import torch
@@ -469,6 +470,110 @@ def test_backend_applies_rope_as_the_torch_backend_does(triton_kv_write):
         q, k, v, kv_cache, meta, 0.125, rope=rope)
     assert torch.equal(kv_cache, torch_cache)
     assert ((out.float() - ref.float()).norm() / ref.float().norm()).item() < 2e-3
+
+
+@device_test
+@pytest.mark.parametrize("fp8", [False, True], ids=["fp16-cache", "fp8-cache"])
+@pytest.mark.parametrize("head_dim,num_segments", [(128, 1), (128, 8), (96, 4)])
+def test_decode_step_rotates_and_writes_in_the_attention_launch(fp8, head_dim, num_segments):
+    # A decode-only step given q and k unrotated: the attention's launch rotates them and
+    # writes k and v (a padding slot skipped) -- the same cache, bit for bit, and the same
+    # output as the RoPE + KV-write kernel followed by the attention.
+    from hifc.layers.triton_attention import paged_attention
+    from hifc.layers.triton_kv_write import rotary_write_kv_cache
+    contexts = [0, 70, 15, 300, 129]
+    step = make_step([1] * len(contexts), contexts, 8, 2, head_dim, 16, torch.float16, seed=18)
+    q, k, v, kv_cache, meta = step
+    q = torch.cat([q, k, v], dim=1)[:, :8]  # a strided view, as the projection gives it
+    kv_scale = None
+    if fp8:
+        _, k, v, kv_cache, _, kv_scale = fp8_step(step, 18)
+    rope = rope_step(step, 18)
+    meta = dataclasses.replace(meta, slot_mapping=meta.slot_mapping.clone())
+    meta.slot_mapping[2] = -1  # a padding token
+    plan = dataclasses.replace(FixedSegments(num_segments, 1).plan(q, kv_cache, meta),
+                               num_segments=num_segments)
+    expected_cache = kv_cache.clone()
+    rotated_q, _ = rotary_write_kv_cache(rope.positions, q, k, v, rope.rotary.cos_cache,
+                                         rope.rotary.sin_cache, expected_cache, meta.slot_mapping,
+                                         kv_scale)
+    expected = paged_attention(rotated_q, expected_cache, meta, 0.1, plan, kv_scale=kv_scale)
+    out = paged_attention(q, kv_cache, meta, 0.1, plan, kv_scale=kv_scale, rope=rope, k=k, v=v)
+    assert torch.equal(kv_cache.view(torch.uint8), expected_cache.view(torch.uint8))
+    assert torch.equal(out, expected)
+
+
+@device_test
+def test_backend_rotates_decode_steps_in_the_attention_launch():
+    # Through the backend: a decode-only step with RoPE takes the one launch, and matches the
+    # torch backend.
+    contexts = [5, 200, 1000, 17]
+    step = make_step([1] * len(contexts), contexts, 8, 2, 64, 16, torch.float16, seed=19)
+    q, k, v, kv_cache, meta = step
+    rope = rope_step(step, 19)
+    torch_cache = kv_cache.clone()
+    with torch_path():
+        ref = TorchAttentionBackend().forward(q, k, v, torch_cache, meta, 0.125, rope=rope)
+    backend = TritonAttentionBackend()
+    with mock.patch("hifc.layers.triton_kv_write.rotary_write_kv_cache",
+                    side_effect=AssertionError("a separate RoPE + KV-write launch")):
+        out = backend.forward(q, k, v, kv_cache, meta, 0.125, rope=rope)
+    assert torch.equal(kv_cache, torch_cache)
+    assert ((out.float() - ref.float()).norm() / ref.float().norm()).item() < 2e-3
+
+
+def test_decode_rope_in_the_attention_launch_refuses_other_steps():
+    from hifc.layers.triton_attention import paged_attention
+    step = make_step([2, 1], [5, 20], 4, 2, 64, 16, torch.float16, seed=20)
+    q, k, v, kv_cache, meta = step
+    plan = plan_launch(2, 22, 2, 4, 2, 64, 2, 8)
+    with pytest.raises(ValueError, match="decode-only"):
+        paged_attention(q, kv_cache, meta, 0.1, plan, rope=rope_step(step, 20), k=k, v=v)
+
+
+@device_test
+@pytest.mark.parametrize("group,num_segments", [(8, 8), (4, 16), (5, 4)])
+def test_decode_merge_in_the_last_program(group, num_segments):
+    # Decode-only launches of few segments merge each sequence's partials in the program of
+    # its KV head that finishes last, and leave every arrival counter at zero for the next
+    # launch.
+    from hifc.layers import triton_attention
+    contexts = [600, 0, 37, 1500, 250]
+    backend = FixedSegments(num_segments, 1)
+    backend.plan = lambda *a, **kw: dataclasses.replace(
+        FixedSegments.plan(backend, *a, **kw), tile=16)
+    assert triton_attention.merges_in_launch(num_segments, group)
+    for seed in (21, 22):
+        step = make_step([1] * len(contexts), contexts, 2 * group, 2, 128, 16, torch.float32,
+                         seed=seed + group)
+        with mock.patch.object(triton_attention, "_merge_segments_kernel",
+                               side_effect=AssertionError("a merge kernel launched")):
+            check(backend, *step, torch.float32)
+        assert not triton_attention._arrival_buffers[step[0].device][-1].any()
+
+
+def test_which_decode_launches_merge_in_the_launch():
+    from hifc.layers.triton_attention import merges_in_launch
+    assert merges_in_launch(16, 4) and merges_in_launch(2, 4) and merges_in_launch(8, 5)
+    assert not merges_in_launch(1, 4)  # nothing to merge
+    assert not merges_in_launch(64, 4) and not merges_in_launch(16, 5)  # too many partials
+
+
+def test_which_decode_steps_rotate_in_the_attention_launch():
+    from hifc.layers.triton_attention import rotates_in_launch
+    common = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, elem_size=2, num_sms=132)
+    assert rotates_in_launch(plan_launch(1, 4096, 1, **common))  # even splits
+    assert rotates_in_launch(plan_launch(1, 4096, 32, **common))
+    balanced = plan_launch(1, 8192, 32, **common)
+    assert balanced.segment_tiles > 1 and not rotates_in_launch(balanced)
+
+
+def test_decode_programs_of_one_tile_take_one_stage():
+    common = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, elem_size=2, num_sms=132)
+    one_tile = plan_launch(1, 4096, 1, **common)
+    assert one_tile.num_segments * one_tile.tile >= 4096 and one_tile.num_stages == 1
+    assert plan_launch(1, 4096, 4, **common).num_stages == 2  # 16 segments of 4 tiles
+    assert plan_launch(1, 8192, 32, **common).num_stages == 2  # balanced segments
 
 
 # ---- float8 KV cache ------------------------------------------------------------------------

@@ -58,11 +58,31 @@ def paged_attention_signature(cache: str) -> dict:
                  "k_cache_ptr": f"*{cache}", "v_cache_ptr": f"*{cache}",
                  "block_tables_ptr": "*i32", "seq_lens_ptr": "*i32",
                  "query_start_loc_ptr": "*i32", "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32",
+                 "positions_ptr": "*i64", "cos_ptr": "*bf16", "sin_ptr": "*bf16",
+                 "k_new_ptr": "*bf16", "v_new_ptr": "*bf16", "slot_mapping_ptr": "*i64",
+                 "arrivals_ptr": "*i32",
                  "qk_scale": "fp32", "softcap_log2": "fp32", "window": "i32", "num_seqs": "i32"}
     signature.update({name: "i32" for name in (
         "stride_q_t", "stride_q_h", "stride_o_t", "stride_o_h", "stride_k_blk", "stride_k_off",
-        "stride_k_head", "stride_v_blk", "stride_v_off", "stride_v_head", "stride_bt")})
+        "stride_k_head", "stride_v_blk", "stride_v_off", "stride_v_head", "stride_bt",
+        "stride_cos", "stride_kn_t", "stride_kn_h", "stride_vn_t", "stride_vn_h")})
     return signature
+
+
+def paged_attention_constexprs(plan, decode_only: bool, **flags) -> dict:
+    """The paged attention kernel's compile-time arguments for the 8B preset's heads (32 query
+    heads, 8 KV heads of 128) under ``plan``, without RoPE, window, soft-capping or float8 and
+    merging in the launch when a decode-only plan splits (into few enough segments);
+    ``flags`` override any."""
+    from hifc.layers.triton_attention import merges_in_launch
+
+    return dict(NUM_Q_HEADS=32, GROUP=4, HEAD_DIM=128, HEAD_DIM_PAD=128, BLOCK_SIZE=64,
+                TILE=plan.tile, BLOCK_M=plan.block_m, BLOCK_Q=plan.block_q,
+                NUM_SEGMENTS=plan.num_segments, SEGMENT_TILES=plan.segment_tiles,
+                DECODE_ONLY=decode_only, SLIDING=False, SOFTCAP=False, KV_FP8=False,
+                DOT_PRECISION="tf32", PDL=decode_only, ROPE=False,
+                MERGE=decode_only and merges_in_launch(plan.num_segments, 4), GROUP_PAD=4,
+                SEGMENTS_PAD=max(2, plan.num_segments), FP8_MAX=448.0) | flags
 
 
 def test_fp8_kv_write_compiles_to_saturating_conversions():
@@ -101,13 +121,29 @@ def test_fp8_paged_attention_compiles_to_hardware_conversions(max_query_len, num
 
     plan = plan_launch(max_query_len, 4096, num_seqs, 32, 8, 128, 2, 132, split_kv)
     assert (plan.num_segments > 1) == split_kv
-    constexprs = dict(NUM_Q_HEADS=32, GROUP=4, HEAD_DIM=128, HEAD_DIM_PAD=128, BLOCK_SIZE=64,
-                      TILE=plan.tile, BLOCK_M=plan.block_m, BLOCK_Q=plan.block_q,
-                      NUM_SEGMENTS=plan.num_segments, SEGMENT_TILES=plan.segment_tiles,
-                      DECODE_ONLY=max_query_len == 1, SLIDING=True, SOFTCAP=True, KV_FP8=True,
-                      DOT_PRECISION="tf32", PDL=max_query_len == 1)  # with the K/V prefetch
+    decode = max_query_len == 1  # with the K/V prefetch, RoPE, the KV write and the merge
+    constexprs = paged_attention_constexprs(plan, decode, SLIDING=True, SOFTCAP=True,
+                                            KV_FP8=True, ROPE=decode)
     ptx = compile_ptx(_paged_attention_kernel, paged_attention_signature("fp8e4nv"), constexprs,
                       plan.num_warps,
                       plan.num_stages)
     assert "cvt.rn.f16x2.e4m3x2" in ptx  # float8 pairs converted by the hardware
     assert "ld.global.v4.b32" in ptx  # K and V read 16 bytes (16 float8 values) at a time
+    if decode:  # the new K/V written as the KV write writes them
+        assert "cvt.rn.satfinite.e4m3x2.f32" in ptx and "div.rn.f32" in ptx
+
+
+def test_decode_attention_merges_after_a_barrier_and_a_releasing_arrival():
+    # Every thread's partials are stored before the program's arrival (a barrier, then one
+    # acquire-release atomic at GPU scope); the merging program reads the others' partials
+    # past L1.
+    from hifc.layers.triton_attention import _paged_attention_kernel, plan_launch
+
+    plan = plan_launch(1, 4096, 4, 32, 8, 128, 2, 132)
+    assert plan.num_segments > 1
+    ptx = compile_ptx(_paged_attention_kernel, paged_attention_signature("bf16"),
+                      paged_attention_constexprs(plan, True, ROPE=True, MERGE=True), plan.num_warps,
+                      plan.num_stages)
+    arrival = ptx.index("atom.global.gpu.acq_rel.add")
+    assert ptx.rfind("bar.sync", 0, arrival) > ptx.rfind("st.global", 0, arrival)
+    assert "ld.global.cg" in ptx[arrival:]

@@ -91,7 +91,8 @@ def test_elementwise_and_merge_kernels_wait_before_reading(pdl):
 def test_rotary_kv_write_releases_the_attention_first_and_the_attention_prefetches():
     from hifc.layers.triton_attention import _paged_attention_kernel, plan_launch
     from hifc.layers.triton_kv_write import _rotary_kv_write_kernel
-    from tests.layers.test_triton_compile_fp8 import (compile_ptx, paged_attention_signature,
+    from tests.layers.test_triton_compile_fp8 import (compile_ptx, paged_attention_constexprs,
+                                                      paged_attention_signature,
                                                       rotary_kv_write_signature)
 
     rope = compile_ptx(_rotary_kv_write_kernel, rotary_kv_write_signature("bf16"),
@@ -103,12 +104,7 @@ def test_rotary_kv_write_releases_the_attention_first_and_the_attention_prefetch
     plan = plan_launch(1, 4096, 1, 32, 8, 128, 2, 132)
     assert plan.num_segments > 1
     for decode_only in (True, False):
-        constexprs = dict(NUM_Q_HEADS=32, GROUP=4, HEAD_DIM=128, HEAD_DIM_PAD=128,
-                          BLOCK_SIZE=64, TILE=plan.tile, BLOCK_M=plan.block_m,
-                          BLOCK_Q=plan.block_q, NUM_SEGMENTS=plan.num_segments,
-                          SEGMENT_TILES=plan.segment_tiles, DECODE_ONLY=decode_only,
-                          SLIDING=False, SOFTCAP=False, KV_FP8=False, DOT_PRECISION="tf32",
-                          PDL=True)
+        constexprs = paged_attention_constexprs(plan, decode_only, PDL=True)
         ptx = compile_ptx(_paged_attention_kernel, paged_attention_signature("bf16"),
                           constexprs, plan.num_warps, plan.num_stages)
         if decode_only:  # the first K/V tile of its segment, before the wait
