@@ -19,13 +19,17 @@ Programs find their sequence by binary search over ``query_start_loc`` (sequence
 start at ``query_start_loc[i] // BLOCK_Q + i``), so the grid depends only on T and B and nothing is
 built on the host per step (a decode-only step skips the search: q block i is sequence i). With
 NUM_SEGMENTS > 1 each program also takes one slice of the KV tiles and writes unnormalised
-partials (acc, running max, running sum); a second kernel merges them, and a sequence whose
-tiles fit one segment is written directly. Slices are a sequence's tiles over NUM_SEGMENTS but
-at least SEGMENT_TILES long; a last slice of at most an eighth of that joins the one before.
+partials (acc, running max, running sum); a second kernel merges them (in a decode-only launch
+of few segments, the last of a sequence's programs for its KV head to finish does:
+``merges_in_launch``), and a sequence whose tiles fit one segment is written directly. Slices
+are a sequence's tiles over NUM_SEGMENTS but at least SEGMENT_TILES long; a last slice of at
+most an eighth of that joins the one before.
 Decode batches with too few programs (one per sequence and KV head) to give each SM about
 DECODE_PROGRAMS_PER_SM split evenly, when their sequences are few or their contexts short;
 larger batches that may hold long contexts split them into segments of one size, so that
-programs over the longest contexts do not run alone at the end of the launch.
+programs over the longest contexts do not run alone at the end of the launch. An evenly split
+decode-only launch may also rotate q and k by RoPE and write the new K/V itself
+(``rotates_in_launch``), instead of the RoPE + KV-write kernel before it.
 
 Prompt chunks of at least ``DENSE_PREFILL_MIN_TOKENS`` tokens (after any decodes of the step)
 attend through torch's fused kernels instead, cuDNN's first (:mod:`hifc.layers.dense_attention`),
@@ -77,11 +81,11 @@ MIXED_SPLIT_MAX_TOKENS = 1024
 # in 8 / 8 / 1; scripts/gpu_kernel_probe.py --parts decode).
 DECODE_PROGRAMS_PER_SM = 4
 MIXED_SEGMENT_KEYS = 2048
-# A decode-only launch whose segments of a KV head's query heads are at most this many partials
-# merges them in the program that finishes last, instead of in a merge kernel after it.
-MERGE_ROWS = 64
 MIXED_SPLIT_ROWS = 8192
 MIXED_MAX_SEGMENTS = 32
+# A decode-only launch whose KV heads' query heads x segments are at most this many partials
+# merges them in the program that finishes last, instead of in a merge kernel after it.
+MERGE_ROWS = 64
 
 
 @_jit
@@ -303,8 +307,8 @@ def _paged_attention_kernel(
 
     if KV_FP8:  # p @ (v8 * v_scale) = (p @ v8) * v_scale; partials merge linearly
         acc = acc * tl.load(v_scale_ptr + kv_head)
-    if NUM_SEGMENTS > 1 and not MERGE and segment == 0:  # the merge kernel reads how many
-        # partials a row has
+    if NUM_SEGMENTS > 1 and not MERGE and segment == 0:  # how many partials a row has, for
+        # the merge kernel
         tl.store(segm_count_ptr + token, tl.full([BLOCK_M], 1, tl.int32) * used_segments,
                  mask=row_valid)
     if used_segments == 1:
@@ -491,13 +495,14 @@ def _next_pow2(x: int) -> int:
 
 def rotates_in_launch(plan: LaunchPlan) -> bool:
     """Whether a decode-only step's attention launch under ``plan`` also rotates q and k and
-    writes the new K/V (``paged_attention``'s rope), rather than a RoPE + KV-write kernel
-    before it: with even splits (8B shapes on an H200, a decode layer with its projections at
-    batch 1 / 4 / 32 took 41.8 / 54.7 / 162.7 us against 42.5 / 56.7 / 163.9), but not with
-    balanced segments, whose 128-key tiles in two stages leave room for one program per SM,
-    so that its wait on the rotation's loads stalls the SM (batch 32, 4,190-key cap: 178.3
-    against 169.2 us)."""
-    return plan.segment_tiles == 1
+    writes the new K/V (``paged_attention``'s rope) instead of a RoPE + KV-write kernel before
+    it: in even splits, whose programs read a few tiles each, so that the kernel's launch
+    weighs more than the rotation does at their start. 8B shapes on an H200, a decode layer
+    with its projections at 4k contexts, in the launch against the kernel: batch 1 41.6 / 42.4
+    us, batch 4 52.8 / 56.1, batch 32 159.4 / 161.3; a program over a whole context (batch
+    128, no split) 542.2 / 538.9, over a balanced segment (batch 32, 4,190-key cap) 175.3 /
+    166.4 (docs/RESULTS.md)."""
+    return plan.num_segments > 1 and plan.segment_tiles == 1
 
 
 def merges_in_launch(num_segments: int, group: int) -> bool:
@@ -505,9 +510,9 @@ def merges_in_launch(num_segments: int, group: int) -> bool:
     heads x segments (padded) are at most MERGE_ROWS, which the merging program loads at once.
     The last program of a sequence's KV head to finish merges (counted in the arrival counters),
     saving the merge kernel's launch: 8B shapes on an H200, a decode layer (QKV projection,
-    attention, O projection) at batch 4 (16 segments) took 56.5 us against 59.8 with the merge
-    kernel; at batch 1 (64 segments, four loads of partials one after another) 44.7 against
-    44.0 (docs/RESULTS.md)."""
+    attention, O projection) at batch 4 (16 segments) took 54.7 us against 57.2 with the merge
+    kernel; at batch 1, 64 segments merged in four loads one after another took 46.4 against
+    41.8 (docs/RESULTS.md)."""
     return num_segments > 1 and _next_pow2(group) * _next_pow2(num_segments) <= MERGE_ROWS
 
 
@@ -854,7 +859,8 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
         SOFTCAP=logit_softcap is not None, KV_FP8=fp8,
         DOT_PRECISION="tf32x3" if q.dtype == torch.float32 else "tf32",
         **pdl, ROPE=rope is not None, MERGE=merge, GROUP_PAD=_next_pow2(group),
-        SEGMENTS_PAD=max(2, _next_pow2(plan.num_segments)), FP8_MAX=FP8_E4M3_MAX, num_warps=plan.num_warps, num_stages=plan.num_stages,
+        SEGMENTS_PAD=max(2, _next_pow2(plan.num_segments)), FP8_MAX=FP8_E4M3_MAX,
+        num_warps=plan.num_warps, num_stages=plan.num_stages,
     )
     if split and not merge:
         _merge_segments_kernel[(num_tokens, num_q_heads)](

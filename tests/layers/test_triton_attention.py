@@ -9,6 +9,7 @@ import dataclasses
 import math
 import os
 import random
+import sys
 from unittest import mock
 
 import pytest
@@ -426,6 +427,20 @@ def rope_step(step, seed):
     return Rope(rotary, positions)
 
 
+def unrotated_step(query_lens, context_lens, num_q_heads, head_dim, fp8, seed):
+    """A float16 step over two KV heads whose q (a strided view, as the projection gives it) and
+    k are not rotated yet: (q, k, v, cache, metadata, K/V scales of a float8 cache or None,
+    its Rope)."""
+    step = make_step(query_lens, context_lens, num_q_heads, 2, head_dim, 16, torch.float16,
+                     seed=seed)
+    q, k, v, kv_cache, meta = step
+    q = torch.cat([q, k, v], dim=1)[:, :num_q_heads]
+    kv_scale = None
+    if fp8:
+        _, k, v, kv_cache, _, kv_scale = fp8_step(step, seed)
+    return q, k, v, kv_cache, meta, kv_scale, rope_step(step, seed)
+
+
 @device_test
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16-cache", "fp8-cache"])
 @pytest.mark.parametrize("head_dim", [128, 96])
@@ -433,13 +448,8 @@ def test_rotary_kv_write_matches_rotary_then_write(fp8, head_dim):
     # One launch rotates q and k and writes the rotated k and v: the same q, k and cache as
     # the rotary kernel then the KV write, a padding slot skipped.
     from hifc.layers.triton_kv_write import rotary_write_kv_cache, triton_write_kv_cache
-    step = make_step([3, 1, 2], [5, 20, 0], 6, 2, head_dim, 16, torch.float16, seed=15)
-    q, k, v, kv_cache, meta = step
-    q = torch.cat([q, k, v], dim=1)[:, :6]  # a strided view, as the projection gives it
-    kv_scale = None
-    if fp8:
-        _, k, v, kv_cache, _, kv_scale = fp8_step(step, 15)
-    rope = rope_step(step, 15)
+    q, k, v, kv_cache, meta, kv_scale, rope = unrotated_step([3, 1, 2], [5, 20, 0], 6,
+                                                              head_dim, fp8, seed=15)
     slots = meta.slot_mapping.clone()
     slots[1] = -1  # a padding token
     expected_cache = kv_cache.clone()
@@ -482,13 +492,8 @@ def test_decode_step_rotates_and_writes_in_the_attention_launch(fp8, head_dim, n
     from hifc.layers.triton_attention import paged_attention
     from hifc.layers.triton_kv_write import rotary_write_kv_cache
     contexts = [0, 70, 15, 300, 129]
-    step = make_step([1] * len(contexts), contexts, 8, 2, head_dim, 16, torch.float16, seed=18)
-    q, k, v, kv_cache, meta = step
-    q = torch.cat([q, k, v], dim=1)[:, :8]  # a strided view, as the projection gives it
-    kv_scale = None
-    if fp8:
-        _, k, v, kv_cache, _, kv_scale = fp8_step(step, 18)
-    rope = rope_step(step, 18)
+    q, k, v, kv_cache, meta, kv_scale, rope = unrotated_step([1] * len(contexts), contexts, 8,
+                                                              head_dim, fp8, seed=18)
     meta = dataclasses.replace(meta, slot_mapping=meta.slot_mapping.clone())
     meta.slot_mapping[2] = -1  # a padding token
     plan = dataclasses.replace(FixedSegments(num_segments, 1).plan(q, kv_cache, meta),
@@ -505,8 +510,8 @@ def test_decode_step_rotates_and_writes_in_the_attention_launch(fp8, head_dim, n
 
 @device_test
 def test_backend_rotates_decode_steps_in_the_attention_launch():
-    # Through the backend: a decode-only step with RoPE takes the one launch, and matches the
-    # torch backend.
+    # Through the backend: a decode-only step with RoPE, evenly split, takes the one launch,
+    # and matches the torch backend.
     contexts = [5, 200, 1000, 17]
     step = make_step([1] * len(contexts), contexts, 8, 2, 64, 16, torch.float16, seed=19)
     q, k, v, kv_cache, meta = step
@@ -514,7 +519,7 @@ def test_backend_rotates_decode_steps_in_the_attention_launch():
     torch_cache = kv_cache.clone()
     with torch_path():
         ref = TorchAttentionBackend().forward(q, k, v, torch_cache, meta, 0.125, rope=rope)
-    backend = TritonAttentionBackend()
+    backend = FixedSegments(4, 1)
     with mock.patch("hifc.layers.triton_kv_write.rotary_write_kv_cache",
                     side_effect=AssertionError("a separate RoPE + KV-write launch")):
         out = backend.forward(q, k, v, kv_cache, meta, 0.125, rope=rope)
@@ -522,8 +527,10 @@ def test_backend_rotates_decode_steps_in_the_attention_launch():
     assert ((out.float() - ref.float()).norm() / ref.float().norm()).item() < 2e-3
 
 
-def test_decode_rope_in_the_attention_launch_refuses_other_steps():
+def test_decode_rope_in_the_attention_launch_refuses_other_steps(monkeypatch):
+    # checked on the host before any launch: CPU tensors will do
     from hifc.layers.triton_attention import paged_attention
+    monkeypatch.setattr(sys.modules[__name__], "DEVICE", "cpu")
     step = make_step([2, 1], [5, 20], 4, 2, 64, 16, torch.float16, seed=20)
     q, k, v, kv_cache, meta = step
     plan = plan_launch(2, 22, 2, 4, 2, 64, 2, 8)
@@ -566,6 +573,8 @@ def test_which_decode_steps_rotate_in_the_attention_launch():
     assert rotates_in_launch(plan_launch(1, 4096, 32, **common))
     balanced = plan_launch(1, 8192, 32, **common)
     assert balanced.segment_tiles > 1 and not rotates_in_launch(balanced)
+    whole = plan_launch(1, 4096, 128, **common)
+    assert whole.num_segments == 1 and not rotates_in_launch(whole)
 
 
 def test_decode_programs_of_one_tile_take_one_stage():
