@@ -30,6 +30,9 @@ Prints (and with --json writes) for the 8B and 32B presets' shapes:
   projection's weight prefetched into L2 on a side stream during the attention;
 - ``versions``: decode attention of this module against another copy of it
   (``--other-module``), each with its plan for the CUDA graph's context cap.
+- ``chain``: decode layers less their MLP (QKV projection, attention with its new K/V, O
+  projection) in one CUDA graph, the backend's path against its RoPE, merge and stage choices
+  each forced the other way, at 4k contexts and just past the 4,096-key graph cap.
 
 Usage: PYTHONPATH=$PWD python3 scripts/gpu_kernel_probe.py [--parts prefill,decode,gemm] [--json F]
 """
@@ -904,6 +907,94 @@ def prefetch(name, s, dev, dtype):
     return rows
 
 
+# (batch, context, the graph's context cap): at the 4,096-key cap decode batches split evenly;
+# just past it, the next cap's plan takes balanced segments
+CHAIN_CASES = ((1, 4096, 4096), (4, 4096, 4096), (32, 4096, 4096), (32, 4100, 4190),
+               (128, 4096, 4096), (128, 4100, 4190))
+
+
+def chain(name, s, dev, dtype):
+    """Decode layers as the engine runs them, less the MLP: the QKV projection, the attention
+    with its new K/V (q and k not rotated yet) and the O projection, layer after layer in one
+    CUDA graph, each layer with its own weights and cache (us per layer). The backend's path
+    against each choice it makes forced the other way: the RoPE + KV-write kernel or RoPE in
+    the attention launch, the merge kernel (``MERGE_ROWS`` 0), two stages."""
+    from hifc.layers import triton_attention
+    from hifc.layers.attention import Rope
+    from hifc.layers.linear import linear
+    from hifc.layers.rotary import RotaryEmbedding
+    from hifc.layers.triton_kv_write import rotary_write_kv_cache
+
+    hq, hkv, d = s["hq"], s["hkv"], s["d"]
+    (nq, k_in), (no, o_in) = projection_shapes(s)["qkv"], projection_shapes(s)["o"]
+    rotary = RotaryEmbedding(d, 16384, 500000.0, None, dtype, dev)
+    backend = TritonAttentionBackend()
+    scale = d ** -0.5
+    rows = []
+    for batch, context, cap in CHAIN_CASES:
+        layers = 16 if batch <= 4 else 4 if batch <= 32 else 2  # each from HBM, not L2
+        seq_lens = [context] * batch
+        kv, tables, _, _ = build_cache(seq_lens, hkv, d, dtype, dev)
+        caches = [kv] + [kv.clone() for _ in range(layers - 1)]
+        meta = dataclasses.replace(
+            meta_for(seq_lens, [1] * batch, tables, dev), max_seq_len=cap,
+            slot_mapping=token_slots(tables.cpu(), seq_lens, [1] * batch).to(dev))
+        rope = Rope(rotary, torch.full((batch,), context - 1, dtype=torch.long, device=dev))
+        w_qkv = [torch.randn(nq, k_in, device=dev, dtype=dtype) * 0.02 for _ in caches]
+        w_o = [torch.randn(no, o_in, device=dev, dtype=dtype) * 0.02 for _ in caches]
+        x = torch.randn(batch, k_in, device=dev, dtype=dtype)
+        outs = [torch.empty(batch, hq, d, device=dev, dtype=dtype) for _ in caches]
+        plan = backend.plan(outs[0], kv, meta)
+
+        def backend_path(q, k, v, cache, out):
+            return backend.forward(q, k, v, cache, meta, scale, out=out, rope=rope)
+
+        def rope_kernel(q, k, v, cache, out, plan=plan):
+            q, _ = rotary_write_kv_cache(rope.positions, q, k, v, rotary.cos_cache,
+                                         rotary.sin_cache, cache, meta.slot_mapping)
+            return paged_attention(q, cache, meta, scale, plan, out)
+
+        def rope_in_launch(q, k, v, cache, out):
+            return paged_attention(q, cache, meta, scale, plan, out, rope=rope, k=k, v=v)
+
+        two_stages = dataclasses.replace(plan, num_stages=2)
+        variants = {"projections only": None, "backend": (backend_path, {}),
+                    "RoPE + KV-write kernel": (rope_kernel, {}),
+                    "RoPE in the launch": (rope_in_launch, {}),
+                    "merge kernel": (backend_path, {"MERGE_ROWS": 0}),
+                    "RoPE kernel, merge kernel, two stages": (
+                        functools.partial(rope_kernel, plan=two_stages), {"MERGE_ROWS": 0})}
+
+        def layers_of(attend):
+            def layer(i):
+                qkv = linear(x, w_qkv[i], None)
+                q = qkv[:, :hq * d].view(batch, hq, d)
+                k = qkv[:, hq * d:(hq + hkv) * d].view(batch, hkv, d)
+                v = qkv[:, (hq + hkv) * d:].view(batch, hkv, d)
+                a = q if attend is None else attend(q, k, v, caches[i], outs[i])
+                return linear(a.reshape(batch, -1), w_o[i], None)
+            return [functools.partial(layer, i) for i in range(layers)]
+
+        for label, variant in variants.items():
+            attend, knobs = variant if variant else (None, {})
+            saved = {key: getattr(triton_attention, key) for key in knobs}
+            try:
+                for key, value in knobs.items():
+                    setattr(triton_attention, key, value)
+                t = graph_ms(layers_of(attend) * 2)
+                row = {"model": name, "batch": batch, "context": context, "cap": cap,
+                       "variant": label, "us_per_layer": 1000 * t, "plan": str(plan)}
+            except Exception as e:  # noqa: BLE001 - a variant that fails is a result
+                row = {"model": name, "batch": batch, "variant": label, "error": str(e)[:300]}
+            finally:
+                for key, value in saved.items():
+                    setattr(triton_attention, key, value)
+            rows.append(row)
+        del kv, caches, w_qkv, w_o
+        torch.cuda.empty_cache()
+    return rows
+
+
 def copy_rate(dev) -> float:
     src = torch.ones(1 << 30, dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
@@ -926,7 +1017,8 @@ def main() -> None:
     result = {"copy_gbps": copy_rate(dev), "torch": torch.__version__,
               "cudnn": torch.backends.cudnn.version(), "prefill": [], "decode": [], "gemm": [],
               "balance": [], "layouts": [], "chunks": [], "dense": [], "builds": [], "blas": [],
-              "prefetch": [], "versions": [], "gemv": [], "prologues": [], "rows": []}
+              "prefetch": [], "versions": [], "gemv": [], "prologues": [], "rows": [],
+              "chain": []}
     a = torch.randn(8192, 8192, device=dev, dtype=dtype)
     t = bench_ms(lambda: a @ a)
     result["matmul_tflops"] = 2 * 8192 ** 3 / t / 1e9
@@ -962,7 +1054,7 @@ def main() -> None:
                             ("layouts", layouts), ("gemm", gemms),
                             ("blas", functools.partial(
                                 blas, ms=[int(m) for m in args.blas_m.split(",")])),
-                            ("gemv", gemvs), ("prologues", prologues),
+                            ("gemv", gemvs), ("prologues", prologues), ("chain", chain),
                             ("rows", functools.partial(
                                 rows_part, ms=[int(m) for m in args.rows_m.split(",")]))):
             if part in parts:
