@@ -32,7 +32,8 @@ Prints (and with --json writes) for the 8B and 32B presets' shapes:
   (``--other-module``), each with its plan for the CUDA graph's context cap.
 - ``chain``: decode layers less their MLP (QKV projection, attention with its new K/V, O
   projection) in one CUDA graph, the backend's path against its RoPE, merge and stage choices
-  each forced the other way, at 4k contexts and just past the 4,096-key graph cap.
+  each forced the other way, at 4k contexts and just past the 4,096-key graph cap (there also
+  other shapes of the balanced split and an even split).
 
 Usage: PYTHONPATH=$PWD python3 scripts/gpu_kernel_probe.py [--parts prefill,decode,gemm] [--json F]
 """
@@ -918,7 +919,9 @@ def chain(name, s, dev, dtype):
     with its new K/V (q and k not rotated yet) and the O projection, layer after layer in one
     CUDA graph, each layer with its own weights and cache (us per layer). The backend's path
     against each choice it makes forced the other way: the RoPE + KV-write kernel or RoPE in
-    the attention launch, the merge kernel (``MERGE_ROWS`` 0), two stages."""
+    the attention launch, the merge kernel (``MERGE_ROWS`` 0), two stages; and past the
+    4,096-key cap, other shapes of the balanced split (one stage, 64-key tiles) and an even
+    split."""
     from hifc.layers import triton_attention
     from hifc.layers.attention import Rope
     from hifc.layers.linear import linear
@@ -954,7 +957,7 @@ def chain(name, s, dev, dtype):
                                          rotary.sin_cache, cache, meta.slot_mapping)
             return paged_attention(q, cache, meta, scale, plan, out)
 
-        def rope_in_launch(q, k, v, cache, out):
+        def rope_in_launch(q, k, v, cache, out, plan=plan):
             return paged_attention(q, cache, meta, scale, plan, out, rope=rope, k=k, v=v)
 
         two_stages = dataclasses.replace(plan, num_stages=2)
@@ -964,6 +967,15 @@ def chain(name, s, dev, dtype):
                     "merge kernel": (backend_path, {"MERGE_ROWS": 0}),
                     "RoPE kernel, merge kernel, two stages": (
                         functools.partial(rope_kernel, plan=two_stages), {"MERGE_ROWS": 0})}
+        if plan.segment_tiles > 1:  # balanced segments: other shapes of the same split
+            even = dataclasses.replace(plan, tile=64, segment_tiles=1, num_stages=2)
+            for label, other in (("balanced, one stage", dataclasses.replace(plan, num_stages=1)),
+                                 ("balanced, 64-key tiles", dataclasses.replace(
+                                     plan, tile=64, segment_tiles=2 * plan.segment_tiles)),
+                                 ("even split", even)):
+                variants[label] = (functools.partial(rope_kernel, plan=other), {})
+                variants[label + ", RoPE in the launch"] = (functools.partial(
+                    rope_in_launch, plan=other), {})
 
         def layers_of(attend):
             def layer(i):
@@ -983,7 +995,7 @@ def chain(name, s, dev, dtype):
                     setattr(triton_attention, key, value)
                 t = graph_ms(layers_of(attend) * 2)
                 row = {"model": name, "batch": batch, "context": context, "cap": cap,
-                       "variant": label, "us_per_layer": 1000 * t, "plan": str(plan)}
+                       "variant": label, "us_per_layer": 1000 * t, "backend_plan": str(plan)}
             except Exception as e:  # noqa: BLE001 - a variant that fails is a result
                 row = {"model": name, "batch": batch, "variant": label, "error": str(e)[:300]}
             finally:
