@@ -705,12 +705,14 @@ class TritonAttentionBackend:
         kv_scale: the K and V scales ([2, Hkv] float32) of a float8 cache, else None. rope: q
         and k are not rotated yet (with the Triton KV write, rotated in its launch; in a
         decode-only step, in the attention's launch, which also writes k and v)."""
+        whole_step_plan = None  # a decode-only step's, planned once
         if (rope is not None and self.triton_kv_write and meta.max_query_len == 1
                 and q.shape[0] == meta.num_seqs):
-            plan = self.plan(q, kv_cache, meta, sliding_window)
-            if rotates_in_launch(plan):
-                return paged_attention(q, kv_cache, meta, scale, plan, out, sliding_window,
-                                       logit_softcap, kv_scale, rope=rope, k=k, v=v)
+            whole_step_plan = self.plan(q, kv_cache, meta, sliding_window)
+            if rotates_in_launch(whole_step_plan):
+                return paged_attention(q, kv_cache, meta, scale, whole_step_plan, out,
+                                       sliding_window, logit_softcap, kv_scale, rope=rope, k=k,
+                                       v=v)
         if rope is not None and self.triton_kv_write:
             from hifc.layers.triton_kv_write import rotary_write_kv_cache
             rotary = rope.rotary
@@ -733,8 +735,8 @@ class TritonAttentionBackend:
             if dense is not None:
                 return dense_prefill_attention(q, k, v, kv_cache, meta, scale, out)
             return paged_attention(q, kv_cache, meta, scale,
-                                   self.plan(q, kv_cache, meta, sliding_window), out,
-                                   sliding_window, logit_softcap, kv_scale)
+                                   whole_step_plan or self.plan(q, kv_cache, meta, sliding_window),
+                                   out, sliding_window, logit_softcap, kv_scale)
         if out is None:
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         first, rest = self._apart_metas(meta, decodes)
@@ -822,7 +824,7 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
     # [Hkv] each; without float8 unused (any tensor will do)
     k_scale, v_scale = (kv_scale[0], kv_scale[1]) if fp8 else (meta.seq_lens, meta.seq_lens)
     split = plan.num_segments > 1
-    merge = split and decode_only and merges_in_launch(plan.num_segments, group)
+    merge = decode_only and merges_in_launch(plan.num_segments, group)
     pdl = triton_pdl.launch_options(q.device)
     if split:
         segm_out = torch.empty(num_tokens, num_q_heads, plan.num_segments, head_dim_pad,
