@@ -33,7 +33,8 @@ Prints (and with --json writes) for the 8B and 32B presets' shapes:
 - ``chain``: decode layers less their MLP (QKV projection, attention with its new K/V, O
   projection) in one CUDA graph, the backend's path against its RoPE, merge and stage choices
   each forced the other way, at 4k contexts and just past the 4,096-key graph cap (there also
-  other shapes of the balanced split and an even split).
+  other shapes of the balanced split and an even split; over a whole context, balanced
+  segments).
 
 Usage: PYTHONPATH=$PWD python3 scripts/gpu_kernel_probe.py [--parts prefill,decode,gemm] [--json F]
 """
@@ -908,10 +909,11 @@ def prefetch(name, s, dev, dtype):
     return rows
 
 
-# (batch, context, the graph's context cap): at the 4,096-key cap decode batches split evenly;
-# just past it, the next cap's plan takes balanced segments
+# (batch, context, the graph's context cap): at the 4,096-key cap decode batches up to 66
+# sequences split evenly (or not at all), larger ones into balanced segments; just past it, the
+# next cap's plan splits batch 32 evenly in two
 CHAIN_CASES = ((1, 4096, 4096), (4, 4096, 4096), (32, 4096, 4096), (32, 4100, 4190),
-               (128, 4096, 4096), (128, 4100, 4190))
+               (64, 4096, 4096), (128, 4096, 4096), (128, 4100, 4190))
 
 
 def chain(name, s, dev, dtype):
@@ -919,9 +921,9 @@ def chain(name, s, dev, dtype):
     with its new K/V (q and k not rotated yet) and the O projection, layer after layer in one
     CUDA graph, each layer with its own weights and cache (us per layer). The backend's path
     against each choice it makes forced the other way: the RoPE + KV-write kernel or RoPE in
-    the attention launch, the merge kernel (``MERGE_ROWS`` 0), two stages; and past the
-    4,096-key cap, other shapes of the balanced split (one stage, 64-key tiles) and an even
-    split."""
+    the attention launch, the merge kernel (``MERGE_ROWS`` 0), two stages; and the split's
+    other shapes: past the 4,096-key cap balanced segments in 128- or 64-key tiles and an even
+    split in two, over a whole context balanced segments."""
     from hifc.layers import triton_attention
     from hifc.layers.attention import Rope
     from hifc.layers.linear import linear
@@ -967,12 +969,19 @@ def chain(name, s, dev, dtype):
                     "merge kernel": (backend_path, {"MERGE_ROWS": 0}),
                     "RoPE kernel, merge kernel, two stages": (
                         functools.partial(rope_kernel, plan=two_stages), {"MERGE_ROWS": 0})}
-        if plan.segment_tiles > 1:  # balanced segments: other shapes of the same split
-            even = dataclasses.replace(plan, tile=64, segment_tiles=1, num_stages=2)
-            for label, other in (("balanced, one stage", dataclasses.replace(plan, num_stages=1)),
-                                 ("balanced, 64-key tiles", dataclasses.replace(
-                                     plan, tile=64, segment_tiles=2 * plan.segment_tiles)),
-                                 ("even split", even)):
+        # the split's other shapes: balanced segments of BALANCED_SEGMENT_KEYS keys in 128- or
+        # 64-key tiles (past the 4,096-key cap, or over a whole context, whose sequences then
+        # use one segment), and an even split in two (past the cap)
+        keys = triton_attention.BALANCED_SEGMENT_KEYS
+        balanced = 1 << (max(2, -(-cap // keys)) - 1).bit_length()
+        shapes = {f"balanced, {t}-key tiles": dataclasses.replace(
+            plan, tile=t, num_segments=balanced, segment_tiles=keys // t, num_stages=2)
+            for t in (128, 64)} if cap > keys or plan.num_segments == 1 else {}
+        if cap > keys:
+            shapes["even split in two"] = dataclasses.replace(
+                plan, tile=64, num_segments=2, segment_tiles=1, num_stages=2)
+        for label, other in shapes.items():
+            if other != plan:
                 variants[label] = (functools.partial(rope_kernel, plan=other), {})
                 variants[label + ", RoPE in the launch"] = (functools.partial(
                     rope_in_launch, plan=other), {})

@@ -25,9 +25,10 @@ of few segments, the last of a sequence's programs for its KV head to finish doe
 are a sequence's tiles over NUM_SEGMENTS but at least SEGMENT_TILES long; a last slice of at
 most an eighth of that joins the one before.
 Decode batches with too few programs (one per sequence and KV head) to give each SM about
-DECODE_PROGRAMS_PER_SM split evenly, when their sequences are few or their contexts short;
-larger batches that may hold long contexts split them into segments of one size, so that
-programs over the longest contexts do not run alone at the end of the launch. An evenly split
+DECODE_PROGRAMS_PER_SM split evenly, when their sequences are few or their even slices no longer
+than a balanced segment; larger batches that may hold long contexts, and batches with more
+programs than that, split into segments of one size, so that programs over the longest contexts
+do not run alone at the end of the launch. An evenly split
 decode-only launch may also rotate q and k by RoPE and write the new K/V itself
 (``rotates_in_launch``), instead of the RoPE + KV-write kernel before it.
 
@@ -575,8 +576,9 @@ def plan_launch(max_query_len: int, max_seq_len: int, num_seqs: int, num_q_heads
                 num_kv_heads: int, head_dim: int, elem_size: int, num_sms: int,
                 split_kv: bool | None = None, num_tokens: int = 0) -> LaunchPlan:
     """Choose tile shapes. split_kv: None = split decode-only batches that underfill the GPU
-    (evenly, into about DECODE_PROGRAMS_PER_SM programs per SM) or that may hold long contexts
-    (evenly when all are at most BALANCED_SEGMENT_KEYS keys), and steps of at most
+    (evenly, into about DECODE_PROGRAMS_PER_SM programs per SM), that may hold long contexts
+    (evenly while the slices are at most BALANCED_SEGMENT_KEYS keys) or whose programs are more
+    than that per SM (into balanced segments), and steps of at most
     MIXED_SPLIT_MAX_TOKENS tokens (0: take max_query_len x num_seqs) with prompt chunks and
     long contexts (into segments of BALANCED_SEGMENT_KEYS or MIXED_SEGMENT_KEYS keys or more);
     True / False force a split on or off."""
@@ -606,21 +608,28 @@ def plan_launch(max_query_len: int, max_seq_len: int, num_seqs: int, num_q_heads
     num_segments, segment_tiles = 1, 1
     programs = num_seqs * num_kv_heads
     few = 2 * programs <= num_sms
+    # too many programs for an even split to give each about DECODE_PROGRAMS_PER_SM per SM
+    crowded = 2 * programs > DECODE_PROGRAMS_PER_SM * num_sms
     # an even split into about DECODE_PROGRAMS_PER_SM programs per SM, segments of a tile or more
     even = min(DECODE_PROGRAMS_PER_SM * num_sms // programs, max_seq_len // tile, 64)
     auto = split_kv is None
     if auto:
         # Split a decode batch whose programs (one per sequence and KV head) would leave SMs
         # short of programs (at B=1, 4x faster), or that may hold contexts longer than one
-        # balanced segment.
+        # balanced segment, or that is crowded (into balanced segments, which contexts up to
+        # BALANCED_SEGMENT_KEYS fill one of: 8B shapes on an H200 at 4,096 keys, per decode
+        # layer with its projections, batch 64 280.1 us against 297.7 unsplit, batch 128 519.3
+        # against 541.9-585.7; the launch compiles to faster code with segments)
         if max_query_len == 1:
-            split_kv = even >= 2 or max_seq_len > BALANCED_SEGMENT_KEYS
+            split_kv = even >= 2 or max_seq_len > BALANCED_SEGMENT_KEYS or crowded
         else:
             # ... and a longest chunk whose q blocks leave SMs idle (a 512-token chunk of the 8B
             # preset, 128 programs, ran alone in 133 us unsplit against 181 us split)
             chunk_programs = -(-max_query_len * group // block_m) * num_kv_heads
             split_kv = (max_seq_len > BALANCED_SEGMENT_KEYS and 4 * chunk_programs <= 3 * num_sms
                         and (num_tokens or max_query_len * num_seqs) <= MIXED_SPLIT_MAX_TOKENS)
+    # equal slices of each sequence; a power of two bounds the compiled variants
+    even_segments = 1 << (max(2, even).bit_length() - 1)
     if split_kv and auto and max_query_len > 1:
         # A step with prompt chunks (whose q blocks are more programs than its sequences):
         # segments of MIXED_SEGMENT_KEYS keys, as many as the longest context fills, within the
@@ -630,16 +639,23 @@ def plan_launch(max_query_len: int, max_seq_len: int, num_seqs: int, num_q_heads
                    1 << max(0, rows.bit_length() - 1), MIXED_MAX_SEGMENTS)
         num_segments = max(2, want)
         segment_tiles = max(1, MIXED_SEGMENT_KEYS // tile)
-    elif split_kv and (few or (auto and max_seq_len <= BALANCED_SEGMENT_KEYS)):
-        # Equal slices of each sequence; a power of two bounds the compiled variants.
-        num_segments = 1 << (max(2, even).bit_length() - 1)
+    elif split_kv and (few or (auto and not crowded and (
+            max_seq_len <= BALANCED_SEGMENT_KEYS
+            or even_segments * BALANCED_SEGMENT_KEYS >= max_seq_len))):
+        # ... also past BALANCED_SEGMENT_KEYS while the even slices are no longer than balanced
+        # segments (8B shapes on an H200, batch 32 at 4,100 keys under a 4,190-key cap: 157.8
+        # and 160.7 us per decode layer with its projections against 164.5 and 170.4 in
+        # balanced segments)
+        num_segments = even_segments
     elif split_kv:
         # Many programs: segments of one size (a sequence uses as many as its length fills), so
         # a step's longest contexts do not leave their programs running alone at its end.
-        # 128-key tiles: 32 sequences of 4k keys took 4.43 ms per step against 4.82 with 64.
+        # Decode: 128-key tiles unless crowded (32 sequences of 4k keys took 4.43 ms per step
+        # against 4.82 with 64), 64-key tiles then (128 sequences at 4,100 keys: 523.7 and 523.9
+        # us per layer against 539.2 and 542.0; 64 at 4,096: 280.1 against 306.8)
         want = max(2, min(-(-max_seq_len // BALANCED_SEGMENT_KEYS), BALANCED_MAX_SEGMENTS))
         num_segments = 1 << (want - 1).bit_length()
-        if max_query_len == 1 and tile == 64:
+        if max_query_len == 1 and tile == 64 and not crowded:
             tile = 128
         segment_tiles = max(1, BALANCED_SEGMENT_KEYS // tile)
     if max_query_len == 1 and segment_tiles == 1 and num_segments * tile >= max_seq_len:

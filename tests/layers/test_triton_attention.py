@@ -6,6 +6,7 @@ cases on the CPU through Triton's interpreter (slow: select a few with -k).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import os
 import random
@@ -380,7 +381,7 @@ def test_plan_splits_small_long_decodes_and_long_full_ones():
     assert (one.tile, one.num_segments, one.segment_tiles) == (64, 64, 1)
     assert plan_launch(1, 4096, 4, **common).num_segments == 16
     assert plan_launch(1, 4096, 32, **common).num_segments == 2
-    assert plan_launch(1, 4096, 128, **common).num_segments == 1
+    assert plan_launch(1, 4096, 33, **common).num_segments == 2
     assert plan_launch(1, 100, 1, **common).num_segments == 1  # one tile
     assert plan_launch(1, 200, 1, **common).num_segments == 2
     assert plan_launch(512, 4096, 1, **common).num_segments == 1
@@ -388,7 +389,17 @@ def test_plan_splits_small_long_decodes_and_long_full_ones():
     # keys), at most 8
     long = plan_launch(1, 17341, 32, **common)
     assert (long.tile, long.num_segments, long.segment_tiles) == (128, 8, 32)
-    assert plan_launch(1, 4097, 128, **common).num_segments == 2
+    # ... unless even slices are no longer than that: contexts up to 2 x 4096 keys at batch 32
+    just_past = plan_launch(1, 4190, 32, **common)
+    assert (just_past.tile, just_past.num_segments, just_past.segment_tiles) == (64, 2, 1)
+    assert plan_launch(1, 8192, 32, **common).segment_tiles == 1
+    assert plan_launch(1, 8193, 32, **common).segment_tiles == 32
+    # too many programs for 2 segments each at about 4 per SM (from batch 34): balanced
+    # segments of 64-key tiles, also where every context fills one
+    for batch, cap in itertools.product((34, 64, 128), (100, 4096, 4097, 8192)):
+        full = plan_launch(1, cap, batch, **common)
+        assert (full.tile, full.num_segments, full.segment_tiles) == (64, 2, 64)
+    assert plan_launch(1, 17341, 128, **common).num_segments == 8
     assert plan_launch(1, 131072, 32, **common).num_segments == 8
     # steps with prompt chunks over long contexts, up to MIXED_SPLIT_MAX_TOKENS tokens, whose
     # longest chunk is at most 3/4 x 132 programs: segments of 16 tiles (2,048 keys), as many
@@ -571,10 +582,12 @@ def test_which_decode_steps_rotate_in_the_attention_launch():
     common = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, elem_size=2, num_sms=132)
     assert rotates_in_launch(plan_launch(1, 4096, 1, **common))  # even splits
     assert rotates_in_launch(plan_launch(1, 4096, 32, **common))
-    balanced = plan_launch(1, 8192, 32, **common)
+    assert rotates_in_launch(plan_launch(1, 8192, 32, **common))  # even past 4,096 keys
+    balanced = plan_launch(1, 8193, 32, **common)
     assert balanced.segment_tiles > 1 and not rotates_in_launch(balanced)
-    whole = plan_launch(1, 4096, 128, **common)
+    whole = plan_launch(1, 4096, 32, split_kv=False, **common)
     assert whole.num_segments == 1 and not rotates_in_launch(whole)
+    assert not rotates_in_launch(plan_launch(1, 4096, 128, **common))  # balanced
 
 
 def test_decode_programs_of_one_tile_take_one_stage():
