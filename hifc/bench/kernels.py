@@ -202,6 +202,7 @@ def measure_prefill(engine, tokens: int, repeats: int, matmul_rate_tflops: float
 
 # ---- the command ----------------------------------------------------------------------------
 def run(args: argparse.Namespace) -> int:
+    from hifc.engine.gc_heap import frozen_heap
     from hifc.engine.limits import resolve_device, resolve_dtype
     from hifc.engine.llm_engine import LLMEngine
 
@@ -218,10 +219,12 @@ def run(args: argparse.Namespace) -> int:
     engine = LLMEngine.from_options(**options)
     max_tokens = decode_max_tokens(batches, args.context, args.steps, args.warmup,
                                    options["max_num_batched_tokens"])
-    rows = [add_floor(measure_decode(engine, b, args.context, args.steps, args.warmup,
-                                     max_tokens, args.profile)[0], copy_rate) for b in batches]
-    prefill = measure_prefill(engine, args.prefill_len, args.prefill_repeats, matmul_rate,
-                              args.profile and engine.device.type == "cuda")
+    with frozen_heap():
+        rows = [add_floor(measure_decode(engine, b, args.context, args.steps, args.warmup,
+                                         max_tokens, args.profile)[0], copy_rate)
+                for b in batches]
+        prefill = measure_prefill(engine, args.prefill_len, args.prefill_repeats, matmul_rate,
+                                  args.profile and engine.device.type == "cuda")
     result = {"model": engine.model_name, "dtype": str(engine.dtype).removeprefix("torch."),
               "device": str(engine.device), "copy_gbps": copy_rate, "matmul_tflops": matmul_rate,
               "block_size": config.block_size, "weight_bytes_read": weight_bytes_read(engine),

@@ -216,6 +216,7 @@ def compare(variants: list[str], base: dict, make_workload: WorkloadBuilder, *,
     ``rates`` = ``device_rates(base)``: the workload's physical ideal is computed from them
     (``workload["ideal"]``) and each result gets ``fraction_of_ideal``. ``on_result(workload,
     results so far)`` is called after each variant."""
+    from hifc.engine.gc_heap import frozen_heap
     from hifc.engine.llm_engine import LLMEngine
 
     budgeted = [v for v in variants if v != "none"]
@@ -224,16 +225,17 @@ def compare(variants: list[str], base: dict, make_workload: WorkloadBuilder, *,
     for name in order:
         engine = LLMEngine.from_options(**variant_options(name, base))
         try:
-            if requests is None:
-                requests, workload = make_workload(engine)
-                workload["ideal"] = physical_ideal(
-                    engine, [(len(r.prompt_token_ids), r.output_tokens) for r in requests],
-                    *rates)
-            trace = (os.path.join(trace_dir, f"{label}{name}.trace")
-                     if trace_dir and name in FLASH_TIER_VARIANTS else None)
-            done[name] = run_variant(engine, name, requests, progress, label, trace)
-            done[name]["fraction_of_ideal"] = (workload["ideal"]["ideal_s"]
-                                               / done[name]["elapsed_s"])
+            with frozen_heap():
+                if requests is None:
+                    requests, workload = make_workload(engine)
+                    workload["ideal"] = physical_ideal(
+                        engine, [(len(r.prompt_token_ids), r.output_tokens) for r in requests],
+                        *rates)
+                trace = (os.path.join(trace_dir, f"{label}{name}.trace")
+                         if trace_dir and name in FLASH_TIER_VARIANTS else None)
+                done[name] = run_variant(engine, name, requests, progress, label, trace)
+                done[name]["fraction_of_ideal"] = (workload["ideal"]["ideal_s"]
+                                                   / done[name]["elapsed_s"])
         finally:
             engine.close()
             del engine

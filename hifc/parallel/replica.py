@@ -17,6 +17,7 @@ from multiprocessing import parent_process
 import torch
 
 from hifc.config import EngineConfig
+from hifc.engine.gc_heap import frozen_heap
 from hifc.engine.llm_engine import LLMEngine
 from hifc.engine.outputs import RequestOutput
 from hifc.parallel.messages import (AbortRequests, AddRequest, Closed, CompletionDelta, Failed,
@@ -86,7 +87,8 @@ def run_replica(index: int, config: EngineConfig, device_share: DeviceShare | No
         engine.model_name, engine.arch, engine.tokenizer, engine.limits, str(engine.device),
         tier.flash_path if tier.kv_offload == "flash" else None), _stats(engine, device_share)))
     try:
-        _serve(index, engine, device_share, commands, events)
+        with frozen_heap():
+            _serve(index, engine, device_share, commands, events)
     except BaseException as exc:
         logger.exception("replica %d failed", index)
         events.put(_failed(index, exc))

@@ -119,6 +119,27 @@ def test_sharegpt_from_a_file_with_reply_lengths(hifc, tiers, tmp_path):
     assert workload["output_tokens_min"] >= 4
 
 
+def test_each_variant_runs_with_its_engine_heap_frozen(hifc, tiers, monkeypatch):
+    """Each variant's engine serves with its start-up state out of the collector's reach, and
+    the heap is unfrozen before the engine closes (so that it can be collected)."""
+    import gc
+
+    from hifc.bench import throughput
+
+    frozen = []
+    run_variant = throughput.run_variant
+
+    def watched(engine, name, *args, **kwargs):
+        frozen.append((name, gc.get_freeze_count()))
+        return run_variant(engine, name, *args, **kwargs)
+
+    monkeypatch.setattr(throughput, "run_variant", watched)
+    code, _, _ = hifc("bench", "throughput", *TINY, *PRESSURE, *tiers, "--compare",
+                      "recompute,none", "--no-progress")
+    assert code == 0 and [name for name, _ in frozen] == ["recompute", "none"]
+    assert all(count > 0 for _, count in frozen) and gc.get_freeze_count() == 0
+
+
 def test_profile_workload(hifc, tmp_path):
     out = tmp_path / "profile.json"
     code, stdout, _ = hifc("bench", "throughput", *TINY, "--profile", "qasper", "--output-len",

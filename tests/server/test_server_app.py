@@ -158,3 +158,20 @@ def test_serve_takes_the_model_as_positional_or_option():
                                       "--kv-offload", "dram", "--swap-space", "1"])
     assert args.model == "m" and args.served_model_name == ["a", "b"]
     assert args.kv_offload == "dram"
+
+
+def test_serve_runs_with_the_engine_startup_heap_frozen(monkeypatch):
+    """The server handles requests with the engine's start-up state out of the collector's
+    reach, unfrozen when it stops."""
+    import gc
+
+    import uvicorn
+
+    from hifc.entrypoints.cli import build_parser
+
+    frozen = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **_: frozen.append(gc.get_freeze_count()))
+    args = build_parser().parse_args(["serve", "--model", "random:tiny-llama", "--device", "cpu",
+                                      "--port", "9001"])
+    assert args.func(args) == 0
+    assert len(frozen) == 1 and frozen[0] > 0 and gc.get_freeze_count() == 0

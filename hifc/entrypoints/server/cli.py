@@ -60,6 +60,7 @@ def read_chat_template(value: str | None) -> str | None:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from hifc.engine.gc_heap import frozen_heap
     from hifc.entrypoints.server.app import ServerSettings, build_app
     from hifc.entrypoints.server.async_engine import AsyncEngine
     from hifc.entrypoints.server.metrics import ServerMetrics
@@ -88,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
     app = build_app(async_engine, metrics, settings)
     logger.info("serving %s as %s on http://%s:%d (max_model_len %d)", engine.model_name,
                 ", ".join(names), args.host, args.port, engine.limits.max_model_len)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                access_log=args.access_log, timeout_graceful_shutdown=5,
-                http=JSONErrorH11Protocol)
+    with frozen_heap():
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                    access_log=args.access_log, timeout_graceful_shutdown=5,
+                    http=JSONErrorH11Protocol)
     return 0
