@@ -618,8 +618,8 @@ def plan_launch(max_query_len: int, max_seq_len: int, num_seqs: int, num_q_heads
         # short of programs (at B=1, 4x faster), or that may hold contexts longer than one
         # balanced segment, or that is crowded (into balanced segments, which contexts up to
         # BALANCED_SEGMENT_KEYS fill one of: 8B shapes on an H200 at 4,096 keys, per decode
-        # layer with its projections, batch 64 280.1 us against 297.7 unsplit, batch 128 519.3
-        # against 541.9-585.7; the launch compiles to faster code with segments)
+        # layer with its projections, batch 64 280.1 us against 297.7 unsplit, batch 128
+        # 519.3-520.7 against 541.9-585.7: the same work, compiled to other code)
         if max_query_len == 1:
             split_kv = even >= 2 or max_seq_len > BALANCED_SEGMENT_KEYS or crowded
         else:
@@ -643,16 +643,16 @@ def plan_launch(max_query_len: int, max_seq_len: int, num_seqs: int, num_q_heads
             max_seq_len <= BALANCED_SEGMENT_KEYS
             or even_segments * BALANCED_SEGMENT_KEYS >= max_seq_len))):
         # ... also past BALANCED_SEGMENT_KEYS while the even slices are no longer than balanced
-        # segments (8B shapes on an H200, batch 32 at 4,100 keys under a 4,190-key cap: 157.8
-        # and 160.7 us per decode layer with its projections against 164.5 and 170.4 in
-        # balanced segments)
+        # segments (8B shapes on an H200, batch 32 at 4,100 keys under a 4,190-key cap:
+        # 157.8-160.7 us per decode layer with its projections against 164.5-170.4 in balanced
+        # segments)
         num_segments = even_segments
     elif split_kv:
         # Many programs: segments of one size (a sequence uses as many as its length fills), so
         # a step's longest contexts do not leave their programs running alone at its end.
         # Decode: 128-key tiles unless crowded (32 sequences of 4k keys took 4.43 ms per step
-        # against 4.82 with 64), 64-key tiles then (128 sequences at 4,100 keys: 523.7 and 523.9
-        # us per layer against 539.2 and 542.0; 64 at 4,096: 280.1 against 306.8)
+        # against 4.82 with 64), 64-key tiles then (128 sequences at 4,100 keys: 523.7-524.6 us
+        # per layer against 539.2-549.8; 64 at 4,096: 280.1 against 306.8)
         want = max(2, min(-(-max_seq_len // BALANCED_SEGMENT_KEYS), BALANCED_MAX_SEGMENTS))
         num_segments = 1 << (want - 1).bit_length()
         if max_query_len == 1 and tile == 64 and not crowded:
