@@ -8,7 +8,8 @@ every few seconds while it served (docs/RESULTS.md): a whole stalled step each t
 batch. Frozen (``gc.freeze``), that state is out of the collector's reach and a full collection
 walks only what the engine allocated since. Frozen objects are never collected, so the heap is
 unfrozen when the engine closes: this is for processes that run one engine at a time (the
-server, a replica, a benchmark's engine), not for code that builds engines freely.
+server, a data-parallel replica, a tensor-parallel worker rank, a benchmark's engine), not for
+code that builds engines freely.
 """
 from __future__ import annotations
 

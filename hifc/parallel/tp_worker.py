@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from hifc.config import EngineConfig
+from hifc.engine.gc_heap import frozen_heap
 from hifc.engine.limits import resolve_dtype, resolve_kv_dtype
 from hifc.engine.threads import apply_cpu_threads
 from hifc.loader import load_model
@@ -64,7 +65,8 @@ def run_worker(config: EngineConfig, rank: int, rendezvous: Rendezvous,
                                geometry_of(kv_cache, scale_digest(kv_scales)), device,
                                (rank, shard.size))
             jobs = RankJobs(rank, mover, kv_cache)
-        _follow(channel, runner, jobs)
+        with frozen_heap():
+            _follow(channel, runner, jobs)
     finally:
         dist.destroy_process_group()
 
