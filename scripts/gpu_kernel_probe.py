@@ -33,8 +33,8 @@ Prints (and with --json writes) for the 8B and 32B presets' shapes:
 - ``chain``: decode layers less their MLP (QKV projection, attention with its new K/V, O
   projection) in one CUDA graph, the backend's path against its RoPE, merge and stage choices
   each forced the other way, at 4k contexts and just past the 4,096-key graph cap (there also
-  other shapes of the balanced split and an even split; over a whole context, balanced
-  segments).
+  other shapes of the balanced split and an even split; under it balanced segments or no split
+  for the crowded batches 64 and 128).
 
 Usage: PYTHONPATH=$PWD python3 scripts/gpu_kernel_probe.py [--parts prefill,decode,gemm] [--json F]
 """
@@ -909,9 +909,9 @@ def prefetch(name, s, dev, dtype):
     return rows
 
 
-# (batch, context, the graph's context cap): at the 4,096-key cap decode batches up to 66
-# sequences split evenly (or not at all), larger ones into balanced segments; just past it, the
-# next cap's plan splits batch 32 evenly in two
+# (batch, context, the graph's context cap): at the 4,096-key cap decode batches of up to 33
+# sequences (8 KV heads, 132 SMs) split evenly, larger ones take balanced segments; just past
+# it, the next cap's plan splits batch 32 evenly in two
 CHAIN_CASES = ((1, 4096, 4096), (4, 4096, 4096), (32, 4096, 4096), (32, 4100, 4190),
                (64, 4096, 4096), (128, 4096, 4096), (128, 4100, 4190))
 
@@ -923,7 +923,8 @@ def chain(name, s, dev, dtype):
     against each choice it makes forced the other way: the RoPE + KV-write kernel or RoPE in
     the attention launch, the merge kernel (``MERGE_ROWS`` 0), two stages; and the split's
     other shapes: past the 4,096-key cap balanced segments in 128- or 64-key tiles and an even
-    split in two, over a whole context balanced segments."""
+    split in two, under it balanced segments for unsplit and crowded plans and no split for
+    crowded ones."""
     from hifc.layers import triton_attention
     from hifc.layers.attention import Rope
     from hifc.layers.linear import linear
@@ -970,16 +971,20 @@ def chain(name, s, dev, dtype):
                     "RoPE kernel, merge kernel, two stages": (
                         functools.partial(rope_kernel, plan=two_stages), {"MERGE_ROWS": 0})}
         # the split's other shapes: balanced segments of BALANCED_SEGMENT_KEYS keys in 128- or
-        # 64-key tiles (past the 4,096-key cap, or over a whole context, whose sequences then
-        # use one segment), and an even split in two (past the cap)
+        # 64-key tiles (past the 4,096-key cap, or where contexts fill one: unsplit or crowded
+        # plans), an even split in two (past the cap), no split (a crowded batch under it)
         keys = triton_attention.BALANCED_SEGMENT_KEYS
         balanced = 1 << (max(2, -(-cap // keys)) - 1).bit_length()
-        shapes = {f"balanced, {t}-key tiles": dataclasses.replace(
+        even_under_cap = cap <= keys and plan.num_segments > 1 and plan.segment_tiles == 1
+        shapes = {} if even_under_cap else {f"balanced, {t}-key tiles": dataclasses.replace(
             plan, tile=t, num_segments=balanced, segment_tiles=keys // t, num_stages=2)
-            for t in (128, 64)} if cap > keys or plan.num_segments == 1 else {}
+            for t in (128, 64)}
         if cap > keys:
             shapes["even split in two"] = dataclasses.replace(
                 plan, tile=64, num_segments=2, segment_tiles=1, num_stages=2)
+        elif plan.segment_tiles > 1:
+            shapes["unsplit"] = dataclasses.replace(plan, tile=64, num_segments=1,
+                                                    segment_tiles=1, num_stages=2)
         for label, other in shapes.items():
             if other != plan:
                 variants[label] = (functools.partial(rope_kernel, plan=other), {})

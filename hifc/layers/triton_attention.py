@@ -26,9 +26,10 @@ are a sequence's tiles over NUM_SEGMENTS but at least SEGMENT_TILES long; a last
 most an eighth of that joins the one before.
 Decode batches with too few programs (one per sequence and KV head) to give each SM about
 DECODE_PROGRAMS_PER_SM split evenly, when their sequences are few or their even slices no longer
-than a balanced segment; larger batches that may hold long contexts, and batches with more
-programs than that, split into segments of one size, so that programs over the longest contexts
-do not run alone at the end of the launch. An evenly split
+than a balanced segment; larger batches that may hold longer contexts, and crowded ones (too
+many programs for two slices each at about DECODE_PROGRAMS_PER_SM per SM), split into segments
+of one size, so that programs over the longest contexts do not run alone at the end of the
+launch. An evenly split
 decode-only launch may also rotate q and k by RoPE and write the new K/V itself
 (``rotates_in_launch``), instead of the RoPE + KV-write kernel before it.
 
@@ -577,8 +578,9 @@ def plan_launch(max_query_len: int, max_seq_len: int, num_seqs: int, num_q_heads
                 split_kv: bool | None = None, num_tokens: int = 0) -> LaunchPlan:
     """Choose tile shapes. split_kv: None = split decode-only batches that underfill the GPU
     (evenly, into about DECODE_PROGRAMS_PER_SM programs per SM), that may hold long contexts
-    (evenly while the slices are at most BALANCED_SEGMENT_KEYS keys) or whose programs are more
-    than that per SM (into balanced segments), and steps of at most
+    (evenly while the slices are at most BALANCED_SEGMENT_KEYS keys) or that are crowded (too
+    many programs for two slices each at about that many per SM: into balanced segments), and
+    steps of at most
     MIXED_SPLIT_MAX_TOKENS tokens (0: take max_query_len x num_seqs) with prompt chunks and
     long contexts (into segments of BALANCED_SEGMENT_KEYS or MIXED_SEGMENT_KEYS keys or more);
     True / False force a split on or off."""
