@@ -641,13 +641,12 @@ def plan_launch(max_query_len: int, max_seq_len: int, num_seqs: int, num_q_heads
                    1 << max(0, rows.bit_length() - 1), MIXED_MAX_SEGMENTS)
         num_segments = max(2, want)
         segment_tiles = max(1, MIXED_SEGMENT_KEYS // tile)
-    elif split_kv and (few or (auto and not crowded and (
-            max_seq_len <= BALANCED_SEGMENT_KEYS
-            or even_segments * BALANCED_SEGMENT_KEYS >= max_seq_len))):
-        # ... also past BALANCED_SEGMENT_KEYS while the even slices are no longer than balanced
-        # segments (8B shapes on an H200, batch 32 at 4,100 keys under a 4,190-key cap:
-        # 157.8-160.7 us per decode layer with its projections against 164.5-170.4 in balanced
-        # segments)
+    elif split_kv and (few or (auto and not crowded
+                               and even_segments * BALANCED_SEGMENT_KEYS >= max_seq_len)):
+        # ... and uncrowded batches whose even slices are no longer than balanced segments,
+        # also past BALANCED_SEGMENT_KEYS (8B shapes on an H200, batch 32 at 4,100 keys under a
+        # 4,190-key cap: 157.8-160.7 us per decode layer with its projections against
+        # 164.5-170.4 in balanced segments)
         num_segments = even_segments
     elif split_kv:
         # Many programs: segments of one size (a sequence uses as many as its length fills), so
