@@ -6,10 +6,10 @@ model, compiled kernels, CUDA graphs, tokenizer tables. One such walk over a tin
 start-up heap (about 300k objects) took 196 ms on a 2-core machine, and one that came in the
 middle of a benchmark's serving stalled it 153 ms (docs/RESULTS.md): a whole stalled step, at
 any batch. Frozen (``gc.freeze``), that state is out of the collector's reach and a full
-collection walks only what the engine allocated since (5.6-8.4 ms in the same run). Frozen objects are never collected, so the heap is
-unfrozen when the engine closes: this is for processes that run one engine at a time (the
-server, a data-parallel replica, a tensor-parallel worker rank, a benchmark's engine), not for
-code that builds engines freely.
+collection walks only what the engine allocated since (5.6-8.4 ms in the same run). Frozen
+objects are never collected, so the heap is unfrozen when the engine closes: this is for
+processes that run one engine at a time (the server, a data-parallel replica, a
+tensor-parallel worker rank, a benchmark's engine), not for code that builds engines freely.
 """
 from __future__ import annotations
 

@@ -29,9 +29,8 @@ DECODE_PROGRAMS_PER_SM split evenly, when their sequences are few or their even 
 than a balanced segment; larger batches that may hold longer contexts, and crowded ones (too
 many programs for two slices each at about DECODE_PROGRAMS_PER_SM per SM), split into segments
 of one size, so that programs over the longest contexts do not run alone at the end of the
-launch. An evenly split
-decode-only launch may also rotate q and k by RoPE and write the new K/V itself
-(``rotates_in_launch``), instead of the RoPE + KV-write kernel before it.
+launch. An evenly split decode-only launch may also rotate q and k by RoPE and write the new
+K/V itself (``rotates_in_launch``), instead of the RoPE + KV-write kernel before it.
 
 Prompt chunks of at least ``DENSE_PREFILL_MIN_TOKENS`` tokens (after any decodes of the step)
 attend through torch's fused kernels instead, cuDNN's first (:mod:`hifc.layers.dense_attention`),
