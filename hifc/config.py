@@ -58,6 +58,10 @@ class EngineConfig:
         "auto", "auto: triton on CUDA, torch elsewhere", choices=ATTENTION_BACKENDS)
     enforce_eager: bool = option(
         False, "run every step eagerly (no CUDA graphs of decode steps)")
+    tune_gemms: bool = option(
+        True, "on CUDA, time at start-up torch's cuBLAS and cuBLASLt kernels and cuBLASLt's "
+        "other candidates for each projection shape, at the decode batch sizes and by powers "
+        "of two up to max_num_batched_tokens, and run each product through the fastest")
     async_scheduling: bool | None = option(
         None, "schedule and launch step N+1 while the device runs step N, and apply step N's "
         "tokens (stop checks, detokenizing, outputs) while step N+1 runs: the same outputs, "
@@ -117,7 +121,8 @@ class EngineConfig:
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
         if self.num_gpu_blocks is not None and self.kv_cache_gib is not None:
             raise ValueError("give either num_gpu_blocks or kv_cache_gib, not both")
-        for name in ("enforce_eager", "enable_prefix_caching", "enable_chunked_prefill"):
+        for name in ("enforce_eager", "tune_gemms", "enable_prefix_caching",
+                     "enable_chunked_prefill"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         for name in ("long_prefill_token_threshold", "prefill_attention_budget"):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import json
 import statistics
 import time
@@ -229,7 +230,9 @@ def run(args: argparse.Namespace) -> int:
               "device": str(engine.device), "copy_gbps": copy_rate, "matmul_tflops": matmul_rate,
               "block_size": config.block_size, "weight_bytes_read": weight_bytes_read(engine),
               "captured_sizes": graph_capture_info(engine)["captured_sizes"],
-              "decode": rows, "prefill": prefill}
+              "decode": rows, "prefill": prefill,
+              "tuned_projections": [dataclasses.asdict(t)
+                                    for t in engine.runner.tuned_projections]}
     print_result(result)
     if args.json_out:
         with open(args.json_out, "w") as f:
@@ -247,6 +250,17 @@ def print_timeline(t: dict | None) -> None:
     for g in t["idle"]:
         print(f"{'':>8}{g['us']:>8.1f} us/step idle {g['count']:>4.1f}x  "
               f"{str(g['after'])[:40]} -> {g['before'][:40]}")
+
+
+def print_tuned(tuned: list[dict]) -> None:
+    """The projections whose tuned kernel is not torch's (us per product)."""
+    changed = [t for t in tuned if t["chosen"] != t["default"]]
+    if tuned:
+        print(f"tuned projections: {len(changed)} of {len(tuned)} shapes x rows take another "
+              "kernel than torch's")
+    for t in changed:
+        print(f"{'':>8}{t['rows']:>6} x [{t['n']}, {t['k']}]  {t['default']} "
+              f"{t['default_us']:.2f} us -> {t['chosen']} {t['chosen_us']:.2f} us")
 
 
 def print_result(result: dict) -> None:
@@ -269,6 +283,7 @@ def print_result(result: dict) -> None:
             print(f"{'':>8}{f['ms_per_step']:>8.3f} ms/step host {f['calls']:>6}x  "
                   f"{f['function'][:80]}")
         print_timeline(r.get("timeline"))
+    print_tuned(result.get("tuned_projections", []))
     p = result["prefill"]
     print(f"prefill {p['tokens']} tokens: {1000 * p['seconds']:.1f} ms, {p['tokens_per_s']:.0f} "
           f"tokens/s, {p['tflops']:.2f} TFLOP/s = {p['fraction_of_matmul']:.2f} of the matmul rate")

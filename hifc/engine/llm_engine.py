@@ -127,7 +127,8 @@ class LLMEngine:
         self.limits: ResolvedLimits = resolve_limits(config, kv_arch, self.dtype, self.device,
                                                      self.kv_dtype)
         if self.tp is not None:
-            self.tp.setup(WorkerSetup(self.limits.num_gpu_blocks, self.limits.max_model_len))
+            self.tp.setup(WorkerSetup(self.limits.num_gpu_blocks, self.limits.max_model_len,
+                                      self.limits.max_num_batched_tokens))
         kv_cache = allocate_kv_cache(kv_arch, self.limits.num_gpu_blocks, config.block_size,
                                      self.kv_dtype, self.device)
         # a float8 cache's scales [L, 2, Hkv], fixed before any block is written
@@ -138,6 +139,8 @@ class LLMEngine:
             attention_backend(config.attention_backend, self.device, self.kv_dtype,
                               self.arch.num_hidden_layers),
             config.block_size, self.device, config.seed, kv_scales, followers=self.tp)
+        if config.tune_gemms:
+            self.runner.tune_projections(config.max_num_seqs, self.limits.max_num_batched_tokens)
         # after the KV cache exists; CPU / torch backend: decode stays unpadded
         self.runner.setup_padded_decode(
             self.limits.max_model_len, config.max_num_seqs, capture=not config.enforce_eager,

@@ -20,21 +20,22 @@ SiLU-and-mul before it as it reads its input (one launch instead of two), and
 ``project_then_norm`` lets a row GEMV add the residual after it and the next column GEMV
 normalize that sum (two launches instead of three).
 
-Inputs of more than 16 and up to ``LT_MAX_ROWS`` rows (decode batches, short prompts) take
-cuBLASLt's kernels, which read the weights faster there than those torch's default cuBLAS path
-picks (a CUDA graph keeps the kernel chosen at capture); longer inputs (prefill) keep cuBLAS,
-which is faster for them (docs/RESULTS.md).
+Products of more than 16 rows run through the kernel ``tune_projections`` chose for their
+shape by timing (:mod:`hifc.layers.gemm_tuning`); untuned ones of up to ``LT_MAX_ROWS`` rows
+(decode batches, short prompts) through torch's cuBLASLt path, which reads the weights faster
+there than its default cuBLAS path, and longer ones (prompts) through cuBLAS, faster for them
+(docs/RESULTS.md). A CUDA graph keeps the kernel chosen at capture.
 """
 from __future__ import annotations
 
-import contextlib
 from abc import ABC, abstractmethod
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hifc.layers import triton_gemv
+from hifc.layers import cublaslt, gemm_tuning, triton_gemv
+from hifc.layers.cublaslt import torch_preference
 from hifc.layers.activation import GATED_ACTIVATIONS
 from hifc.layers.norm import RMSNorm
 from hifc.layers.tensor_parallel import SINGLE, TPShard
@@ -52,19 +53,8 @@ def copy_weight(dst: torch.Tensor, loaded: torch.Tensor) -> None:
     dst.copy_(loaded)
 
 
-# Inputs of MAX_ROWS + 1 .. LT_MAX_ROWS rows on CUDA run through cuBLASLt (module doc).
+# Untuned inputs of MAX_ROWS + 1 .. LT_MAX_ROWS rows on CUDA run through cuBLASLt (module doc).
 LT_MAX_ROWS = 128
-
-
-@contextlib.contextmanager
-def cublaslt():
-    """torch's matmuls inside prefer cuBLASLt; the previous preference is restored after."""
-    previous = torch.backends.cuda.preferred_blas_library()
-    torch.backends.cuda.preferred_blas_library("cublaslt")
-    try:
-        yield
-    finally:
-        torch.backends.cuda.preferred_blas_library(previous)
 
 
 def prefers_cublaslt(x: torch.Tensor) -> bool:
@@ -75,16 +65,41 @@ def prefers_cublaslt(x: torch.Tensor) -> bool:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``x W^T (+ b)``: one row on CUDA through the Triton GEMV, a few rows through its
-    small-M kernel (both faster than cuBLAS there), decode batches past those through
-    cuBLASLt, else ``F.linear`` (cuBLAS)."""
+    small-M kernel (both faster than cuBLAS there), more by the kernel tuned for the shape,
+    else decode batches through cuBLASLt and the rest through ``F.linear`` (cuBLAS)."""
     if triton_gemv.usable(x, weight):
         return triton_gemv.gemv(x, weight, bias)
     if triton_gemv.usable_rows(x, weight):
         return triton_gemv.gemm_rows(x, weight, bias)
+    y = gemm_tuning.run(x, weight, bias)
+    if y is not None:
+        return y
     if prefers_cublaslt(x):
-        with cublaslt():
+        with torch_preference("cublaslt"):
             return F.linear(x, weight, bias)
     return F.linear(x, weight, bias)
+
+
+def _untuned_path(m: int) -> str:
+    """The library ``linear`` runs an untuned product of m (> MAX_ROWS) rows on CUDA through."""
+    return gemm_tuning.CUBLASLT if m <= LT_MAX_ROWS else gemm_tuning.CUBLAS
+
+
+def tune_projections(model: nn.Module, rows: list[int]) -> list[gemm_tuning.Tuned]:
+    """Time and choose the kernel of every projection shape of ``model`` (on CUDA, in float16
+    or bfloat16) at each row count of ``rows`` past MAX_ROWS (:mod:`hifc.layers.gemm_tuning`)."""
+    groups: dict[tuple, list[tuple[torch.Tensor, torch.Tensor | None]]] = {}
+    for module in model.modules():
+        if (isinstance(module, Linear) and module.weight.is_cuda
+                and module.weight.dtype in cublaslt.DTYPES):
+            bias = module.local_bias if isinstance(module, RowLinear) else module.bias
+            weight = module.weight
+            key = (weight.shape[0], weight.shape[1], weight.dtype, bias is not None)
+            groups.setdefault(key, []).append((weight, bias))
+    rows = [m for m in rows if m > triton_gemv.MAX_ROWS]
+    if not groups or not rows:
+        return []
+    return gemm_tuning.tune(groups, rows, _untuned_path)
 
 
 def check_shape(loaded: torch.Tensor, expected: tuple[int, ...]) -> None:

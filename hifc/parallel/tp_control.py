@@ -19,11 +19,13 @@ from hifc.tiers.jobs import IOOrder, RankReport
 
 @dataclass(frozen=True)
 class WorkerSetup:
-    """What rank 0 resolved that every rank must use: KV blocks and the model length (which
-    sizes the decode graphs)."""
+    """What rank 0 resolved that every rank must use: KV blocks, the model length (which
+    sizes the decode graphs) and the step's token budget (up to which the projections are
+    tuned)."""
 
     num_gpu_blocks: int
     max_model_len: int
+    max_num_batched_tokens: int
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,8 @@ from hifc.core.scheduler import ScheduledSeq, SchedulerOutput
 from hifc.core.sequence import Sequence
 from hifc.layers import sampling_ops
 from hifc.layers.attention import AttentionBackend, AttentionContext
+from hifc.layers.gemm_tuning import Tuned
+from hifc.layers.linear import tune_projections
 from hifc.layers.sampler import SampledTokens, Sampler
 from hifc.runtime import inputs
 from hifc.runtime.cuda_graphs import DecodeGraphs, capture_sizes, graphs_unsupported_reason
@@ -29,6 +31,9 @@ from hifc.runtime.sampling_inputs import (PenaltyRows, StepConstraints, StepPack
 from hifc.runtime.step_result import DeviceTokens, LaunchedStep, PromptLogprobsPart
 
 logger = logging.getLogger(__name__)
+
+# Prompt steps of more rows keep torch's cuBLAS path (tuning them would take gigabytes).
+TUNED_PROMPT_ROWS = 8192
 
 
 class StepFollowers(Protocol):
@@ -60,6 +65,20 @@ class ModelRunner:
         self.num_padded_decode_steps = 0  # steps run through decode_graphs (replayed or not)
         self._last_sampled: DeviceTokens | None = None  # the last launched step's ids
         self.followers = followers  # the other tensor-parallel ranks (None: one rank)
+        self.tuned_projections: list[Tuned] = []  # tune_projections' outcomes
+
+    def tune_projections(self, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+        """On CUDA, choose each projection shape's matrix kernel by timing
+        (:mod:`hifc.layers.gemm_tuning`) at the decode graphs' batch sizes and, for prompt
+        steps, powers of two up to the token budget (at most ``TUNED_PROMPT_ROWS``); before
+        the graphs are captured."""
+        if self.device.type != "cuda":
+            return
+        top = min(max_num_batched_tokens, TUNED_PROMPT_ROWS)
+        rows = capture_sizes(max_num_seqs) + [1 << p for p in range(8, (top - 1).bit_length() + 1)]
+        self.tuned_projections = tune_projections(self.model, rows)
+        for tuned in self.tuned_projections:
+            logger.debug("%s", tuned)
 
     def setup_padded_decode(self, max_model_len: int, max_num_seqs: int, capture: bool,
                             chunk_tokens: int = 0) -> None:

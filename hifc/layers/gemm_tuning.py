@@ -1,0 +1,206 @@
+"""Which matrix kernel runs each projection of more than 16 rows on CUDA, chosen by timing.
+
+torch runs a product through the first algorithm of cuBLAS's heuristic (or of cuBLASLt's,
+under that preference). For the shapes of decode and prompt steps that is often not the
+fastest one (docs/RESULTS.md). ``tune`` times, for each projection shape of a model and each
+row count the engine will run: torch's cuBLAS path, its cuBLASLt path and every candidate
+cuBLASLt's heuristic offers (:mod:`hifc.layers.cublaslt`), each over the model's own weights
+of that shape in one CUDA graph, back to back as a step runs them; it keeps the fastest where
+it beats the path ``linear`` would take anyway by more than ``MARGIN``, and where its output
+matches that path's. ``run`` then computes a product by the choice for its shape.
+
+Row counts up to ``EXACT_ROWS`` (decode batches, each a CUDA graph's size) are tuned one by
+one; larger ones by powers of two, each choice serving the products of more than half its rows
+(a prompt step of 5,000 tokens takes the 8,192-row choice). Products of shapes or row counts
+not tuned, or whose tensors are not contiguous and 256-byte aligned as the tuning's were, keep
+``linear``'s own path. GEMMs of one device run on one stream at a time (the engine's step
+stream), so the cuBLASLt workspace is one per device.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from hifc.layers import cublaslt
+
+logger = logging.getLogger(__name__)
+
+EXACT_ROWS = 128
+MARGIN = 0.02  # a choice other than linear's own path must be this much faster
+REPLAYS = 3  # timed replays of each candidate's graph (the fastest counts)
+EXACT_CALLS = 16  # weights per timed graph up to EXACT_ROWS rows: many times the L2 cache
+BUCKET_CALLS = 4  # past EXACT_ROWS rows (compute-bound products)
+
+# A choice: torch's cuBLAS path, torch's cuBLASLt path, or a cuBLASLt algorithm record.
+CUBLAS, CUBLASLT = "cublas", "cublaslt"
+Choice = str | bytes
+
+_chosen: dict[tuple, Choice] = {}
+_outcomes: dict[tuple, "Tuned"] = {}  # how each choice was made (kept for later engines)
+
+
+def rows_key(m: int) -> int:
+    """The row count whose choice serves a product of m rows."""
+    return m if m <= EXACT_ROWS else 1 << (m - 1).bit_length()
+
+
+def _key(m: int, n: int, k: int, dtype: torch.dtype, bias: bool, device_index: int) -> tuple:
+    return rows_key(m), n, k, dtype, bias, device_index
+
+
+def clear() -> None:
+    """Forget every choice (products take ``linear``'s own path again)."""
+    _chosen.clear()
+    _outcomes.clear()
+
+
+def choices() -> dict[tuple, Choice]:
+    """The choices made: (rows, n, k, dtype, bias, device index) -> choice."""
+    return dict(_chosen)
+
+
+def launch(choice: Choice, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+           out: torch.Tensor) -> torch.Tensor:
+    """out <- x W^T (+ bias) by ``choice``: torch's paths write out as ``F.linear`` computes
+    (the same kernels), a cuBLASLt algorithm through its plan."""
+    if choice == CUBLAS or choice == CUBLASLT:
+        with cublaslt.torch_preference(choice):
+            if bias is None:
+                return torch.mm(x, weight.t(), out=out)
+            return torch.addmm(bias, x, weight.t(), out=out)
+    m, k = x.shape
+    plan = _plan(m, weight.shape[0], k, x.dtype, bias is not None, x.device.index)
+    return plan.run(x, weight, bias, out, choice)
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan(m: int, n: int, k: int, dtype: torch.dtype, bias: bool,
+          device_index: int) -> cublaslt.MatmulPlan:
+    return cublaslt.MatmulPlan(m, n, k, dtype, bias, device_index)
+
+
+@functools.lru_cache(maxsize=4096)
+def _supports(m: int, n: int, k: int, dtype: torch.dtype, bias: bool, device_index: int,
+              algo: bytes) -> bool:
+    return _plan(m, n, k, dtype, bias, device_index).supports(algo)
+
+
+def run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
+    """``x W^T (+ bias)`` by the choice for its shape; None where there is none (the caller
+    takes its own path)."""
+    if not _chosen or not x.is_cuda or x.dim() != 2:
+        return None
+    m, k = x.shape
+    n = weight.shape[0]
+    choice = _chosen.get(_key(m, n, k, x.dtype, bias is not None, x.device.index))
+    if choice is None:
+        return None
+    if isinstance(choice, bytes) and not (
+            x.is_contiguous() and weight.is_contiguous()
+            and cublaslt.alignment(x) == 256 and cublaslt.alignment(weight) == 256
+            and _supports(m, n, k, x.dtype, bias is not None, x.device.index, choice)):
+        return None
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)  # 256-byte aligned
+    return launch(choice, x, weight, bias, out)
+
+
+@dataclass(frozen=True)
+class Tuned:
+    """One shape and row count's outcome (times in us per product)."""
+
+    n: int
+    k: int
+    rows: int
+    projections: int  # weights of this shape (timed: the first EXACT_CALLS or BUCKET_CALLS)
+    candidates: int
+    default: str  # linear's own path
+    default_us: float
+    chosen: str  # "cublas", "cublaslt" or "candidate i" of cuBLASLt's list
+    chosen_us: float
+
+
+def _graph_us(calls, count: int) -> float:
+    """The fastest of REPLAYS replays of ``calls`` captured in one CUDA graph, per product."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        calls()  # outside the capture: cuBLAS's lazy set-up
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        calls()
+    graph.replay()
+    times = []
+    for _ in range(REPLAYS):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / count)
+    del graph
+    return min(times)
+
+
+def _close(y: torch.Tensor, ref: torch.Tensor) -> bool:
+    """Whether y is ref up to the rounding of another summation order."""
+    scale = ref.abs().max().item() or 1.0
+    return bool(((y.float() - ref).abs().max() <= 1e-2 * scale).item())
+
+
+def tune(groups: dict[tuple[int, int, torch.dtype, bool],
+                      list[tuple[torch.Tensor, torch.Tensor | None]]],
+         rows: list[int], default_for) -> list[Tuned]:
+    """Choose the kernel of each shape's products at each row count (module doc).
+
+    groups: (n, k, dtype, has bias) -> each projection's (weight, bias) of that shape, on one
+    CUDA device; rows: the row counts to tune (a count past EXACT_ROWS tunes its power of
+    two); default_for(m): linear's own path at m rows (CUBLAS or CUBLASLT). A shape and row
+    count tuned before in this process keeps its choice (another engine of the same model)."""
+    outcomes = []
+    started = time.perf_counter()
+    for (n, k, dtype, has_bias), projections in groups.items():
+        device = projections[0][0].device
+        for m in sorted({rows_key(r) for r in rows}):
+            key = _key(m, n, k, dtype, has_bias, device.index)
+            if key in _outcomes:
+                outcomes.append(_outcomes[key])
+                continue
+            calls = projections[:EXACT_CALLS if m <= EXACT_ROWS else BUCKET_CALLS]
+            x = torch.randn(m, k, dtype=dtype, device=device)
+            out = torch.empty(m, n, dtype=dtype, device=device)
+            default = default_for(m)
+            ref = launch(default, x, calls[0][0], calls[0][1], out).float()
+            plan = _plan(m, n, k, dtype, has_bias, device.index)
+            algos = plan.candidates(cublaslt.aligns_of(x, calls[0][0], out))
+            options: list[Choice] = [CUBLAS, CUBLASLT, *algos]
+            timed: dict[Choice, float] = {}
+            for choice in options:
+                try:
+                    if not _close(launch(choice, x, calls[0][0], calls[0][1], out), ref):
+                        logger.warning("cuBLASLt candidate for %s rows of [%d, %d] is off; "
+                                       "left out", m, n, k)
+                        continue
+                    timed[choice] = _graph_us(
+                        lambda c=choice: [launch(c, x, w, b, out) for w, b in calls],
+                        len(calls))
+                except cublaslt.CublasLtError as e:
+                    logger.debug("cuBLASLt candidate left out: %s", e)
+            best = min(timed, key=timed.get)
+            choice = best if timed[best] < timed[default] * (1 - MARGIN) else default
+            name = choice if isinstance(choice, str) else f"candidate {algos.index(choice)}"
+            _chosen[key] = choice
+            _outcomes[key] = Tuned(n, k, m, len(projections), len(timed), default,
+                                   timed[default], name, timed[choice])
+            outcomes.append(_outcomes[key])
+            del x, out
+    logger.info("tuned the projections' matrix kernels (%d shapes x %d row counts) in %.1f s; "
+                "%d of %d take another kernel than torch's", len(groups),
+                len({rows_key(r) for r in rows}), time.perf_counter() - started,
+                sum(t.chosen != t.default for t in outcomes), len(outcomes))
+    return outcomes
