@@ -1,11 +1,11 @@
 """``y = x W^T (+ b)`` through cuBLASLt with an algorithm of one's choosing.
 
-torch's cuBLASLt path runs the first algorithm of cuBLASLt's heuristic for a shape. For the
-memory-bound products of decode steps (a few dozen to a few hundred rows against a weight of
-tens of megabytes), later candidates of the same heuristic can read the weight faster
-(docs/RESULTS.md). ``MatmulPlan`` holds the descriptors of one shape and the heuristic's
-candidates; ``run`` launches one of them on torch's current stream (so a CUDA graph being
-captured records it like any kernel).
+torch's cuBLASLt path runs the first algorithm of cuBLASLt's heuristic for a shape. For some
+products of decode steps (a few dozen rows against a weight of tens of megabytes) and of long
+prompt steps, later candidates of the same heuristic run faster (docs/RESULTS.md).
+``MatmulPlan`` holds the descriptors of one shape and asks the heuristic for its candidates;
+``run`` launches one of them on torch's current stream (so a CUDA graph being captured records
+it like any kernel).
 
 The library is the cuBLASLt that torch itself loaded (found in the process's mappings), called
 through ctypes; the layouts are cuBLAS's column-major view of torch's row-major tensors:

@@ -35,7 +35,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from hifc.layers import cublaslt, gemm_tuning, triton_gemv
-from hifc.layers.cublaslt import torch_preference
 from hifc.layers.activation import GATED_ACTIVATIONS
 from hifc.layers.norm import RMSNorm
 from hifc.layers.tensor_parallel import SINGLE, TPShard
@@ -75,7 +74,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
     if y is not None:
         return y
     if prefers_cublaslt(x):
-        with torch_preference("cublaslt"):
+        with cublaslt.torch_preference("cublaslt"):
             return F.linear(x, weight, bias)
     return F.linear(x, weight, bias)
 
