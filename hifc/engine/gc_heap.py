@@ -10,6 +10,9 @@ collection walks only what the engine allocated since (5.6-8.4 ms in the same ru
 objects are never collected, so the heap is unfrozen when the engine closes: this is for
 processes that run one engine at a time (the server, a data-parallel replica, a
 tensor-parallel worker rank, a benchmark's engine), not for code that builds engines freely.
+``LLM.generate`` freezes the heap for the length of one call, without the collection first
+(that would cost each call a walk of the whole heap): garbage that exists when the call starts
+waits for the call's end. A block inside another's freeze leaves the heap as it finds it.
 """
 from __future__ import annotations
 
@@ -23,11 +26,16 @@ logger = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
-def frozen_heap() -> Iterator[None]:
-    """Collect, then freeze every object that exists now for the block's duration (start it
-    once the engine has started); unfreeze after, so that a closed engine can be collected."""
+def frozen_heap(collect: bool = True) -> Iterator[None]:
+    """Collect (with ``collect``), then freeze every object that exists now for the block's
+    duration (start it once the engine has started); unfreeze after, so that a closed engine
+    can be collected. If the heap is frozen already (an enclosing block), it stays as it is."""
+    if gc.get_freeze_count():
+        yield
+        return
     start = time.perf_counter()
-    gc.collect()
+    if collect:
+        gc.collect()
     gc.freeze()
     logger.debug("froze %d objects out of the garbage collector's reach (%.0f ms)",
                  gc.get_freeze_count(), 1000 * (time.perf_counter() - start))

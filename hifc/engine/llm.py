@@ -7,6 +7,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from hifc.config import EngineConfig
+from hifc.engine.gc_heap import frozen_heap
 from hifc.engine.outputs import RequestOutput
 from hifc.loader.chat import normalize_conversation
 from hifc.parallel.data_parallel import build_engine
@@ -133,11 +134,12 @@ class LLM:
         finished: dict[str, RequestOutput] = {}
         bar = tqdm(total=len(order), desc="Generating", unit="req", disable=not use_tqdm)
         try:
-            while self.engine.has_unfinished_requests():
-                for output in self.engine.step():
-                    if output.finished:
-                        finished[output.request_id] = output
-                        bar.update(1)
+            with frozen_heap(collect=False):  # no full collection walks the start-up state
+                while self.engine.has_unfinished_requests():
+                    for output in self.engine.step():
+                        if output.finished:
+                            finished[output.request_id] = output
+                            bar.update(1)
         except BaseException:
             self.engine.abort_request([r for r in order if r not in finished])
             raise

@@ -47,3 +47,56 @@ def test_unfrozen_after_an_error():
     except KeyError:
         pass
     assert gc.get_freeze_count() == 0
+
+
+def frozen_garbage_survives(block) -> None:
+    """A cycle alive when an outer frozen_heap starts, garbage inside it, is still frozen
+    after ``block()`` runs there; collected once the outer block ends."""
+    live = Node()
+    live.self = live
+    ref = weakref.ref(live)
+    with frozen_heap():
+        del live
+        block()
+        gc.collect()
+        assert ref() is not None, "the inner block unfroze the outer one's objects"
+    gc.collect()
+    assert ref() is None
+
+
+def test_a_block_inside_another_leaves_the_heap_frozen():
+    def inner():
+        with frozen_heap(collect=False):
+            assert gc.get_freeze_count() > 0
+
+    frozen_garbage_survives(inner)
+    assert gc.get_freeze_count() == 0
+
+
+def test_without_the_collection_garbage_from_before_waits_for_the_end():
+    ref = cycle()
+    with frozen_heap(collect=False):
+        gc.collect()
+        assert ref() is not None
+    gc.collect()
+    assert ref() is None
+
+
+def test_generate_runs_its_steps_on_a_frozen_heap():
+    from hifc import LLM, SamplingParams
+
+    llm = LLM("random:tiny-llama", device="cpu", block_size=16, num_gpu_blocks=16)
+    counts = []
+    step = llm.engine.step
+
+    def counting_step():
+        counts.append(gc.get_freeze_count())
+        return step()
+
+    llm.engine.step = counting_step
+    params = SamplingParams(max_tokens=3, temperature=0.0)
+    out = llm.generate([[1, 2, 3]], params, use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 3
+    assert counts and all(c > 0 for c in counts)
+    assert gc.get_freeze_count() == 0
+    frozen_garbage_survives(lambda: llm.generate([[1, 2, 3]], params, use_tqdm=False))
