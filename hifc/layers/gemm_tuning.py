@@ -147,6 +147,18 @@ def _graph_us(calls, count: int) -> float:
     return min(times)
 
 
+def _candidates(m: int, n: int, k: int, dtype: torch.dtype, bias: bool, device_index: int,
+                aligns: tuple[int, int, int]) -> list[bytes]:
+    """cuBLASLt's candidates for a shape; none where cuBLASLt cannot be reached through ctypes
+    (then only torch's two paths are timed)."""
+    try:
+        return _plan(m, n, k, dtype, bias, device_index).candidates(aligns)
+    except (cublaslt.CublasLtError, OSError, AttributeError) as e:
+        logger.warning("cuBLASLt's candidates are not available (%s): timing torch's paths "
+                       "only", e)
+        return []
+
+
 def _close(y: torch.Tensor, ref: torch.Tensor) -> bool:
     """Whether y is ref up to the rounding of another summation order."""
     scale = ref.abs().max().item() or 1.0
@@ -176,8 +188,8 @@ def tune(groups: dict[tuple[int, int, torch.dtype, bool],
             out = torch.empty(m, n, dtype=dtype, device=device)
             default = default_for(m)
             ref = launch(default, x, calls[0][0], calls[0][1], out).float()
-            plan = _plan(m, n, k, dtype, has_bias, device.index)
-            algos = plan.candidates(cublaslt.aligns_of(x, calls[0][0], out))
+            algos = _candidates(m, n, k, dtype, has_bias, device.index,
+                                cublaslt.aligns_of(x, calls[0][0], out))
             options: list[Choice] = [CUBLAS, CUBLASLT, *algos]
             timed: dict[Choice, float] = {}
             for choice in options:

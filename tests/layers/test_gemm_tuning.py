@@ -43,6 +43,16 @@ def test_the_option_is_a_bool():
         EngineConfig(tune_gemms="yes")
 
 
+def test_without_cublaslt_only_torchs_paths_are_candidates(monkeypatch):
+    from hifc.layers import cublaslt
+
+    def unavailable(*args):
+        raise cublaslt.CublasLtError("torch has not loaded libcublasLt")
+
+    monkeypatch.setattr(gemm_tuning, "_plan", unavailable)
+    assert gemm_tuning._candidates(32, 384, 512, torch.bfloat16, False, 0, (256, 256, 256)) == []
+
+
 def product(x, w, b):
     y = x.float() @ w.float().T
     return y if b is None else y + b.float()
