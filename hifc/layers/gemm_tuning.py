@@ -195,8 +195,8 @@ def tune(groups: dict[tuple[int, int, torch.dtype, bool],
             for choice in options:
                 try:
                     if not _close(launch(choice, x, calls[0][0], calls[0][1], out), ref):
-                        logger.warning("cuBLASLt candidate for %s rows of [%d, %d] is off; "
-                                       "left out", m, n, k)
+                        logger.warning("kernel candidate for %s rows of [%d, %d] computes "
+                                       "another product; left out", m, n, k)
                         continue
                     timed[choice] = _graph_us(
                         lambda c=choice: [launch(c, x, w, b, out) for w, b in calls],
