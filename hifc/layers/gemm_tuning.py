@@ -34,6 +34,8 @@ MARGIN = 0.02  # a choice other than linear's own path must be this much faster
 REPLAYS = 3  # timed replays of each candidate's graph (the fastest counts)
 EXACT_CALLS = 16  # weights per timed graph up to EXACT_ROWS rows: many times the L2 cache
 BUCKET_CALLS = 4  # past EXACT_ROWS rows (compute-bound products)
+# Prompt steps of more rows keep torch's cuBLAS path (tuning them would take gigabytes).
+MAX_PROMPT_ROWS = 8192
 
 # A choice: torch's cuBLAS path, torch's cuBLASLt path, or a cuBLASLt algorithm record.
 CUBLAS, CUBLASLT = "cublas", "cublaslt"
@@ -46,6 +48,13 @@ _outcomes: dict[tuple, "Tuned"] = {}  # how each choice was made (kept for later
 def rows_key(m: int) -> int:
     """The row count whose choice serves a product of m rows."""
     return m if m <= EXACT_ROWS else 1 << (m - 1).bit_length()
+
+
+def prompt_rows(max_num_batched_tokens: int) -> list[int]:
+    """The row counts that serve prompt steps of up to that many tokens (past EXACT_ROWS), at
+    most MAX_PROMPT_ROWS: powers of two from 256."""
+    top = min(max_num_batched_tokens, MAX_PROMPT_ROWS)
+    return [1 << p for p in range(8, (top - 1).bit_length() + 1)]
 
 
 def _key(m: int, n: int, k: int, dtype: torch.dtype, bias: bool, device_index: int) -> tuple:
@@ -84,9 +93,11 @@ def _plan(m: int, n: int, k: int, dtype: torch.dtype, bias: bool,
 
 
 @functools.lru_cache(maxsize=4096)
-def _supports(m: int, n: int, k: int, dtype: torch.dtype, bias: bool, device_index: int,
-              algo: bytes) -> bool:
-    return _plan(m, n, k, dtype, bias, device_index).supports(algo)
+def _runnable(m: int, n: int, k: int, dtype: torch.dtype, bias: bool, device_index: int,
+              algo: bytes) -> cublaslt.MatmulPlan | None:
+    """The plan of this shape if ``algo`` (tuned at another row count maybe) can run it."""
+    plan = _plan(m, n, k, dtype, bias, device_index)
+    return plan if plan.supports(algo) else None
 
 
 def run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
@@ -99,13 +110,16 @@ def run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> tor
     choice = _chosen.get(_key(m, n, k, x.dtype, bias is not None, x.device.index))
     if choice is None:
         return None
-    if isinstance(choice, bytes) and not (
-            x.is_contiguous() and weight.is_contiguous()
-            and cublaslt.alignment(x) == 256 and cublaslt.alignment(weight) == 256
-            and _supports(m, n, k, x.dtype, bias is not None, x.device.index, choice)):
+    if isinstance(choice, str):
+        return launch(choice, x, weight, bias, torch.empty(m, n, dtype=x.dtype, device=x.device))
+    if not (x.is_contiguous() and weight.is_contiguous()
+            and cublaslt.alignment(x) == 256 and cublaslt.alignment(weight) == 256):
+        return None
+    plan = _runnable(m, n, k, x.dtype, bias is not None, x.device.index, choice)
+    if plan is None:
         return None
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)  # 256-byte aligned
-    return launch(choice, x, weight, bias, out)
+    return plan.run(x, weight, bias, out, choice)
 
 
 @dataclass(frozen=True)

@@ -57,9 +57,10 @@ LT_MAX_ROWS = 128
 
 
 def prefers_cublaslt(x: torch.Tensor) -> bool:
-    """Whether ``linear`` runs ``x`` through cuBLASLt: a decode batch of more than MAX_ROWS and
-    at most LT_MAX_ROWS rows on CUDA."""
-    return x.is_cuda and x.dim() == 2 and triton_gemv.MAX_ROWS < x.shape[0] <= LT_MAX_ROWS
+    """Whether ``linear`` runs ``x`` through cuBLASLt when untuned: a decode batch of more than
+    MAX_ROWS and at most LT_MAX_ROWS rows on CUDA."""
+    return (x.is_cuda and x.dim() == 2 and x.shape[0] > triton_gemv.MAX_ROWS
+            and _untuned_path(x.shape[0]) == gemm_tuning.CUBLASLT)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -21,7 +21,7 @@ from hifc.core.scheduler import ScheduledSeq, SchedulerOutput
 from hifc.core.sequence import Sequence
 from hifc.layers import sampling_ops
 from hifc.layers.attention import AttentionBackend, AttentionContext
-from hifc.layers.gemm_tuning import Tuned
+from hifc.layers.gemm_tuning import Tuned, prompt_rows
 from hifc.layers.linear import tune_projections
 from hifc.layers.sampler import SampledTokens, Sampler
 from hifc.runtime import inputs
@@ -31,9 +31,6 @@ from hifc.runtime.sampling_inputs import (PenaltyRows, StepConstraints, StepPack
 from hifc.runtime.step_result import DeviceTokens, LaunchedStep, PromptLogprobsPart
 
 logger = logging.getLogger(__name__)
-
-# Prompt steps of more rows keep torch's cuBLAS path (tuning them would take gigabytes).
-TUNED_PROMPT_ROWS = 8192
 
 
 class StepFollowers(Protocol):
@@ -70,12 +67,11 @@ class ModelRunner:
     def tune_projections(self, max_num_seqs: int, max_num_batched_tokens: int) -> None:
         """On CUDA, choose each projection shape's matrix kernel by timing
         (:mod:`hifc.layers.gemm_tuning`) at the decode graphs' batch sizes and, for prompt
-        steps, powers of two up to the token budget (at most ``TUNED_PROMPT_ROWS``); before
-        the graphs are captured."""
+        steps, the row counts serving the token budget (``prompt_rows``); before the graphs
+        are captured."""
         if self.device.type != "cuda":
             return
-        top = min(max_num_batched_tokens, TUNED_PROMPT_ROWS)
-        rows = capture_sizes(max_num_seqs) + [1 << p for p in range(8, (top - 1).bit_length() + 1)]
+        rows = capture_sizes(max_num_seqs) + prompt_rows(max_num_batched_tokens)
         self.tuned_projections = tune_projections(self.model, rows)
         for tuned in self.tuned_projections:
             logger.debug("%s", tuned)
