@@ -65,15 +65,21 @@ def decode_bytes(weight_bytes: int, kv_per_token: int, requests: list[tuple[int,
 
 
 def physical_ideal(engine, requests: list[tuple[int, int]], copy_gbps: float,
-                   matmul_tflops: float) -> dict:
+                   matmul_tflops: float, sustained_tflops: float) -> dict:
     """The workload's ideal time on this engine's model and device (rates measured in the same
     run): prefill FLOPs at the matrix rate plus decode bytes at the copy rate ((read + write)
-    bytes/s of a device copy, the same floor ``hifc bench kernels`` uses)."""
-    prefill_s = sum(prefill_flops(engine, prompt) for prompt, _ in requests) \
-        / (matmul_tflops * 1e12)
+    bytes/s of a device copy, the same floor ``hifc bench kernels`` uses). ``matmul_tflops``
+    is the burst rate; ``ideal_sustained_s`` puts the prefill at ``sustained_tflops``, the
+    rate the device holds once its power limit lowers its clock (``hifc.bench.probes``)."""
+    flops = sum(prefill_flops(engine, prompt) for prompt, _ in requests)
+    prefill_s = flops / (matmul_tflops * 1e12)
+    sustained_prefill_s = flops / (sustained_tflops * 1e12)
     steps, nbytes = decode_bytes(weight_bytes_read(engine), kv_bytes_per_token(engine),
                                  requests, engine.config.max_num_seqs)
     decode_s = nbytes / (copy_gbps * 1e9)
     return {"ideal_s": prefill_s + decode_s, "ideal_prefill_s": prefill_s,
             "ideal_decode_s": decode_s, "ideal_decode_steps": steps,
-            "copy_gbps": copy_gbps, "matmul_tflops": matmul_tflops}
+            "ideal_sustained_s": sustained_prefill_s + decode_s,
+            "ideal_sustained_prefill_s": sustained_prefill_s,
+            "copy_gbps": copy_gbps, "matmul_tflops": matmul_tflops,
+            "sustained_tflops": sustained_tflops}

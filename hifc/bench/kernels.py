@@ -33,7 +33,8 @@ import time
 from hifc.analysis.common import int_list, positive_int
 from hifc.bench.costs import kv_bytes_per_token, prefill_flops, weight_bytes_read
 from hifc.bench.probes import (copy_gbps, graph_capture_info, host_functions, matmul_tflops,
-                               profile_kernels, replay_times, step_timeline, sync)
+                               profile_kernels, replay_times, step_timeline,
+                               sustained_matmul_tflops, sync)
 from hifc.bench.workloads import fixed_requests
 from hifc.config import add_engine_args, engine_config_from_args
 
@@ -169,9 +170,10 @@ def add_floor(row: dict, copy_rate_gbps: float) -> dict:
 
 
 def measure_prefill(engine, tokens: int, repeats: int, matmul_rate_tflops: float,
-                    profile: bool = False) -> dict:
-    """Median time of a one-step prefill of ``tokens`` random ids (after one warm-up); with
-    ``profile``, the kernels of one more such prefill (``kernels``)."""
+                    sustained_tflops: float, profile: bool = False) -> dict:
+    """Median time of a one-step prefill of ``tokens`` random ids (after one warm-up), as a
+    fraction of the burst and of the sustained matmul rate; with ``profile``, the kernels of
+    one more such prefill (``kernels``)."""
     from hifc.sampling_params import SamplingParams
 
     params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
@@ -195,7 +197,8 @@ def measure_prefill(engine, tokens: int, repeats: int, matmul_rate_tflops: float
     seconds = statistics.median(times)
     tflops = prefill_flops(engine, tokens) / seconds / 1e12
     result = {"tokens": tokens, "seconds": seconds, "tflops": tflops,
-              "fraction_of_matmul": tflops / matmul_rate_tflops, "tokens_per_s": tokens / seconds}
+              "fraction_of_matmul": tflops / matmul_rate_tflops,
+              "fraction_of_sustained": tflops / sustained_tflops, "tokens_per_s": tokens / seconds}
     if profile:
         result["kernels"] = profile_kernels(lambda: prefill(repeats + 1), top=20)
     return result
@@ -217,6 +220,7 @@ def run(args: argparse.Namespace) -> int:
                             args.prefill_len)
     copy_rate = copy_gbps(device)
     matmul_rate = matmul_tflops(device, dtype)
+    sustained_rate = sustained_matmul_tflops(device, dtype)
     engine = LLMEngine.from_options(**options)
     max_tokens = decode_max_tokens(batches, args.context, args.steps, args.warmup,
                                    options["max_num_batched_tokens"])
@@ -225,9 +229,10 @@ def run(args: argparse.Namespace) -> int:
                                          max_tokens, args.profile)[0], copy_rate)
                 for b in batches]
         prefill = measure_prefill(engine, args.prefill_len, args.prefill_repeats, matmul_rate,
-                                  args.profile and engine.device.type == "cuda")
+                                  sustained_rate, args.profile and engine.device.type == "cuda")
     result = {"model": engine.model_name, "dtype": str(engine.dtype).removeprefix("torch."),
               "device": str(engine.device), "copy_gbps": copy_rate, "matmul_tflops": matmul_rate,
+              "sustained_matmul_tflops": sustained_rate,
               "block_size": config.block_size, "weight_bytes_read": weight_bytes_read(engine),
               "captured_sizes": graph_capture_info(engine)["captured_sizes"],
               "decode": rows, "prefill": prefill,
@@ -266,7 +271,8 @@ def print_tuned(tuned: list[dict]) -> None:
 def print_result(result: dict) -> None:
     print(f"model {result['model']}  dtype {result['dtype']}  device {result['device']}  "
           f"copy {result['copy_gbps']:.1f} GB/s (read+write)  matmul "
-          f"{result['matmul_tflops']:.2f} TFLOP/s  graph sizes {result['captured_sizes'] or '-'}")
+          f"{result['matmul_tflops']:.2f} TFLOP/s (sustained "
+          f"{result['sustained_matmul_tflops']:.2f})  graph sizes {result['captured_sizes'] or '-'}")
     print(f"{'batch':>6} {'context':>8} {'step ms':>9} {'synced ms':>9} {'tokens/s':>10} "
           f"{'floor ms':>9} {'step/floor':>10} {'graph steps':>11} {'forward ms':>10} "
           f"{'fwd/floor':>9}")
@@ -286,6 +292,7 @@ def print_result(result: dict) -> None:
     print_tuned(result.get("tuned_projections", []))
     p = result["prefill"]
     print(f"prefill {p['tokens']} tokens: {1000 * p['seconds']:.1f} ms, {p['tokens_per_s']:.0f} "
-          f"tokens/s, {p['tflops']:.2f} TFLOP/s = {p['fraction_of_matmul']:.2f} of the matmul rate")
+          f"tokens/s, {p['tflops']:.2f} TFLOP/s = {p['fraction_of_matmul']:.2f} of the matmul rate, "
+          f"{p['fraction_of_sustained']:.2f} of the sustained rate")
     for k in p.get("kernels", []):
         print(f"{'':>8}{k['ms']:>8.3f} ms {k['calls']:>4}x  {k['name'][:90]}")

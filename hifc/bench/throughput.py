@@ -38,7 +38,8 @@ from typing import Callable
 from tqdm.auto import tqdm
 
 from hifc.bench.costs import physical_ideal
-from hifc.bench.probes import copy_gbps, free_device_memory, matmul_tflops
+from hifc.bench.probes import (copy_gbps, free_device_memory, matmul_tflops,
+                               sustained_matmul_tflops)
 from hifc.bench.workloads import (DEFAULT_OUTPUT_LEN, PROFILES, SHAREGPT_FILE, BenchRequest,
                                   fixed_requests, get_profile, profile_requests, read_sharegpt,
                                   sharegpt_requests, token_lengths)
@@ -198,13 +199,16 @@ def variant_options(name: str, base: dict) -> dict:
     return opts
 
 
-def device_rates(base: dict) -> tuple[float, float]:
-    """(copy GB/s, matmul TFLOP/s) of the device and dtype these engine options run on."""
+def device_rates(base: dict) -> tuple[float, float, float]:
+    """(copy GB/s, burst matmul TFLOP/s, sustained matmul TFLOP/s) of the device and dtype
+    these engine options run on."""
     from hifc.config import EngineConfig
     from hifc.engine.limits import resolve_device, resolve_dtype
     config = EngineConfig.from_options(**base)
     device = resolve_device(config)
-    return copy_gbps(device), matmul_tflops(device, resolve_dtype(config, device))
+    dtype = resolve_dtype(config, device)
+    return (copy_gbps(device), matmul_tflops(device, dtype),
+            sustained_matmul_tflops(device, dtype))
 
 
 def compare(variants: list[str], base: dict, make_workload: WorkloadBuilder, *,
@@ -214,7 +218,8 @@ def compare(variants: list[str], base: dict, make_workload: WorkloadBuilder, *,
             ) -> tuple[dict, list[dict]]:
     """Run each variant on a fresh engine; (workload description, results in variant order).
     ``rates`` = ``device_rates(base)``: the workload's physical ideal is computed from them
-    (``workload["ideal"]``) and each result gets ``fraction_of_ideal``. ``on_result(workload,
+    (``workload["ideal"]``) and each result gets ``fraction_of_ideal`` (and
+    ``fraction_of_sustained_ideal``, against the ideal at the sustained matmul rate). ``on_result(workload,
     results so far)`` is called after each variant."""
     from hifc.engine.gc_heap import frozen_heap
     from hifc.engine.llm_engine import LLMEngine
@@ -234,8 +239,10 @@ def compare(variants: list[str], base: dict, make_workload: WorkloadBuilder, *,
                 trace = (os.path.join(trace_dir, f"{label}{name}.trace")
                          if trace_dir and name in FLASH_TIER_VARIANTS else None)
                 done[name] = run_variant(engine, name, requests, progress, label, trace)
-                done[name]["fraction_of_ideal"] = (workload["ideal"]["ideal_s"]
-                                                   / done[name]["elapsed_s"])
+                ideal = workload["ideal"]
+                done[name]["fraction_of_ideal"] = ideal["ideal_s"] / done[name]["elapsed_s"]
+                done[name]["fraction_of_sustained_ideal"] = (ideal["ideal_sustained_s"]
+                                                             / done[name]["elapsed_s"])
         finally:
             engine.close()
             del engine
@@ -402,7 +409,9 @@ def describe_workload(workload: dict) -> str:
 def describe_ideal(ideal: dict) -> str:
     return (f"physical ideal {ideal['ideal_s']:.2f} s (prefill {ideal['ideal_prefill_s']:.2f} s "
             f"at {ideal['matmul_tflops']:.1f} TFLOP/s, {ideal['ideal_decode_steps']} decode steps "
-            f"{ideal['ideal_decode_s']:.2f} s at {ideal['copy_gbps']:.1f} GB/s)")
+            f"{ideal['ideal_decode_s']:.2f} s at {ideal['copy_gbps']:.1f} GB/s); "
+            f"{ideal['ideal_sustained_s']:.2f} s with the prefill at the sustained "
+            f"{ideal['sustained_tflops']:.1f} TFLOP/s")
 
 
 def print_table(summary: dict, model: str) -> None:
@@ -428,6 +437,7 @@ _CELLS = {
     "req/s": (7, lambda r: f"{r['requests_per_s']:.3f}"),
     "x dram": (7, lambda r: "-" if r["ratio_to_dram"] is None else f"{r['ratio_to_dram']:.3f}"),
     "x ideal": (7, lambda r: f"{r['fraction_of_ideal']:.3f}"),
+    "x sust": (7, lambda r: f"{r['fraction_of_sustained_ideal']:.3f}"),
     "preempt": (7, lambda r: r["preemptions"]),
     "swap out": (8, lambda r: r["swap_out_blocks"]),
     "swap in": (8, lambda r: r["swap_in_blocks"]),

@@ -28,11 +28,12 @@ def test_kernels_reports_decode_floor_and_prefill_fraction(hifc, tmp_path, prese
                            "--json", out)
     assert code == 0
     result = json.loads(out.read_text())
-    assert {"model", "dtype", "device", "copy_gbps", "matmul_tflops", "decode",
-            "prefill"} <= set(result)
+    assert {"model", "dtype", "device", "copy_gbps", "matmul_tflops", "sustained_matmul_tflops",
+            "decode", "prefill"} <= set(result)
     assert (result["model"], result["dtype"], result["device"]) == (f"random:{preset}",
                                                                     "float32", "cpu")
     assert result["copy_gbps"] > 0 and result["matmul_tflops"] > 0
+    assert result["sustained_matmul_tflops"] > 0
 
     arch = PRESETS[preset]
     body, head = matmul_params(arch)
@@ -50,14 +51,18 @@ def test_kernels_reports_decode_floor_and_prefill_fraction(hifc, tmp_path, prese
         assert r["step_over_floor"] == pytest.approx(r["step_ms"] / r["floor_ms"])
 
     p = result["prefill"]
-    assert set(p) == {"tokens", "seconds", "tflops", "fraction_of_matmul", "tokens_per_s"}
+    assert set(p) == {"tokens", "seconds", "tflops", "fraction_of_matmul", "fraction_of_sustained",
+                      "tokens_per_s"}
     assert p["tokens"] == 96 and p["seconds"] > 0
     assert p["tokens_per_s"] == pytest.approx(96 / p["seconds"])
     flops = 2 * body * 96 + 2 * head + 2 * arch.num_hidden_layers * arch.num_attention_heads \
         * arch.head_dim * 96 ** 2
     assert p["tflops"] == pytest.approx(flops / p["seconds"] / 1e12)
     assert p["fraction_of_matmul"] == pytest.approx(p["tflops"] / result["matmul_tflops"])
+    assert p["fraction_of_sustained"] == pytest.approx(
+        p["tflops"] / result["sustained_matmul_tflops"])
     assert "step/floor" in stdout and "of the matmul rate" in stdout
+    assert "of the sustained rate" in stdout
 
 
 @pytest.mark.parametrize("argv", [["--batch-sizes", "1,0"], ["--batch-sizes", "1,x"],

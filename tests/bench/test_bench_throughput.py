@@ -14,6 +14,7 @@ VARIANT_KEYS = {
     "swap_io_seconds", "swap_stall_seconds", "recomputed_sequences", "swap_failures", "steps",
     "tier_blocks_total", "tier_allocator", "trace_path", "ratio_to_dram", "tier_write_gibps",
     "step_ms_percentiles", "tier_backend", "swap_out_stall_seconds", "fraction_of_ideal",
+    "fraction_of_sustained_ideal",
     "prefix_cache_queries", "prefix_cache_hits", "prefix_store_queries", "prefix_store_hits",
     "prefix_store_recomputed", "prefix_store_bytes_read", "prefix_store_bytes_written",
     "per_replica", "flash_devices", "swap_out_blocks_freed_staged", "kernel_compiles",
@@ -65,9 +66,15 @@ def test_compare_all_variants_then_analysis_tools(hifc, tiers, tmp_path):
     ideal = summary["workload"]["ideal"]
     assert ideal["ideal_decode_steps"] == 47  # 8 sequences decode together, 48 - 1 steps
     assert ideal["ideal_s"] == pytest.approx(ideal["ideal_prefill_s"] + ideal["ideal_decode_s"])
+    assert ideal["ideal_sustained_s"] == pytest.approx(
+        ideal["ideal_sustained_prefill_s"] + ideal["ideal_decode_s"])
+    assert ideal["ideal_sustained_prefill_s"] == pytest.approx(
+        ideal["ideal_prefill_s"] * ideal["matmul_tflops"] / ideal["sustained_tflops"])
     for r in by.values():
         assert r["fraction_of_ideal"] == pytest.approx(ideal["ideal_s"] / r["elapsed_s"])
-    assert "physical ideal" in stdout and "x ideal" in stdout
+        assert r["fraction_of_sustained_ideal"] == pytest.approx(
+            ideal["ideal_sustained_s"] / r["elapsed_s"])
+    assert "physical ideal" in stdout and "x ideal" in stdout and "x sust" in stdout
     assert summary["tps_test"] == by["flash"]["output_tokens_per_s"]
     assert summary["tps_ideal"] == by["none"]["output_tokens_per_s"]
     trace = traces / "flash.trace"
