@@ -55,8 +55,9 @@ class VocabParallelEmbedding(nn.Module):
         return self.tp.all_reduce(out.masked_fill_(outside[:, None], 0))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [N, H] -> float32 logits [N, vocab] over the whole vocabulary, on every rank."""
-        local = F.linear(hidden, self.weight).float()  # [N, V_r]
+        """hidden [N, H] -> logits [N, vocab] in the weights' dtype over the whole vocabulary,
+        on every rank."""
+        local = F.linear(hidden, self.weight)  # [N, V_r]
         logits = self.tp.gather_columns(local)  # [N, tp * V_r]
         return logits if logits.shape[1] == self.vocab_size else \
             logits[:, :self.vocab_size].contiguous()

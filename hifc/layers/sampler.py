@@ -79,9 +79,13 @@ class SampledTokens:
 class Sampler:
     def sample(self, logits: torch.Tensor, batch: SamplingBatch,
                generator: torch.Generator) -> SampledTokens:
-        """logits [B, V] -> one token per row. ``generator`` draws the uniform numbers of
-        unseeded rows.
+        """logits [B, V] (the model's dtype) -> one token per row. ``generator`` draws the
+        uniform numbers of unseeded rows. A step of greedy rows that nothing else edits takes
+        the argmax of the logits as they come (float32 orders 16-bit values alike); any other
+        converts them to float32 first.
         The logits are edited in place (they are the step's own: nothing reads them after)."""
+        if batch.all_greedy and batch.logprobs_k is None and not _edits(batch):
+            return SampledTokens(ops.argmax(logits))
         logits = logits.to(torch.float32)
         raw_logprobs = (torch.log_softmax(logits, dim=-1) if batch.logprobs_k is not None
                         else None)  # [B, V]
@@ -110,6 +114,12 @@ class Sampler:
             ops.apply_penalties(logits, p.rows, p.pool_rows, p.counts, p.seen, p.presence,
                                 p.frequency, p.repetition)
         return logits
+
+
+def _edits(batch: SamplingBatch) -> bool:
+    """Whether ``Sampler.process`` changes any logit of this batch."""
+    return (batch.grammar_bitmask is not None or batch.allowed is not None
+            or batch.banned is not None or batch.bias is not None or batch.penalties is not None)
 
 
 def _constrain(logits: torch.Tensor, batch: SamplingBatch) -> None:

@@ -25,7 +25,8 @@ def _chunk_max_kernel(logits_ptr, max_ptr, idx_ptr, vocab, stride_row,
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     cols = chunk * CHUNK + tl.arange(0, CHUNK)
-    x = tl.load(logits_ptr + row * stride_row + cols, mask=cols < vocab, other=float("-inf"))
+    x = tl.load(logits_ptr + row * stride_row + cols, mask=cols < vocab,
+                other=float("-inf")).to(tl.float32)  # exact from 16-bit floats
     x = tl.where(x != x, float("inf"), x)  # NaN first, as torch.argmax
     best = tl.max(x, axis=0)
     first = tl.min(tl.where(x == best, cols, vocab), axis=0)  # past the row if none
@@ -46,24 +47,28 @@ def _row_argmax_kernel(max_ptr, idx_ptr, out_ptr, NUM_CHUNKS: tl.constexpr,
     tl.store(out_ptr + row, tl.min(tl.where(best == top, idx, 2**31 - 1), axis=0).to(tl.int64))
 
 
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
 def _fits(logits: torch.Tensor) -> bool:
-    return (logits.dim() == 2 and logits.dtype == torch.float32 and logits.stride(1) == 1
+    return (logits.dim() == 2 and logits.dtype in DTYPES and logits.stride(1) == 1
             and 0 < logits.shape[1] <= MAX_CHUNKS * CHUNK)
 
 
 def usable(logits: torch.Tensor) -> bool:
-    """Whether the sampler takes ``argmax_rows`` for these logits: float32 [B, V] on CUDA with
-    Triton, V within MAX_CHUNKS x CHUNK, rows contiguous."""
+    """Whether the sampler takes ``argmax_rows`` for these logits: float32, bfloat16 or float16
+    [B, V] on CUDA with Triton, V within MAX_CHUNKS x CHUNK, rows contiguous."""
     return triton is not None and logits.is_cuda and _fits(logits)
 
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
-    """``logits.argmax(dim=-1)`` (int64 [B]) of float32 [B, V] logits with contiguous rows."""
+    """``logits.argmax(dim=-1)`` (int64 [B]) of [B, V] logits (``DTYPES``) with contiguous
+    rows."""
     if triton is None:
         raise RuntimeError("argmax_rows needs the triton package")
     if not _fits(logits):
-        raise ValueError("argmax_rows takes float32 [B, V] logits with contiguous rows and "
-                         f"0 < V <= {MAX_CHUNKS * CHUNK}, got {logits.dtype} "
+        raise ValueError("argmax_rows takes float32/bfloat16/float16 [B, V] logits with "
+                         f"contiguous rows and 0 < V <= {MAX_CHUNKS * CHUNK}, got {logits.dtype} "
                          f"{tuple(logits.shape)}")
     rows, vocab = logits.shape
     out = torch.empty(rows, dtype=torch.int64, device=logits.device)

@@ -204,8 +204,10 @@ class LlamaForCausalLM(nn.Module):
         return self.model(input_ids, positions, attn)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [N, H] final-norm states -> [N, vocab] float32 logits (soft-capped in float32
-        where the architecture caps them), gathered over the ranks' vocabulary ranges."""
+        """hidden: [N, H] final-norm states -> [N, vocab] logits in the model's dtype (float32
+        where the architecture soft-caps them, capped in float32), gathered over the ranks'
+        vocabulary ranges. Consumers that need float32 convert (the sampler does only when a
+        row's sampling asks for more than a greedy argmax)."""
         logits = self.head.logits(hidden)  # [N, V]
         cap = self.arch.final_logit_softcap
-        return logits if cap is None else torch.tanh(logits / cap) * cap
+        return logits if cap is None else torch.tanh(logits.float() / cap) * cap

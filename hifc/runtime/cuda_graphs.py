@@ -145,7 +145,7 @@ class DecodeGraphs:
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (batch, cap) -> graph
         # (decode rows, cap) -> graph of those decodes beside one prompt chunk
         self.chunk_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        # batch size -> its graphs' output [b (+1 with chunk graphs), V] float32 (one buffer
+        # batch size -> its graphs' output [b (+1 with chunk graphs), V] logits (one buffer
         # for every cap, the decode graphs' in its first b rows)
         self._logits: dict[int, torch.Tensor] = {}
         self.last_replayed: tuple[int, int] | None = None  # the last decode graph replayed
@@ -258,7 +258,7 @@ class DecodeGraphs:
     @torch.inference_mode()
     def run(self, work: list[ScheduledSeq], pending: PendingInputs | None = None,
             chunk: bool = True) -> torch.Tensor | None:
-        """Logits ([n, V] float32, in ``work`` order) of a decode step or (``chunk``) of a step
+        """Logits ([n, V], ``compute_logits``'s dtype, in ``work`` order) of a decode step or (``chunk``) of a step
         of decodes plus one prompt chunk, or None if the step must run eagerly. ``pending``: the
         rows whose input id is one the previous step sampled, on the device. The result is a
         view of the graph's output: read it before the next step."""

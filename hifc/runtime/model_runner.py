@@ -235,7 +235,7 @@ class ModelRunner:
             seq = seqs[row]
             offset = query_start_loc[row] - work[row].start_pos
             states = hidden[offset + first:offset + end]  # [C, H]
-            logprobs = torch.log_softmax(self.model.compute_logits(states), dim=-1)
+            logprobs = torch.log_softmax(self.model.compute_logits(states).float(), dim=-1)
             targets = inputs.to_device(seq.prompt_token_ids[first + 1:end + 1], torch.long,
                                        self.device)
             parts_by_row.setdefault(row, []).append(sampling_ops.top_logprobs(

@@ -219,6 +219,27 @@ def test_logprobs_are_the_raw_distribution_with_ranks_and_top_k():
     assert out.token_ids[3].item() == 5  # chosen under the bias, logprob of the raw logits
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_16_bit_logits_sample_as_their_float32_values(dtype):
+    """The model's 16-bit logits: a plain greedy step takes their argmax as they come (ties to
+    the first column), any other step their float32 values; both as float32 logits would."""
+    torch.manual_seed(5)
+    logits = (torch.randn(5, VOCAB) * 4).to(dtype)
+    logits[0, 7] = logits[0, 3] = logits[0].max() + 1  # a tie: the first column
+    plain = [SamplingParams(temperature=0) for _ in range(5)]
+    mixed = [SamplingParams(temperature=0), SamplingParams(temperature=0, logprobs=2),
+             SamplingParams(temperature=0.7, seed=4), SamplingParams(temperature=0, min_tokens=2),
+             SamplingParams(temperature=0, presence_penalty=1.0)]
+    for params in (plain, mixed):
+        seqs = [_seq(i, [1, 2], [3], p) for i, p in enumerate(params)]
+        ours = Sampler().sample(logits.clone(), _batch(seqs), torch.Generator().manual_seed(1))
+        ref = Sampler().sample(logits.float(), _batch(seqs), torch.Generator().manual_seed(1))
+        assert ours.token_ids.tolist() == ref.token_ids.tolist()
+        assert ours.token_ids[0].item() == 3
+        for a, b in zip((ours.logprobs, ours.top_logprobs), (ref.logprobs, ref.top_logprobs)):
+            assert (a is None) == (b is None) and (a is None or torch.equal(a, b))
+
+
 def test_grammar_bitmask_matches_xgrammar():
     xgr = pytest.importorskip("xgrammar")
     torch.manual_seed(4)

@@ -10,7 +10,8 @@ from tests.layers.triton_devices import DEVICES
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("vocab", [1, 4095, 4096, 10000])
-def test_first_maximum_of_each_row_as_torch(device, vocab):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_first_maximum_of_each_row_as_torch(device, vocab, dtype):
     gen = torch.Generator().manual_seed(vocab)
     logits = torch.randn(7, vocab, generator=gen)
     logits[1] = 0.5  # every column ties: the first
@@ -20,12 +21,12 @@ def test_first_maximum_of_each_row_as_torch(device, vocab):
         logits[4, 5000] = logits[4, 4999] = 9.0  # ties in one chunk
     logits[5, vocab // 2] = float("nan")  # NaN wins, as in torch
     logits[6, vocab - 1] = 50.0  # the last column
-    logits = logits.to(device)
+    logits = logits.to(device, dtype)  # bfloat16 rounds many values into ties: the first
     expected = logits.argmax(dim=-1)
     got = triton_argmax.argmax_rows(logits)
     assert got.dtype == torch.int64 and got.tolist() == expected.tolist()
     # a view of the first rows of a wider buffer, as a CUDA graph's output is read
-    wide = torch.randn(9, vocab, generator=gen).to(device)
+    wide = torch.randn(9, vocab, generator=gen).to(device, dtype)
     assert triton_argmax.argmax_rows(wide[:3]).tolist() == wide[:3].argmax(-1).tolist()
 
 
@@ -33,7 +34,7 @@ def test_first_maximum_of_each_row_as_torch(device, vocab):
 def test_no_rows_and_bad_input(device):
     assert triton_argmax.argmax_rows(torch.zeros(0, 50, device=device)).shape == (0,)
     with pytest.raises(ValueError, match="float32"):
-        triton_argmax.argmax_rows(torch.zeros(2, 50, device=device, dtype=torch.float16))
+        triton_argmax.argmax_rows(torch.zeros(2, 50, device=device, dtype=torch.float64))
     with pytest.raises(ValueError, match="contiguous rows"):
         triton_argmax.argmax_rows(torch.zeros(50, 2, device=device).T)
 
