@@ -272,7 +272,8 @@ def print_result(result: dict) -> None:
     print(f"model {result['model']}  dtype {result['dtype']}  device {result['device']}  "
           f"copy {result['copy_gbps']:.1f} GB/s (read+write)  matmul "
           f"{result['matmul_tflops']:.2f} TFLOP/s (sustained "
-          f"{result['sustained_matmul_tflops']:.2f})  graph sizes {result['captured_sizes'] or '-'}")
+          f"{result['sustained_matmul_tflops']:.2f})  "
+          f"graph sizes {result['captured_sizes'] or '-'}")
     print(f"{'batch':>6} {'context':>8} {'step ms':>9} {'synced ms':>9} {'tokens/s':>10} "
           f"{'floor ms':>9} {'step/floor':>10} {'graph steps':>11} {'forward ms':>10} "
           f"{'fwd/floor':>9}")
@@ -292,7 +293,7 @@ def print_result(result: dict) -> None:
     print_tuned(result.get("tuned_projections", []))
     p = result["prefill"]
     print(f"prefill {p['tokens']} tokens: {1000 * p['seconds']:.1f} ms, {p['tokens_per_s']:.0f} "
-          f"tokens/s, {p['tflops']:.2f} TFLOP/s = {p['fraction_of_matmul']:.2f} of the matmul rate, "
-          f"{p['fraction_of_sustained']:.2f} of the sustained rate")
+          f"tokens/s, {p['tflops']:.2f} TFLOP/s = {p['fraction_of_matmul']:.2f} of the matmul "
+          f"rate, {p['fraction_of_sustained']:.2f} of the sustained rate")
     for k in p.get("kernels", []):
         print(f"{'':>8}{k['ms']:>8.3f} ms {k['calls']:>4}x  {k['name'][:90]}")

@@ -219,8 +219,8 @@ def compare(variants: list[str], base: dict, make_workload: WorkloadBuilder, *,
     """Run each variant on a fresh engine; (workload description, results in variant order).
     ``rates`` = ``device_rates(base)``: the workload's physical ideal is computed from them
     (``workload["ideal"]``) and each result gets ``fraction_of_ideal`` (and
-    ``fraction_of_sustained_ideal``, against the ideal at the sustained matmul rate). ``on_result(workload,
-    results so far)`` is called after each variant."""
+    ``fraction_of_sustained_ideal``, against the ideal at the sustained matmul rate).
+    ``on_result(workload, results so far)`` is called after each variant."""
     from hifc.engine.gc_heap import frozen_heap
     from hifc.engine.llm_engine import LLMEngine
 
