@@ -13,8 +13,9 @@ Phases, each timed with CUDA events and printed with the clock and power nvidia-
   matmul    8192-cubed bf16 products: 10 after 3 warm-ups (the burst), then windows of 20
   layer     an 8B layer's four projections at 8,192 rows (an 8k prefill's products)
   copy      1 GiB device copies ((read + write) bytes / s): 10, then windows of 40
-  decode    the 8B gate-up projection at 32 rows over 16 weights round robin (a decode
-            step's largest product)
+  8b-b32, 8b-b128, 32b-b128
+            a decode layer's four projections (8B at 32 and 128 rows, 32B at 128) over
+            copies of the layer round robin, weight GB/s
 Each phase starts after a second idle, so its burst figure comes from a cool GPU.
 """
 from __future__ import annotations
@@ -28,6 +29,12 @@ import time
 import torch
 
 FIELDS = "timestamp,clocks.sm,power.draw,clocks_throttle_reasons.active"
+# (phase, rows, a layer's projections as (out, in) features, layer copies round robin)
+DECODE_LAYERS = (
+    ("8b-b32", 32, ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)), 16),
+    ("8b-b128", 128, ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)), 16),
+    ("32b-b128", 128, ((7168, 5120), (5120, 5120), (55296, 5120), (5120, 27648)), 8),
+)
 
 
 def event_ms(fn, repeats: int) -> float:
@@ -57,7 +64,7 @@ def phase(name: str, fn, work: float, unit: str, burst: int, window: int, second
         rates.append(work / event_ms(fn, window) / scale)
     marks.append(("idle", time.time()))
     tail = rates[len(rates) // 3:]
-    print(f"{name:7s} burst {rate:8.1f} {unit}   sustained median {statistics.median(tail):8.1f} "
+    print(f"{name:8s} burst {rate:8.1f} {unit}   sustained median {statistics.median(tail):8.1f} "
           f"(min {min(tail):.1f}, max {max(tail):.1f}) over the last {len(tail)} of "
           f"{len(rates)} windows of {window}")
 
@@ -72,7 +79,7 @@ def clocks(samples: list[list[str]], marks: list) -> None:
         sm = sorted(float(r[1]) for r in rows)
         watts = sorted(float(r[2]) for r in rows)
         capped = sum(int(r[3], 16) & 0x4 != 0 for r in rows)
-        print(f"{name:7s} SM MHz min {sm[0]:.0f} median {sm[len(sm) // 2]:.0f} max {sm[-1]:.0f}  "
+        print(f"{name:8s} SM MHz min {sm[0]:.0f} median {sm[len(sm) // 2]:.0f} max {sm[-1]:.0f}  "
               f"power W median {watts[len(watts) // 2]:.0f} max {watts[-1]:.0f}  "
               f"power-capped in {capped} of {len(rows)} samples")
 
@@ -111,11 +118,18 @@ def main() -> int:
     phase("copy", lambda: dst.copy_(src), 2 * src.numel(), "GB/s", 10, 40, args.seconds, marks)
     del src, dst
 
-    weights = [torch.randn(28672, 4096, device=dev, dtype=bf16) for _ in range(16)]
-    rows = torch.randn(32, 4096, device=dev, dtype=bf16)
-    turn = iter(range(1 << 62))
-    phase("decode", lambda: torch.nn.functional.linear(rows, weights[next(turn) % 16]),
-          weights[0].numel() * 2, "GB/s", 32, 320, args.seconds, marks)
+    for name, rows, shapes, copies in DECODE_LAYERS:
+        layers = [[torch.randn(o, i, device=dev, dtype=bf16) for o, i in shapes]
+                  for _ in range(copies)]
+        inputs = {i: torch.randn(rows, i, device=dev, dtype=bf16) for _, i in shapes}
+        turn = iter(range(1 << 62))
+
+        def decode_layer(layers=layers, inputs=inputs, turn=turn):
+            for w in layers[next(turn) % len(layers)]:
+                torch.nn.functional.linear(inputs[w.shape[1]], w)
+        phase(name, decode_layer, sum(2 * o * i for o, i in shapes), "GB/s", copies, 10 * copies,
+              args.seconds, marks)
+        del layers, inputs
 
     smi.terminate()
     samples = [line.split(", ") for line in smi.stdout.read().splitlines()
