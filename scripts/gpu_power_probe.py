@@ -9,7 +9,7 @@ rate (``hifc.bench.probes.matmul_tflops``) and report the sustained one beside i
 Usage, repo root:  PYTHONPATH=$PWD python3 scripts/gpu_power_probe.py [--seconds 3]
 
 Phases, each timed with CUDA events and printed with the clock and power nvidia-smi sampled
-(every 20 ms) while it ran:
+(every 20 ms, ``hifc.bench.power``) while it ran:
   matmul    8192-cubed bf16 products: 10 after 3 warm-ups (the burst), then windows of 20
   layer     an 8B layer's four projections at 8,192 rows (an 8k prefill's products)
   copy      1 GiB device copies ((read + write) bytes / s): 10, then windows of 40
@@ -21,14 +21,13 @@ Each phase starts after a second idle, so its burst figure comes from a cool GPU
 from __future__ import annotations
 
 import argparse
-import datetime
 import statistics
-import subprocess
 import time
 
 import torch
 
-FIELDS = "timestamp,clocks.sm,power.draw,clocks_throttle_reasons.active"
+from hifc.bench.power import ClockSampler, describe
+
 # (phase, rows, a layer's projections as (out, in) features, layer copies round robin)
 DECODE_LAYERS = (
     ("8b-b32", 32, ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)), 16),
@@ -49,39 +48,25 @@ def event_ms(fn, repeats: int) -> float:
 
 
 def phase(name: str, fn, work: float, unit: str, burst: int, window: int, seconds: float,
-          marks: list) -> None:
+          device) -> None:
     """Burst rate over ``burst`` calls, then rates over windows of ``window`` calls for
-    ``seconds``; ``work`` per call in ``unit`` x 1e12 (TFLOP/s) or x 1e9 (GB/s) units."""
+    ``seconds``, with the SM clock and power nvidia-smi read meanwhile; ``work`` per call in
+    FLOPs (TFLOP/s) or bytes (GB/s)."""
     scale = 1e9 if unit == "TFLOP/s" else 1e6
     fn()
     torch.cuda.synchronize()
     time.sleep(1.0)
-    marks.append((name, time.time()))
-    rate = work / event_ms(fn, burst) / scale
-    rates = []
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        rates.append(work / event_ms(fn, window) / scale)
-    marks.append(("idle", time.time()))
+    with ClockSampler(device, interval_ms=20) as clocks:
+        rate = work / event_ms(fn, burst) / scale
+        rates = []
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            rates.append(work / event_ms(fn, window) / scale)
     tail = rates[len(rates) // 3:]
     print(f"{name:8s} burst {rate:8.1f} {unit}   sustained median {statistics.median(tail):8.1f} "
           f"(min {min(tail):.1f}, max {max(tail):.1f}) over the last {len(tail)} of "
           f"{len(rates)} windows of {window}")
-
-
-def clocks(samples: list[list[str]], marks: list) -> None:
-    def when(row):
-        return datetime.datetime.strptime(row[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
-    for (name, t0), (_, t1) in zip(marks, marks[1:]):
-        rows = [r for r in samples if t0 <= when(r) < t1]
-        if name == "idle" or not rows:
-            continue
-        sm = sorted(float(r[1]) for r in rows)
-        watts = sorted(float(r[2]) for r in rows)
-        capped = sum(int(r[3], 16) & 0x4 != 0 for r in rows)
-        print(f"{name:8s} SM MHz min {sm[0]:.0f} median {sm[len(sm) // 2]:.0f} max {sm[-1]:.0f}  "
-              f"power W median {watts[len(watts) // 2]:.0f} max {watts[-1]:.0f}  "
-              f"power-capped in {capped} of {len(rows)} samples")
+    print(f"{'':8s} {describe(clocks.summary())}")
 
 
 def main() -> int:
@@ -91,15 +76,12 @@ def main() -> int:
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA device")
     dev, bf16 = torch.device("cuda"), torch.bfloat16
-    smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={FIELDS}", "--format=csv,noheader,nounits",
-                            "-lms", "20"], stdout=subprocess.PIPE, text=True)
-    marks: list = []
 
     n = 8192
     a, b = torch.randn(n, n, device=dev).to(bf16), torch.randn(n, n, device=dev).to(bf16)
     out = torch.empty(n, n, device=dev, dtype=bf16)
     phase("matmul", lambda: torch.matmul(a, b, out=out), 2 * n ** 3, "TFLOP/s", 10, 20,
-          args.seconds, marks)
+          args.seconds, dev)
     del a, b, out
 
     x, xd = torch.randn(n, 4096, device=dev).to(bf16), torch.randn(n, 14336, device=dev).to(bf16)
@@ -110,12 +92,12 @@ def main() -> int:
         for w in ws:
             torch.nn.functional.linear(xd if w.shape[1] == 14336 else x, w)
     phase("layer", layer, sum(2 * n * o * i for o, i in shapes), "TFLOP/s", 3, 8, args.seconds,
-          marks)
+          dev)
     del x, xd, ws
 
     src = torch.ones(1 << 30, dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
-    phase("copy", lambda: dst.copy_(src), 2 * src.numel(), "GB/s", 10, 40, args.seconds, marks)
+    phase("copy", lambda: dst.copy_(src), 2 * src.numel(), "GB/s", 10, 40, args.seconds, dev)
     del src, dst
 
     for name, rows, shapes, copies in DECODE_LAYERS:
@@ -128,13 +110,8 @@ def main() -> int:
             for w in layers[next(turn) % len(layers)]:
                 torch.nn.functional.linear(inputs[w.shape[1]], w)
         phase(name, decode_layer, sum(2 * o * i for o, i in shapes), "GB/s", copies, 10 * copies,
-              args.seconds, marks)
+              args.seconds, dev)
         del layers, inputs
-
-    smi.terminate()
-    samples = [line.split(", ") for line in smi.stdout.read().splitlines()
-               if line.count(",") == 3]
-    clocks(samples, marks)
     return 0
 
 

@@ -32,6 +32,7 @@ import time
 
 from hifc.analysis.common import int_list, positive_int
 from hifc.bench.costs import kv_bytes_per_token, prefill_flops, weight_bytes_read
+from hifc.bench.power import ClockSampler, describe
 from hifc.bench.probes import (copy_gbps, graph_capture_info, host_functions, matmul_tflops,
                                profile_kernels, replay_times, step_timeline,
                                sustained_matmul_tflops, sync)
@@ -135,11 +136,12 @@ def measure_decode(engine, batch: int, context: int, steps: int, warmup: int,
         sync(engine.device)
         times.append(time.perf_counter() - t0)
     sync(engine.device)
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        timed_step()
-    sync(engine.device)
-    steady_s = (time.perf_counter() - t0) / steps
+    with ClockSampler(engine.device) as clocks:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            timed_step()
+        sync(engine.device)
+        steady_s = (time.perf_counter() - t0) / steps
     graph_steps = engine.stats()["graph_decode_steps"] - graph_steps0
     forward = replay_times(engine, batch, profile)
     if profile:  # after the timed steps: cProfile slows the steps it watches
@@ -156,7 +158,7 @@ def measure_decode(engine, batch: int, context: int, steps: int, warmup: int,
     row = {"batch": batch, "context": context, "steps": steps, "step_ms": 1000 * steady_s,
            "synced_step_ms": 1000 * statistics.median(times), "tokens_per_s": batch / steady_s,
            "graph_steps": graph_steps, "bytes_read": weight_bytes_read(engine) + kv_read,
-           **forward}
+           "clocks": clocks.summary(), **forward}
     return row, [last[rid] for rid in ids]
 
 
@@ -193,12 +195,15 @@ def measure_prefill(engine, tokens: int, repeats: int, matmul_rate_tflops: float
             raise RuntimeError(f"the {tokens}-token prefill did not finish in one step")
         return time.perf_counter() - t0
 
-    times = [prefill(i) for i in range(repeats + 1)][1:]
+    prefill(0)  # warm-up
+    with ClockSampler(engine.device) as clocks:
+        times = [prefill(i) for i in range(1, repeats + 1)]
     seconds = statistics.median(times)
     tflops = prefill_flops(engine, tokens) / seconds / 1e12
     result = {"tokens": tokens, "seconds": seconds, "tflops": tflops,
               "fraction_of_matmul": tflops / matmul_rate_tflops,
-              "fraction_of_sustained": tflops / sustained_tflops, "tokens_per_s": tokens / seconds}
+              "fraction_of_sustained": tflops / sustained_tflops, "tokens_per_s": tokens / seconds,
+              "clocks": clocks.summary()}
     if profile:
         result["kernels"] = profile_kernels(lambda: prefill(repeats + 1), top=20)
     return result
@@ -284,6 +289,8 @@ def print_result(result: dict) -> None:
               f"{r['synced_step_ms']:>9.2f} {r['tokens_per_s']:>10.1f} "
               f"{r['floor_ms']:>9.3f} {r['step_over_floor']:>10.2f} "
               f"{str(r['graph_steps']) + '/' + str(2 * r['steps']):>11} {fwd}")
+        if r["clocks"]:
+            print(f"{'':>8}steady steps: {describe(r['clocks'])}")
         for k in r.get("kernels", []):
             print(f"{'':>8}{k['ms']:>8.3f} ms {k['calls']:>4}x  {k['name'][:90]}")
         for f in r.get("host_functions", []):
@@ -295,5 +302,7 @@ def print_result(result: dict) -> None:
     print(f"prefill {p['tokens']} tokens: {1000 * p['seconds']:.1f} ms, {p['tokens_per_s']:.0f} "
           f"tokens/s, {p['tflops']:.2f} TFLOP/s = {p['fraction_of_matmul']:.2f} of the matmul "
           f"rate, {p['fraction_of_sustained']:.2f} of the sustained rate")
+    if p["clocks"]:
+        print(f"{'':>8}{describe(p['clocks'])}")
     for k in p.get("kernels", []):
         print(f"{'':>8}{k['ms']:>8.3f} ms {k['calls']:>4}x  {k['name'][:90]}")

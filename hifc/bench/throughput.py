@@ -38,6 +38,7 @@ from typing import Callable
 from tqdm.auto import tqdm
 
 from hifc.bench.costs import physical_ideal
+from hifc.bench.power import ClockSampler, describe
 from hifc.bench.probes import (copy_gbps, free_device_memory, matmul_tflops,
                                sustained_matmul_tflops)
 from hifc.bench.workloads import (DEFAULT_OUTPUT_LEN, PROFILES, SHAREGPT_FILE, BenchRequest,
@@ -265,12 +266,13 @@ def run_variant(engine, name: str, requests: list[BenchRequest], progress: bool,
                                           ignore_eos=True))
     bar = tqdm(total=len(requests), desc=f"{label}{name}", unit="req", disable=not progress)
     step_s = []  # wall time of each step() (the last one ends when it returns)
-    t0 = last = time.perf_counter()
-    while engine.has_unfinished_requests():
-        bar.update(sum(o.finished for o in engine.step()))
-        now = time.perf_counter()
-        step_s.append(now - last)
-        last = now
+    with ClockSampler(engine.device) as clocks:
+        t0 = last = time.perf_counter()
+        while engine.has_unfinished_requests():
+            bar.update(sum(o.finished for o in engine.step()))
+            now = time.perf_counter()
+            step_s.append(now - last)
+            last = now
     elapsed = last - t0
     bar.close()
     after = engine.stats()
@@ -285,7 +287,7 @@ def run_variant(engine, name: str, requests: list[BenchRequest], progress: bool,
         "block_bytes": engine.limits.block_bytes, "gpu_blocks_total": after["gpu_blocks_total"],
         "max_model_len": engine.limits.max_model_len,
         **{k: after[k] - before[k] for k in COUNTERS},
-        "step_ms_percentiles": step_percentiles_ms(step_s),
+        "step_ms_percentiles": step_percentiles_ms(step_s), "clocks": clocks.summary(),
         "tier_blocks_total": after["tier_blocks_total"], "tier_allocator": None,
         "tier_backend": None, "tier_staging": None, "trace_path": None,
         # each replica's counters (one engine: itself), and shared flash devices' arbiters
@@ -422,6 +424,9 @@ def print_table(summary: dict, model: str) -> None:
     print(variant_header(VARIANT_COLUMNS))
     for r in summary["variants"]:
         print(variant_cells(r, VARIANT_COLUMNS))
+    for r in summary["variants"]:
+        if r["clocks"]:
+            print(f"  {r['variant']}: {describe(r['clocks'])}")
     for r in summary["variants"]:
         compiles = r["kernel_compiles"]
         if compiles:

@@ -14,7 +14,7 @@ VARIANT_KEYS = {
     "swap_io_seconds", "swap_stall_seconds", "recomputed_sequences", "swap_failures", "steps",
     "tier_blocks_total", "tier_allocator", "trace_path", "ratio_to_dram", "tier_write_gibps",
     "step_ms_percentiles", "tier_backend", "swap_out_stall_seconds", "fraction_of_ideal",
-    "fraction_of_sustained_ideal",
+    "fraction_of_sustained_ideal", "clocks",
     "prefix_cache_queries", "prefix_cache_hits", "prefix_store_queries", "prefix_store_hits",
     "prefix_store_recomputed", "prefix_store_bytes_read", "prefix_store_bytes_written",
     "per_replica", "flash_devices", "swap_out_blocks_freed_staged", "kernel_compiles",
