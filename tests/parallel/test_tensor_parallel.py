@@ -54,6 +54,23 @@ def test_tp2_matches_tp1(llama_dir, reference):
 
 
 @pytest.mark.slow  # starts a worker process (~3-5 s on the CPU VM)
+def test_tp2_gathers_bfloat16_logits_as_tp1_computes_them(llama_dir):
+    """A bfloat16 model's logits leave the LM head in bfloat16 and are gathered over the ranks
+    so: prompt logprobs (teacher-forced, so the same positions) match TP=1's within bfloat16's
+    rounding of the sums the two splits order differently."""
+    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+    runs = []
+    for tp in (1, 2):
+        with LLM(llama_dir, device="cpu", dtype="bfloat16", num_gpu_blocks=32, block_size=16,
+                 tensor_parallel_size=tp) as llm:
+            runs.append(llm.generate(PROMPTS[:2], params, use_tqdm=False))
+    for one, two in zip(*runs):
+        for got, want in zip(two.prompt_logprobs[1:], one.prompt_logprobs[1:]):
+            assert got.keys() == want.keys()  # the prompt's own token at each position
+            assert all(abs(got[t].logprob - want[t].logprob) < 0.1 for t in got)
+
+
+@pytest.mark.slow  # starts a worker process (~3-5 s on the CPU VM)
 def test_a_worker_that_died_is_named_and_the_engine_still_closes(llama_dir):
     from hifc.parallel.tp_driver import WorkerLost
 
