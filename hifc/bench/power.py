@@ -8,12 +8,14 @@ and ``bench throughput`` record ``ClockSampler.summary()`` for each timed phase.
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import statistics
 import subprocess
 
 FIELDS = "clocks.sm,power.draw,clocks_throttle_reasons.active"
 POWER_CAP = 0x4  # nvidia-smi's throttle reason bit "software power cap"
+STARTUP_S = 5.0  # the longest wait for nvidia-smi's first line
 
 
 def smi_id(device) -> str | None:
@@ -78,7 +80,10 @@ class ClockSampler:
                 [smi, f"--id={target}", f"--query-gpu={FIELDS}", "--format=csv,noheader,nounits",
                  "-lms", str(self.interval_ms)],
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-            self._proc.stdout.readline()  # sampling has begun (a sample from before the phase)
+            # sampling has begun (that first line is a sample from before the phase); an
+            # nvidia-smi that says nothing for STARTUP_S seconds does not hold the benchmark up
+            if select.select([self._proc.stdout], [], [], STARTUP_S)[0]:
+                self._proc.stdout.readline()
         return self
 
     def __exit__(self, *exc) -> None:

@@ -29,6 +29,18 @@ def test_the_device_is_named_as_cuda_visible_devices_names_it():
     assert power.visible_id(0, "GPU-8f2e,GPU-1a") == "GPU-8f2e"
 
 
+def test_a_silent_nvidia_smi_does_not_hold_the_phase_up(tmp_path, monkeypatch):
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\nexec sleep 30\n")  # one process, as nvidia-smi is
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(power, "smi_id", lambda device: "0")
+    monkeypatch.setattr(power, "STARTUP_S", 0.1)
+    with power.ClockSampler("cpu") as clocks:
+        pass
+    assert clocks.summary() is None
+
+
 def test_nothing_is_sampled_off_cuda():
     with power.ClockSampler("cpu") as clocks:
         pass
