@@ -427,7 +427,6 @@ def print_table(summary: dict, model: str) -> None:
     for r in summary["variants"]:
         if r["clocks"]:
             print(f"  {r['variant']}: {describe(r['clocks'])}")
-    for r in summary["variants"]:
         compiles = r["kernel_compiles"]
         if compiles:
             print(f"  {r['variant']}: {len(compiles)} kernel compile(s) in the timed run, "
