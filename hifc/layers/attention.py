@@ -177,12 +177,20 @@ class AttentionBackend(Protocol):
         max_model_len: a step runs planned for the smallest that holds its sequences."""
         ...
 
+    def plan_decodes_as_graphs(self, batch_sizes: list[int], max_model_len: int) -> None:
+        """The padded decode steps' batch sizes and max_model_len: a backend may plan other
+        steps' decodes as those steps are planned (to run the kernels compiled for them)."""
+        ...
+
 
 class TorchAttentionBackend:
     """Runs anywhere; the reference the Triton kernels are checked against."""
 
     def graph_context_caps(self, max_model_len: int) -> list[int]:
         return [max_model_len]  # it plans nothing
+
+    def plan_decodes_as_graphs(self, batch_sizes: list[int], max_model_len: int) -> None:
+        pass  # it plans nothing
 
     def forward(self, q, k, v, kv_cache, meta, scale, sliding_window=None, logit_softcap=None,
                 kv_scale=None, *, rope=None):

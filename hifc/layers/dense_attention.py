@@ -163,7 +163,9 @@ def _attend_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     return o, lse
 
 
-@_jit
+# Not specialised on the strides that follow a chunk's length (a variant per length that is 1,
+# a multiple of 16 or neither).
+@_jit(do_not_specialize=["o1_h", "lse1_t", "lse1_h", "o2_h", "lse2_t", "lse2_h"])
 def _merge_kernel(o1_ptr, lse1_ptr, o2_ptr, lse2_ptr, out_ptr,
                   o1_t, o1_h, lse1_t, lse1_h, o2_t, o2_h, lse2_t, lse2_h, out_t, out_h,
                   HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,

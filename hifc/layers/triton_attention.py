@@ -30,7 +30,9 @@ than a balanced segment; larger batches that may hold longer contexts, and crowd
 many programs for two slices each at about DECODE_PROGRAMS_PER_SM per SM), split into segments
 of one size, so that programs over the longest contexts do not run alone at the end of the
 launch. An evenly split decode-only launch may also rotate q and k by RoPE and write the new
-K/V itself (``rotates_in_launch``), instead of the RoPE + KV-write kernel before it.
+K/V itself (``rotates_in_launch``), instead of the RoPE + KV-write kernel before it. The decodes
+a step attends apart from its prompt chunks are planned, and rotated, as the decode CUDA graph of
+their padded batch size is (``plan_decodes_as_graphs``), so they compile no variant of their own.
 
 Prompt chunks of at least ``DENSE_PREFILL_MIN_TOKENS`` tokens (after any decodes of the step)
 attend through torch's fused kernels instead, cuDNN's first (:mod:`hifc.layers.dense_attention`),
@@ -41,6 +43,7 @@ Imports on machines without Triton or a GPU; the backend raises there when calle
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 import torch
@@ -169,8 +172,14 @@ def _attend_tile(q, m_i, l_i, acc, tile, block_row, k_base, v_base, kv_end, firs
 
 # Not specialised on the batch (num_seqs) or the block tables' width (stride_bt): Triton would
 # compile a variant for 1, for multiples of 16 and for the rest, the first time a step brings
-# one (1.7-2.5 s inside a running batch on the H200).
-@_jit(do_not_specialize=["num_seqs", "stride_bt"])
+# one (1.7-2.5 s inside a running batch on the H200). Nor on the 16-byte alignment of the
+# per-sequence and per-token metadata, read a few entries at a time: a decode graph's live in one
+# packed buffer (the block tables 4 bytes past a 16-byte boundary), a mixed step's leading
+# decodes in tensors of their own, and both run the same variant.
+@_jit(do_not_specialize=["num_seqs", "stride_bt"],
+      do_not_specialize_on_alignment=["block_tables_ptr", "seq_lens_ptr", "query_start_loc_ptr",
+                                      "k_scale_ptr", "v_scale_ptr", "positions_ptr",
+                                      "slot_mapping_ptr", "arrivals_ptr"])
 def _paged_attention_kernel(
     out_ptr, segm_out_ptr, segm_max_ptr, segm_sum_ptr, segm_count_ptr,
     q_ptr, k_cache_ptr, v_cache_ptr,
@@ -690,6 +699,9 @@ class TritonAttentionBackend:
         # (step metadata, decodes) -> the metadata of its decodes and of the rest
         self._apart: tuple[AttentionMetadata, int, AttentionMetadata,
                            AttentionMetadata] | None = None
+        # the decode CUDA graphs' batch sizes and context caps (plan_decodes_as_graphs)
+        self._graph_batches: list[int] = []
+        self._graph_caps: list[int] = []
 
     def num_sms(self, device: torch.device) -> int:
         if device not in self._num_sms:
@@ -699,12 +711,18 @@ class TritonAttentionBackend:
 
     def plan(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
              sliding_window: int | None = None) -> LaunchPlan:
+        return self._plan(q, kv_cache, meta.max_query_len, meta.max_seq_len, meta.num_seqs,
+                          q.shape[0], sliding_window)
+
+    def _plan(self, q: torch.Tensor, kv_cache: torch.Tensor, max_query_len: int,
+              max_seq_len: int, num_seqs: int, num_tokens: int,
+              sliding_window: int | None) -> LaunchPlan:
         # a query with a window reads at most sliding_window keys, its q block a few more
-        max_keys = (meta.max_seq_len if sliding_window is None else
-                    min(meta.max_seq_len, sliding_window + meta.max_query_len))
-        return plan_launch(meta.max_query_len, max_keys, meta.num_seqs, q.shape[1],
-                           kv_cache.shape[-2], q.shape[2], q.element_size(), self.num_sms(q.device),
-                           self.split_kv, num_tokens=q.shape[0])
+        max_keys = (max_seq_len if sliding_window is None else
+                    min(max_seq_len, sliding_window + max_query_len))
+        return plan_launch(max_query_len, max_keys, num_seqs, q.shape[1], kv_cache.shape[-2],
+                           q.shape[2], q.element_size(), self.num_sms(q.device), self.split_kv,
+                           num_tokens=num_tokens)
 
     def graph_context_caps(self, max_model_len: int) -> list[int]:
         """The contexts a decode CUDA graph is planned for, ascending: steps whose sequences all
@@ -713,6 +731,29 @@ class TritonAttentionBackend:
             return [max_model_len]
         return [BALANCED_SEGMENT_KEYS, max_model_len]
 
+    def plan_decodes_as_graphs(self, batch_sizes: list[int], max_model_len: int) -> None:
+        """Plan the decodes a step attends apart from its prompt chunks as the decode CUDA
+        graph of their padded batch size (the smallest of ``batch_sizes`` that holds them) and
+        context cap does, and rotate them in that launch where the graph does: they run kernel
+        variants the graphs compiled at capture, instead of one of their own, compiled the first
+        time a step brings its count of decodes and context (1.8 s inside a running batch on
+        the H200)."""
+        self._graph_batches = sorted(batch_sizes)
+        self._graph_caps = self.graph_context_caps(max_model_len)
+
+    def _decodes_plan(self, q: torch.Tensor, kv_cache: torch.Tensor, decodes: AttentionMetadata,
+                      sliding_window: int | None) -> LaunchPlan:
+        """The launch plan of a step's leading decodes (``decodes``: their metadata, which
+        keeps the step's max_seq_len): a decode graph's (``plan_decodes_as_graphs``) where one
+        holds them, else their own."""
+        n = decodes.num_seqs
+        i = bisect.bisect_left(self._graph_batches, n)
+        cap = next((c for c in self._graph_caps if c >= decodes.max_seq_len), None)
+        if i == len(self._graph_batches) or cap is None:
+            return self.plan(q[:n], kv_cache, decodes, sliding_window)
+        batch = self._graph_batches[i]
+        return self._plan(q, kv_cache, 1, cap, batch, batch, sliding_window)
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata, scale: float, sliding_window: int | None = None,
                 logit_softcap: float | None = None, kv_scale: torch.Tensor | None = None,
@@ -720,7 +761,8 @@ class TritonAttentionBackend:
         """Write k, v ([T, Hkv, D]) into kv_cache, then return attention of q ([T, Hq, D]).
         kv_scale: the K and V scales ([2, Hkv] float32) of a float8 cache, else None. rope: q
         and k are not rotated yet (with the Triton KV write, rotated in its launch; in a
-        decode-only step, in the attention's launch, which also writes k and v)."""
+        decode-only step, and in the launch of a step's leading decodes attended apart, where
+        their plan is an even split, in the attention's launch, which also writes k and v)."""
         whole_step_plan = None  # a decode-only step's, planned once
         if (rope is not None and self.triton_kv_write and meta.max_query_len == 1
                 and q.shape[0] == meta.num_seqs):
@@ -729,41 +771,57 @@ class TritonAttentionBackend:
                 return paged_attention(q, kv_cache, meta, scale, whole_step_plan, out,
                                        sliding_window, logit_softcap, kv_scale, rope=rope, k=k,
                                        v=v)
-        if rope is not None and self.triton_kv_write:
-            from hifc.layers.triton_kv_write import rotary_write_kv_cache
-            rotary = rope.rotary
-            q, k = rotary_write_kv_cache(rope.positions, q, k, v, rotary.cos_cache,
-                                         rotary.sin_cache, kv_cache, meta.slot_mapping, kv_scale)
-        elif self.triton_kv_write:
-            from hifc.layers.triton_kv_write import triton_write_kv_cache
-            triton_write_kv_cache(k, v, kv_cache, meta.slot_mapping, kv_scale)
-        else:
-            if rope is not None:
-                q, k = rope.rotary(rope.positions, q, k)
-            check_kv_scale(kv_cache, kv_scale)
-            write_kv_cache(k, v, kv_cache, meta.slot_mapping, kv_scale)
         dense = (self._dense_chunks_after(q, k, v, meta) if self.dense_prefill is not False
                  and sliding_window is None and logit_softcap is None and kv_cache.dtype != FP8
                  else None)
         # a tile of the chunks' shape would run each decode row at 1/BLOCK_Q of its rows
         decodes = dense if dense is not None else meta.num_leading_decodes
-        if not 0 < decodes < meta.num_seqs:
+        apart = 0 < decodes < meta.num_seqs
+        first, rest = self._apart_metas(meta, decodes) if apart else (None, meta)
+        first_plan = self._decodes_plan(q, kv_cache, first, sliding_window) if apart else None
+        # the leading decodes rotate q and k and write their K/V in their own launch where
+        # their plan does so in a decode step (the kernel variant the decode graphs run)
+        rotated_apart = (apart and rope is not None and self.triton_kv_write
+                         and rotates_in_launch(first_plan))
+        rows = slice(decodes if rotated_apart else 0, None)  # those the step writes here
+        q_rest, k_rest, v_rest = q[rows], k[rows], v[rows]
+        if rope is not None and self.triton_kv_write:
+            from hifc.layers.triton_kv_write import rotary_write_kv_cache
+            rotary = rope.rotary
+            q_rest, k_rest = rotary_write_kv_cache(rope.positions[rows], q_rest, k_rest, v_rest,
+                                                   rotary.cos_cache, rotary.sin_cache, kv_cache,
+                                                   meta.slot_mapping[rows], kv_scale)
+        elif self.triton_kv_write:
+            from hifc.layers.triton_kv_write import triton_write_kv_cache
+            triton_write_kv_cache(k, v, kv_cache, meta.slot_mapping, kv_scale)
+        else:
+            if rope is not None:
+                q_rest, k_rest = rope.rotary(rope.positions, q, k)
+            check_kv_scale(kv_cache, kv_scale)
+            write_kv_cache(k_rest, v, kv_cache, meta.slot_mapping, kv_scale)
+        if not apart:
             if dense is not None:
-                return dense_prefill_attention(q, k, v, kv_cache, meta, scale, out)
-            return paged_attention(q, kv_cache, meta, scale,
+                return dense_prefill_attention(q_rest, k_rest, v_rest, kv_cache, meta, scale, out)
+            return paged_attention(q_rest, kv_cache, meta, scale,
                                    whole_step_plan or self.plan(q, kv_cache, meta, sliding_window),
                                    out, sliding_window, logit_softcap, kv_scale)
         if out is None:
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        first, rest = self._apart_metas(meta, decodes)
-        for part, rows in ((first, slice(0, decodes)), (rest, slice(decodes, None))):
-            if part is rest and dense is not None:
-                dense_prefill_attention(q[rows], k[rows], v[rows], kv_cache, rest, scale,
-                                        out[rows])
-            else:
-                paged_attention(q[rows], kv_cache, part, scale,
-                                self.plan(q[rows], kv_cache, part, sliding_window), out[rows],
-                                sliding_window, logit_softcap, kv_scale)
+        if rotated_apart:
+            paged_attention(q[:decodes], kv_cache, first, scale, first_plan, out[:decodes],
+                            sliding_window, logit_softcap, kv_scale,
+                            rope=Rope(rope.rotary, rope.positions[:decodes]), k=k[:decodes],
+                            v=v[:decodes])
+        else:
+            paged_attention(q_rest[:decodes], kv_cache, first, scale, first_plan, out[:decodes],
+                            sliding_window, logit_softcap, kv_scale)
+            q_rest, k_rest, v_rest = q_rest[decodes:], k_rest[decodes:], v_rest[decodes:]
+        if dense is not None:
+            dense_prefill_attention(q_rest, k_rest, v_rest, kv_cache, rest, scale, out[decodes:])
+        else:
+            paged_attention(q_rest, kv_cache, rest, scale,
+                            self.plan(q_rest, kv_cache, rest, sliding_window), out[decodes:],
+                            sliding_window, logit_softcap, kv_scale)
         return out
 
     def _dense_chunks_after(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

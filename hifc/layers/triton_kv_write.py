@@ -65,7 +65,12 @@ def _kv_write_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
                  stride_vc_head, NUM_KV_HEADS, KV_FP8, FP8_MAX)
 
 
-@_jit
+# The position and slot of a program's one token (and a float8 cache's scales) are scalar
+# loads: not specialised on their pointers' 16-byte alignment, so that the rows after a step's
+# leading decodes (an odd count of 64-bit entries in; the slot mapping also stands in for the
+# scales of a 16-bit cache) run the variant the whole step's rows compiled.
+@_jit(do_not_specialize_on_alignment=["positions_ptr", "slot_mapping_ptr", "k_scale_ptr",
+                                      "v_scale_ptr"])
 def _rotary_kv_write_kernel(positions_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, q_out_ptr,
                             k_out_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr, k_scale_ptr,
                             v_scale_ptr, stride_cos, stride_q_t, stride_q_h, stride_k_t,

@@ -142,6 +142,7 @@ class DecodeGraphs:
                                            chunk_input_views, device)
                              if chunk_tokens else None)
         self.context_caps = backend.graph_context_caps(max_model_len)
+        backend.plan_decodes_as_graphs(self.batch_sizes, max_model_len)
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (batch, cap) -> graph
         # (decode rows, cap) -> graph of those decodes beside one prompt chunk
         self.chunk_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}

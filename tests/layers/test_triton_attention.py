@@ -538,6 +538,67 @@ def test_backend_rotates_decode_steps_in_the_attention_launch():
     assert ((out.float() - ref.float()).norm() / ref.float().norm()).item() < 2e-3
 
 
+@device_test
+def test_leading_decodes_rotate_in_their_launch_as_the_decode_graphs():
+    # A step of decodes then prompt chunks, its decodes attended apart, on a backend told the
+    # decode graphs' sizes: the decodes take the plan of the graph of their padded batch (5 ->
+    # 8 rows) and cap, rotated and written in their attention launch as that graph's are; the
+    # RoPE + KV-write kernel writes the chunks' rows only. Cache and output as the torch
+    # backend's.
+    from hifc.layers import triton_attention, triton_kv_write
+    step = make_step([1, 1, 1, 1, 1, 40, 9], [300, 17, 0, 700, 129, 50, 20], 8, 2, 64, 16,
+                     torch.float16, seed=24)
+    q, k, v, kv_cache, meta = step
+    meta.num_leading_decodes = 5
+    rope = rope_step(step, 24)
+    torch_cache = kv_cache.clone()
+    with torch_path():
+        ref = TorchAttentionBackend().forward(q, k, v, torch_cache, meta, 0.125, rope=rope)
+    backend = H200Sized()
+    backend.plan_decodes_as_graphs([1, 2, 4, 8], 1024)
+    graph_plan = plan_launch(1, 1024, 8, 8, 2, 64, 2, 132)
+    assert triton_attention.rotates_in_launch(graph_plan)
+    with mock.patch.object(triton_kv_write, "rotary_write_kv_cache",
+                           wraps=triton_kv_write.rotary_write_kv_cache) as rotary_write, \
+            mock.patch.object(triton_attention, "paged_attention",
+                              wraps=triton_attention.paged_attention) as attend:
+        out = backend.forward(q, k, v, kv_cache, meta, 0.125, rope=rope)
+    assert [c.args[1].shape[0] for c in rotary_write.call_args_list] == [49]
+    decodes_call = attend.call_args_list[0]
+    assert decodes_call.args[0].shape[0] == 5 and decodes_call.args[4] == graph_plan
+    assert torch.equal(decodes_call.kwargs["rope"].positions, rope.positions[:5])
+    assert torch.equal(kv_cache, torch_cache)
+    assert ((out.float() - ref.float()).norm() / ref.float().norm()).item() < 2e-3
+
+
+def test_leading_decodes_plan_as_the_decode_graph_of_their_padded_batch():
+    # Whatever a step's count of leading decodes and longest context, their launch plan is one
+    # a decode graph was planned with (so no kernel variant of their own is compiled mid-run);
+    # past the largest graph, or on a backend not told the graphs, the decodes' own plan.
+    from hifc.runtime.cuda_graphs import capture_sizes
+    q = torch.zeros(1, 32, 128, dtype=torch.bfloat16)
+    kv_cache = torch.zeros(2, 1, 16, 8, 128, dtype=torch.bfloat16)
+    backend = H200Sized()
+    sizes = capture_sizes(64)
+    backend.plan_decodes_as_graphs(sizes, 32768)
+    graph_plans = {plan_launch(1, cap, b, 32, 8, 128, 2, 132)
+                   for b in sizes for cap in backend.graph_context_caps(32768)}
+
+    def decodes(n, longest):
+        return AttentionMetadata(torch.zeros(n), torch.zeros(n + 1), torch.zeros(n),
+                                 torch.zeros(n, 1), list(range(n + 1)), [1] * n, 1, longest, 16)
+
+    planned = {backend._decodes_plan(q, kv_cache, decodes(n, longest), None)
+               for n in range(1, 65) for longest in (1, 100, 1025, 4096, 4097, 9000, 32768)}
+    assert planned <= graph_plans and len(planned) > 4
+    assert backend._decodes_plan(q, kv_cache, decodes(5, 300), None) == plan_launch(
+        1, 4096, 8, 32, 8, 128, 2, 132)
+    assert backend._decodes_plan(q, kv_cache, decodes(70, 300), None) == plan_launch(
+        1, 300, 70, 32, 8, 128, 2, 132)
+    assert H200Sized()._decodes_plan(q, kv_cache, decodes(5, 300), None) == plan_launch(
+        1, 300, 5, 32, 8, 128, 2, 132)
+
+
 def test_decode_rope_in_the_attention_launch_refuses_other_steps(monkeypatch):
     # checked on the host before any launch: CPU tensors will do
     from hifc.layers.triton_attention import paged_attention

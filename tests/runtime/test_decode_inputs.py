@@ -125,6 +125,19 @@ def test_decode_graphs_route_only_padded_decode_steps():
                      torch.device("cpu"))
 
 
+def test_decode_graphs_tell_the_backend_their_batch_sizes():
+    # so that it plans other steps' decodes as the graphs' (TritonAttentionBackend)
+    told = []
+
+    class Recording(TorchAttentionBackend):
+        def plan_decodes_as_graphs(self, batch_sizes, max_model_len):
+            told.append((list(batch_sizes), max_model_len))
+
+    DecodeGraphs(torch.nn.Identity(), [], Recording(), BLOCK, max_model_len=64,
+                 batch_sizes=[1, 2, 4], device=torch.device("cpu"))
+    assert told == [([1, 2, 4], 64)]
+
+
 def test_graphs_need_cuda_and_a_backend_reading_device_lengths():
     cuda = torch.device("cuda")
     assert "not CUDA" in graphs_unsupported_reason(torch.device("cpu"), TorchAttentionBackend(), 10)
