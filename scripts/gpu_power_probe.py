@@ -4,7 +4,7 @@ An H200 holds 1,980 MHz for a burst of bf16 matmuls only: within a fraction of a
 700 W limit lowers the SM clock, and the rate falls with it. The physical ideal of `hifc bench
 throughput` and the prefill fractions of `hifc bench kernels` count prefill FLOPs at the burst
 rate (``hifc.bench.probes.matmul_tflops``) and report the sustained one beside it
-(``sustained_matmul_tflops``); this probe shows where the difference comes from.
+(``matmul_rates``); this probe shows where the difference comes from.
 
 Usage, repo root:  PYTHONPATH=$PWD python3 scripts/gpu_power_probe.py [--seconds 3]
 

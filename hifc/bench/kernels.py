@@ -33,9 +33,8 @@ import time
 from hifc.analysis.common import int_list, positive_int
 from hifc.bench.costs import kv_bytes_per_token, prefill_flops, weight_bytes_read
 from hifc.bench.power import ClockSampler, describe
-from hifc.bench.probes import (copy_gbps, graph_capture_info, host_functions, matmul_tflops,
-                               profile_kernels, replay_times, step_timeline,
-                               sustained_matmul_tflops, sync)
+from hifc.bench.probes import (copy_gbps, graph_capture_info, host_functions, matmul_rates,
+                               profile_kernels, replay_times, step_timeline, sync)
 from hifc.bench.workloads import fixed_requests
 from hifc.config import add_engine_args, engine_config_from_args
 
@@ -224,8 +223,7 @@ def run(args: argparse.Namespace) -> int:
     options = sized_options(config.options(), batches, args.context, args.steps, args.warmup,
                             args.prefill_len)
     copy_rate = copy_gbps(device)
-    matmul_rate = matmul_tflops(device, dtype)
-    sustained_rate = sustained_matmul_tflops(device, dtype)
+    matmul_rate, sustained_rate = matmul_rates(device, dtype)
     engine = LLMEngine.from_options(**options)
     max_tokens = decode_max_tokens(batches, args.context, args.steps, args.warmup,
                                    options["max_num_batched_tokens"])

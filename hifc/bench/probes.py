@@ -52,8 +52,27 @@ def matmul_tflops(device, dtype, n: int | None = None, repeats: int = 10,
     """TFLOP/s (2 n^3 per product) of n x n matmuls in dtype; n = 8192 on CUDA, 512 elsewhere.
     ``after_s``: time the products only after that many seconds of them back to back. A GPU
     holds its top clock for a burst only: under a power limit (an H200's 700 W) a second of
-    matmuls lowers it, so ``after_s=0`` gives the burst rate, ``sustained_matmul_tflops`` the
-    rate a long prefill can hold."""
+    matmuls lowers it, so ``after_s=0`` gives the burst rate, ``matmul_rates`` also the rate a
+    long prefill can hold."""
+    return _matmul_rates(device, dtype, n, [(repeats, after_s)])[0]
+
+
+def matmul_rates(device, dtype) -> tuple[float, float]:
+    """The burst rate (``matmul_tflops``), then on the same operands the sustained one: timed
+    over 200 products once products have run for 1.5 s (CUDA; 10 after 0.2 s elsewhere), about
+    0.3 s of bf16 8192-cubed on an H200, whose clock moves under its power limit from one 30 ms
+    window to the next."""
+    import torch
+    cuda = torch.device(device).type == "cuda"
+    burst, sustained = _matmul_rates(device, dtype, None,
+                                     [(10, 0.0), (200, 1.5) if cuda else (10, 0.2)])
+    return burst, sustained
+
+
+def _matmul_rates(device, dtype, n: int | None,
+                  phases: list[tuple[int, float]]) -> list[float]:
+    """After three warm-up products, each phase's rate: (repeats, after_s) as
+    ``matmul_tflops`` takes them, one phase after the other on one set of operands."""
     import torch
     device = torch.device(device)
     n = n or (8192 if device.type == "cuda" else 512)
@@ -63,29 +82,21 @@ def matmul_tflops(device, dtype, n: int | None = None, repeats: int = 10,
     for _ in range(3):
         torch.matmul(a, b, out=out)
     sync(device)
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < after_s:
+    rates = []
+    for repeats, after_s in phases:
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < after_s:
+            for _ in range(repeats):
+                torch.matmul(a, b, out=out)
+            sync(device)
+        t0 = time.perf_counter()
         for _ in range(repeats):
             torch.matmul(a, b, out=out)
         sync(device)
-    t0 = time.perf_counter()
-    for _ in range(repeats):
-        torch.matmul(a, b, out=out)
-    sync(device)
-    rate = 2 * n ** 3 * repeats / (time.perf_counter() - t0) / 1e12
+        rates.append(2 * n ** 3 * repeats / (time.perf_counter() - t0) / 1e12)
     del a, b, out
     free_device_memory(device)
-    return rate
-
-
-def sustained_matmul_tflops(device, dtype) -> float:
-    """The matmul rate once products have run for 1.5 s (CUDA; 0.2 s elsewhere), timed over
-    200 products (about 0.3 s of bf16 8192-cubed on an H200, whose clock moves under its
-    power limit from one 30 ms window to the next)."""
-    import torch
-    cuda = torch.device(device).type == "cuda"
-    return matmul_tflops(device, dtype, repeats=200 if cuda else 10,
-                         after_s=1.5 if cuda else 0.2)
+    return rates
 
 
 def graph_capture_info(engine) -> dict:

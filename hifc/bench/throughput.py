@@ -39,8 +39,7 @@ from tqdm.auto import tqdm
 
 from hifc.bench.costs import physical_ideal
 from hifc.bench.power import ClockSampler, describe
-from hifc.bench.probes import (copy_gbps, free_device_memory, matmul_tflops,
-                               sustained_matmul_tflops)
+from hifc.bench.probes import copy_gbps, free_device_memory, matmul_rates
 from hifc.bench.workloads import (DEFAULT_OUTPUT_LEN, PROFILES, SHAREGPT_FILE, BenchRequest,
                                   fixed_requests, get_profile, profile_requests, read_sharegpt,
                                   sharegpt_requests, token_lengths)
@@ -208,8 +207,7 @@ def device_rates(base: dict) -> tuple[float, float, float]:
     config = EngineConfig.from_options(**base)
     device = resolve_device(config)
     dtype = resolve_dtype(config, device)
-    return (copy_gbps(device), matmul_tflops(device, dtype),
-            sustained_matmul_tflops(device, dtype))
+    return (copy_gbps(device), *matmul_rates(device, dtype))
 
 
 def compare(variants: list[str], base: dict, make_workload: WorkloadBuilder, *,

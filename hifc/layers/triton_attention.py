@@ -777,8 +777,9 @@ class TritonAttentionBackend:
         # a tile of the chunks' shape would run each decode row at 1/BLOCK_Q of its rows
         decodes = dense if dense is not None else meta.num_leading_decodes
         apart = 0 < decodes < meta.num_seqs
-        first, rest = self._apart_metas(meta, decodes) if apart else (None, meta)
-        first_plan = self._decodes_plan(q, kv_cache, first, sliding_window) if apart else None
+        if apart:
+            first, rest = self._apart_metas(meta, decodes)
+            first_plan = self._decodes_plan(q, kv_cache, first, sliding_window)
         # the leading decodes rotate q and k and write their K/V in their own launch where
         # their plan does so in a decode step (the kernel variant the decode graphs run)
         rotated_apart = (apart and rope is not None and self.triton_kv_write
