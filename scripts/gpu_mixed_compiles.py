@@ -68,10 +68,15 @@ def main() -> int:
                     kv_cache_gib=40, max_num_seqs=128))
     mixed = SMOKE_MIXED_LENGTHS if smoke else MIXED_LENGTHS
     engine = LLMEngine.from_options(options.pop("model"), device=args.device, **options)
+    at_start = kernel_compiles()
+    print(f"engine start-up: {len(at_start)} compiles, {sum(c.seconds for c in at_start):.1f} s")
     started = time.perf_counter()
     run_wave(engine, 0, 6, "warm", None, mixed)
-    print(f"warm-up {time.perf_counter() - started:.1f} s, compiles so far "
-          f"{len(kernel_compiles())}")
+    new = kernel_compiles()[len(at_start):]
+    print(f"warm-up wave {time.perf_counter() - started:.1f} s, compiles {len(new)}: "
+          f"{sum(c.seconds for c in new):.1f} s")
+    for c in new:
+        print(f"   {c.seconds:.2f} s {c.kernel[:60]}")
     tokens: dict[str, list[int]] = {}
     waves = [w for w in (SMOKE_WAVES if smoke else WAVES) for _ in (0, 1)]
     for seed, (length, n) in enumerate(waves, 1):

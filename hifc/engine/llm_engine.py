@@ -146,6 +146,7 @@ class LLMEngine:
             self.limits.max_model_len, config.max_num_seqs, capture=not config.enforce_eager,
             chunk_tokens=chunk_graph_tokens(config.long_prefill_token_threshold,
                                             self.limits.max_model_len))
+        self.runner.warm_up(self.limits.max_model_len)  # before any sequence holds a block
         # the KV blocks' shape, dtype and scales: names the model for the prefix cache (and a
         # persistent store, see model_salt) and shapes the tier's records
         self.kv_geometry = geometry_of(kv_cache, scale_digest(kv_scales))

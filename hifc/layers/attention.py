@@ -182,6 +182,12 @@ class AttentionBackend(Protocol):
         steps' decodes as those steps are planned (to run the kernels compiled for them)."""
         ...
 
+    def warm_up(self, num_q_heads: int, kv_cache: torch.Tensor) -> None:
+        """At start-up, after the runner's warm-up steps: compile the kernels that only some
+        later steps reach (``num_q_heads``: the query heads of a layer on this device;
+        ``kv_cache``: one layer's cache)."""
+        ...
+
 
 class TorchAttentionBackend:
     """Runs anywhere; the reference the Triton kernels are checked against."""
@@ -191,6 +197,9 @@ class TorchAttentionBackend:
 
     def plan_decodes_as_graphs(self, batch_sizes: list[int], max_model_len: int) -> None:
         pass  # it plans nothing
+
+    def warm_up(self, num_q_heads: int, kv_cache: torch.Tensor) -> None:
+        pass  # it compiles nothing
 
     def forward(self, q, k, v, kv_cache, meta, scale, sliding_window=None, logit_softcap=None,
                 kv_scale=None, *, rope=None):

@@ -50,7 +50,7 @@ import torch
 
 from hifc.layers.attention import FP8, AttentionMetadata, Rope, check_kv_scale, write_kv_cache
 from hifc.layers.dense_attention import (FusedShapes, chunk_call_shapes, dense_chunks_after,
-                                         dense_prefill_attention)
+                                         dense_prefill_attention, merge_attention)
 
 # without Triton (a CPU-only install) this module imports and the backend refuses to run
 from hifc.layers import triton_pdl
@@ -740,6 +740,17 @@ class TritonAttentionBackend:
         the H200)."""
         self._graph_batches = sorted(batch_sizes)
         self._graph_caps = self.graph_context_caps(max_model_len)
+
+    def warm_up(self, num_q_heads: int, kv_cache: torch.Tensor) -> None:
+        """Compile the fused prompt path's merge kernel (its first use is a chunk over cached
+        context, once a chunk shape recurs): a 16-bit cache, the dense path allowed."""
+        if self.dense_prefill is False or kv_cache.dtype not in (torch.bfloat16, torch.float16):
+            return
+        head_dim = kv_cache.shape[-1]
+        o = torch.zeros(1, num_q_heads, 2, head_dim, dtype=kv_cache.dtype, device=kv_cache.device)
+        lse = torch.zeros(1, num_q_heads, 2, dtype=torch.float32, device=kv_cache.device)
+        merge_attention(o, lse, o, lse, torch.empty(2, num_q_heads, head_dim, dtype=o.dtype,
+                                                      device=o.device))
 
     def _decodes_plan(self, q: torch.Tensor, kv_cache: torch.Tensor, decodes: AttentionMetadata,
                       sliding_window: int | None) -> LaunchPlan:

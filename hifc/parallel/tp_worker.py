@@ -61,6 +61,7 @@ def run_worker(config: EngineConfig, rank: int, rendezvous: Rendezvous,
             setup.max_model_len, config.max_num_seqs, capture=not config.enforce_eager,
             chunk_tokens=chunk_graph_tokens(config.long_prefill_token_threshold,
                                             setup.max_model_len))
+        runner.warm_up(setup.max_model_len)  # before any sequence holds a block
         jobs = None
         if config.tier.enabled:
             mover = make_mover(rank_tier_config(config.tier, rank),

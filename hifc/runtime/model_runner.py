@@ -13,6 +13,7 @@ off under tensor parallelism: the followers would need the pending tokens.)
 from __future__ import annotations
 
 import logging
+import time
 from typing import Protocol
 
 import torch
@@ -24,13 +25,19 @@ from hifc.layers.attention import AttentionBackend, AttentionContext
 from hifc.layers.gemm_tuning import Tuned, prompt_rows
 from hifc.layers.linear import tune_projections
 from hifc.layers.sampler import SampledTokens, Sampler
+from hifc.layers.triton_jit import kernel_compiles
 from hifc.runtime import inputs
 from hifc.runtime.cuda_graphs import DecodeGraphs, capture_sizes, graphs_unsupported_reason
 from hifc.runtime.sampling_inputs import (PenaltyRows, StepConstraints, StepPacker,
                                           build_sampling_batch)
 from hifc.runtime.step_result import DeviceTokens, LaunchedStep, PromptLogprobsPart
+from hifc.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
+
+# the prompt lengths of the start-up warm-up's steps (``ModelRunner.warm_up``): a chunk's
+# attention tile follows its tokens x query heads per KV head up to 128 rows, in powers of two
+WARM_UP_PROMPT_LENGTHS = (2, 4, 8, 16, 32, 64, 128)
 
 
 class StepFollowers(Protocol):
@@ -105,6 +112,35 @@ class ModelRunner:
         if capture:
             graphs.capture()
         self.decode_graphs = graphs
+
+    @torch.inference_mode()
+    def warm_up(self, max_model_len: int, lengths: tuple[int, ...] | None = None) -> None:
+        """Before any sequence holds a KV block: run an eager step of one prompt of each of
+        ``lengths`` tokens (default: WARM_UP_PROMPT_LENGTHS on CUDA, none elsewhere, where
+        nothing compiles), writing the cache's first blocks, which later sequences overwrite,
+        and take its greedy token; then let the backend compile what such steps do not reach.
+        The kernel variants a first request needs (the attention's tile for its prompt's size,
+        the argmax) then compile here, not inside that request's first step (1.9 s on the H200
+        with an empty Triton cache, docs/RESULTS.md)."""
+        if lengths is None:
+            lengths = WARM_UP_PROMPT_LENGTHS if self.device.type == "cuda" else ()
+        room = min(max_model_len, self.kv_cache.shape[2] * self.block_size)
+        lengths = [n for n in lengths if n <= room]
+        if not lengths:
+            return
+        started, compiled = time.perf_counter(), len(kernel_compiles())
+        greedy = SamplingParams(temperature=0.0)
+        for n in lengths:
+            blocks = list(range(-(-n // self.block_size)))
+            logits = self.eager_logits([ScheduledSeq("warm-up", [0] * n, 0, blocks, greedy)])
+            sampling_ops.argmax(logits)
+        self.backend.warm_up(self.model.arch.num_attention_heads // self.model.tp.size,
+                             self.kv_caches[0])
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        logger.info("warmed up prompt steps of %s tokens in %.1f s (%d kernels compiled)",
+                    ", ".join(map(str, lengths)), time.perf_counter() - started,
+                    len(kernel_compiles()) - compiled)
 
     @property
     def num_graph_decode_steps(self) -> int:

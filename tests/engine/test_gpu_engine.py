@@ -1,5 +1,9 @@
 """The engine on a CUDA GPU: Triton attention, kvikio flash tier, pinned DRAM tier."""
+import json
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -70,3 +74,34 @@ def test_swapping_on_gpu_keeps_outputs(kind, block_size, tmp_path):
     if kind != "dram":
         assert llm.engine.tier.stats()["backend"] == kind
     llm.engine.close()
+
+
+WARM_START = """
+import json, random
+from hifc import LLMEngine, SamplingParams
+from hifc.layers.triton_jit import kernel_compiles
+engine = LLMEngine.from_options("random:tiny-llama", device="cuda", dtype="bfloat16",
+                                max_num_seqs=8, max_model_len=1024, num_gpu_blocks=512,
+                                block_size=16, tune_gemms=False)
+started = len(kernel_compiles())
+rng = random.Random(0)
+prompts = [[rng.randrange(3, 512) for _ in range(n)] for n in (1, 2, 3, 6, 9, 13, 20, 70, 300, 700)]
+for wave in range(2):  # the second: the same prompts, over their cached prefixes
+    for i, p in enumerate(prompts):
+        engine.add_request(f"{wave}-{i}", p, SamplingParams(max_tokens=6, temperature=0.0,
+                                                            ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+print(json.dumps([c.kernel for c in kernel_compiles()[started:]]))
+"""
+
+
+def test_requests_after_start_up_compile_no_kernel(tmp_path):
+    """With an empty Triton cache, the engine's start-up (decode graphs, warm-up steps)
+    compiles every kernel variant that prompts of any size, their decodes and prefix-cache hits
+    then run."""
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", WARM_START], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
