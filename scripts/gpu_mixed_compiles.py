@@ -5,7 +5,8 @@ wave's steps mixing decodes with prompt chunks, after one untimed wave of warm-u
     PYTHONPATH=$PWD python3 scripts/gpu_mixed_compiles.py --device cpu   # smoke run, tiny
 
 The engine (random:ds-r1-llama-8b, bf16, decode CUDA graphs) first runs a wave of random prompt
-lengths. Then each wave of equal-length prompts runs twice: the fused prefill kernels serve a
+lengths (its compiles and the start-up's are listed: after start-up's warm-up steps it should
+compile nothing). Then each wave of equal-length prompts runs twice: the fused prefill kernels serve a
 chunk shape once it recurs, so the second run's steps attend their leading decodes apart from
 the chunks (a launch of their own, planned for their count). Each wave prints its steps, wall
 time, and every kernel compiled in it (Triton's JIT hooks: name, seconds, specialisation).

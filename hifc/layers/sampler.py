@@ -104,6 +104,22 @@ class Sampler:
         return SampledTokens(token_ids, chosen, ranks, top_ids, top_lp)
 
     @staticmethod
+    def warm_up(logits: torch.Tensor) -> None:
+        """Run each device pass a step's sampling may take (the greedy argmax of the logits as
+        they come and in float32; the penalties over every row and over listed rows) on
+        ``logits`` ([B, V], a warm-up step's own), so that those that compile do so now."""
+        ops.argmax(logits)
+        logits = logits.to(torch.float32)
+        ops.argmax(logits)
+        vocab, device = logits.shape[1], logits.device
+        counts = torch.zeros(1, vocab, dtype=torch.float32, device=device)
+        seen = torch.zeros(1, vocab, dtype=torch.bool, device=device)
+        first = torch.zeros(1, dtype=torch.long, device=device)
+        ones = torch.ones(1, dtype=torch.float32, device=device)
+        for rows in (None, first):
+            ops.apply_penalties(logits[:1], rows, first, counts, seen, ones, ones, ones)
+
+    @staticmethod
     def process(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         """The logits ([B, V], float32: edited in place) after the masks, the logit bias and
         the penalties: greedy rows take their argmax, sampled rows draw from them after

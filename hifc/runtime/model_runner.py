@@ -35,9 +35,22 @@ from hifc.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
-# the prompt lengths of the start-up warm-up's steps (``ModelRunner.warm_up``): a chunk's
-# attention tile follows its tokens x query heads per KV head up to 128 rows, in powers of two
+# The start-up warm-up's steps (``ModelRunner.warm_up``): prompts of these lengths (a chunk's
+# attention tile follows its tokens x query heads per KV head up to 128 rows, in powers of two),
+# then a chunk of WARM_UP_CHUNK tokens after each of these cached contexts (a chunk over a long
+# context splits its keys into segments, as many as the context fills: 4 past 4,096 keys, up to
+# 32 past 32,768), as far as max_model_len allows
 WARM_UP_PROMPT_LENGTHS = (2, 4, 8, 16, 32, 64, 128)
+WARM_UP_CONTEXTS = (4096, 8192, 16384, 32768)
+WARM_UP_CHUNK = 128
+
+
+def warm_up_steps(max_model_len: int, num_slots: int) -> list[tuple[int, int]]:
+    """(cached context, new tokens) of each warm-up step that fits the model's length and
+    ``num_slots`` KV slots (a step's context reads the cache's first block again and again)."""
+    steps = ([(0, n) for n in WARM_UP_PROMPT_LENGTHS]
+             + [(context, WARM_UP_CHUNK) for context in WARM_UP_CONTEXTS])
+    return [(c, n) for c, n in steps if c + n <= max_model_len and n <= num_slots]
 
 
 class StepFollowers(Protocol):
@@ -114,33 +127,36 @@ class ModelRunner:
         self.decode_graphs = graphs
 
     @torch.inference_mode()
-    def warm_up(self, max_model_len: int, lengths: tuple[int, ...] | None = None) -> None:
-        """Before any sequence holds a KV block: run an eager step of one prompt of each of
-        ``lengths`` tokens (default: WARM_UP_PROMPT_LENGTHS on CUDA, none elsewhere, where
-        nothing compiles), writing the cache's first blocks, which later sequences overwrite,
-        and take its greedy token; then let the backend compile what such steps do not reach.
-        The kernel variants a first request needs (the attention's tile for its prompt's size,
-        the argmax) then compile here, not inside that request's first step (1.9 s on the H200
-        with an empty Triton cache, docs/RESULTS.md)."""
-        if lengths is None:
-            lengths = WARM_UP_PROMPT_LENGTHS if self.device.type == "cuda" else ()
-        room = min(max_model_len, self.kv_cache.shape[2] * self.block_size)
-        lengths = [n for n in lengths if n <= room]
-        if not lengths:
+    def warm_up(self, max_model_len: int,
+                steps: list[tuple[int, int]] | None = None) -> None:
+        """Before any sequence holds a KV block: run an eager step of one prompt chunk for each
+        (cached context, new tokens) of ``steps`` (default: ``warm_up_steps`` on CUDA, none
+        elsewhere, where nothing compiles) and the sampler's passes on its logits; then let the
+        backend compile what such steps do not reach. The context's block table repeats the
+        cache's first block and the new tokens take the first blocks, which later sequences
+        overwrite. The kernel variants a first request needs (the attention's tile for its
+        prompt's size and its context's length, the sampler's) then compile here, not inside
+        that request's first step (1.9 s on the H200 with an empty Triton cache,
+        docs/RESULTS.md)."""
+        if steps is None:
+            steps = (warm_up_steps(max_model_len, self.kv_cache.shape[2] * self.block_size)
+                     if self.device.type == "cuda" else [])
+        if not steps:
             return
         started, compiled = time.perf_counter(), len(kernel_compiles())
         greedy = SamplingParams(temperature=0.0)
-        for n in lengths:
-            blocks = list(range(-(-n // self.block_size)))
-            logits = self.eager_logits([ScheduledSeq("warm-up", [0] * n, 0, blocks, greedy)])
-            sampling_ops.argmax(logits)
+        for context, n in steps:
+            if context % self.block_size:
+                raise ValueError(f"a warm-up context of {context} tokens is not whole blocks")
+            blocks = [0] * (context // self.block_size) + list(range(-(-n // self.block_size)))
+            self.sampler.warm_up(self.eager_logits([ScheduledSeq("warm-up", [0] * n, context,
+                                                                 blocks, greedy)]))
         self.backend.warm_up(self.model.arch.num_attention_heads // self.model.tp.size,
                              self.kv_caches[0])
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        logger.info("warmed up prompt steps of %s tokens in %.1f s (%d kernels compiled)",
-                    ", ".join(map(str, lengths)), time.perf_counter() - started,
-                    len(kernel_compiles()) - compiled)
+        logger.info("warmed up %d prompt steps in %.1f s (%d kernels compiled)", len(steps),
+                    time.perf_counter() - started, len(kernel_compiles()) - compiled)
 
     @property
     def num_graph_decode_steps(self) -> int:

@@ -77,19 +77,31 @@ def test_swapping_on_gpu_keeps_outputs(kind, block_size, tmp_path):
 
 
 WARM_START = """
-import json, random
+import json, random, sys
+from pathlib import Path
 from hifc import LLMEngine, SamplingParams
 from hifc.layers.triton_jit import kernel_compiles
-engine = LLMEngine.from_options("random:tiny-llama", device="cuda", dtype="bfloat16",
-                                max_num_seqs=8, max_model_len=1024, num_gpu_blocks=512,
-                                block_size=16, tune_gemms=False)
+from tests.fixtures import make_tiny_hf_model
+path = make_tiny_hf_model(Path(sys.argv[1]), "llama", dtype="bfloat16")
+config = json.loads((path / "config.json").read_text())
+config["max_position_embeddings"] = 40960  # long contexts: chunks over them split their keys
+(path / "config.json").write_text(json.dumps(config))
+engine = LLMEngine.from_options(str(path), device="cuda", dtype="bfloat16", max_num_seqs=8,
+                                max_model_len=40960, num_gpu_blocks=4096, block_size=16,
+                                tune_gemms=False)
 started = len(kernel_compiles())
 rng = random.Random(0)
-prompts = [[rng.randrange(3, 512) for _ in range(n)] for n in (1, 2, 3, 6, 9, 13, 20, 70, 300, 700)]
-for wave in range(2):  # the second: the same prompts, over their cached prefixes
+lengths = (1, 2, 3, 6, 9, 13, 20, 70, 300, 700, 5000, 9000, 17000)
+prompts = [[rng.randrange(3, 380) for _ in range(n)] for n in lengths]
+params = [SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True),
+          SamplingParams(max_tokens=6, presence_penalty=0.5, repetition_penalty=1.2,
+                         temperature=0.0, ignore_eos=True),
+          SamplingParams(max_tokens=6, temperature=0.8, top_p=0.9, seed=1, logprobs=2,
+                         ignore_eos=True)]
+for wave in range(2):  # the second: each prompt and 40 more tokens, over its cached prefix
     for i, p in enumerate(prompts):
-        engine.add_request(f"{wave}-{i}", p, SamplingParams(max_tokens=6, temperature=0.0,
-                                                            ignore_eos=True))
+        prompt = p + [rng.randrange(3, 380) for _ in range(40)] if wave else p
+        engine.add_request(f"{wave}-{i}", prompt, params[0] if wave == 0 else params[i % 3])
     while engine.has_unfinished_requests():
         engine.step()
 print(json.dumps([c.kernel for c in kernel_compiles()[started:]]))
@@ -98,10 +110,10 @@ print(json.dumps([c.kernel for c in kernel_compiles()[started:]]))
 
 def test_requests_after_start_up_compile_no_kernel(tmp_path):
     """With an empty Triton cache, the engine's start-up (decode graphs, warm-up steps)
-    compiles every kernel variant that prompts of any size, their decodes and prefix-cache hits
-    then run."""
-    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path))
-    done = subprocess.run([sys.executable, "-c", WARM_START], env=env, capture_output=True,
-                          text=True, timeout=600)
+    compiles every kernel variant that prompts of 1-17,000 tokens, their decodes and follow-ups
+    over their cached prefixes (greedy, with penalties, sampled with logprobs) then run."""
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton"))
+    done = subprocess.run([sys.executable, "-c", WARM_START, str(tmp_path / "model")], env=env,
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []

@@ -1,8 +1,10 @@
 """The runner's start-up warm-up steps (``ModelRunner.warm_up``): prompts run into the cache's
 first blocks before any sequence holds one, leaving nothing a later request sees."""
+import pytest
 import torch
 
 from hifc import LLMEngine, SamplingParams
+from hifc.runtime.model_runner import WARM_UP_CHUNK, warm_up_steps
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 PROMPTS = [[3 + (7 * i + j) % 500 for j in range(n)] for i, n in enumerate((1, 5, 40, 130))]
@@ -31,17 +33,27 @@ def test_warm_up_writes_only_its_blocks_and_changes_no_later_output():
     before = cache.clone()
     warmed.runner.warm_up(warmed.limits.max_model_len)  # on the CPU: no steps by default
     assert torch.equal(cache, before)
-    warmed.runner.warm_up(warmed.limits.max_model_len, lengths=(2, 17, 130))
+    # prompts, and chunks after cached contexts (whose block tables repeat the first block)
+    warmed.runner.warm_up(warmed.limits.max_model_len,
+                          steps=[(0, 2), (0, 17), (0, 130), (64, 40), (256, 20)])
     used = -(-130 // BLOCK)
     assert not torch.equal(cache[:, :, :used], before[:, :, :used])
     assert torch.equal(cache[:, :, used:], before[:, :, used:])
     assert generate(warmed) == generate(plain)
 
 
-def test_warm_up_leaves_out_prompts_past_the_model_length():
-    llm = engine(max_model_len=64)
-    cache = llm.runner.kv_cache
-    before = cache.clone()
-    llm.runner.warm_up(llm.limits.max_model_len, lengths=(2, 128))
-    assert not torch.equal(cache[:, :, 0], before[:, :, 0])  # the 2-token prompt ran
-    assert torch.equal(cache[:, :, 1:], before[:, :, 1:])  # the 128-token one did not
+def test_warm_up_steps_fit_the_model_length_and_the_cache():
+    everything = warm_up_steps(1 << 20, 1 << 20)
+    assert [n for c, n in everything if c == 0] == [2, 4, 8, 16, 32, 64, 128]
+    assert [c for c, n in everything if c] == [4096, 8192, 16384, 32768]
+    assert all(n == WARM_UP_CHUNK for c, n in everything if c)
+    assert warm_up_steps(8192, 1 << 20) == [(c, n) for c, n in everything if c + n <= 8192]
+    assert max(c for c, _ in warm_up_steps(8192, 1 << 20)) == 4096
+    assert warm_up_steps(100, 1 << 20) == [(0, n) for n in (2, 4, 8, 16, 32, 64)]
+    assert warm_up_steps(1 << 20, 16) == [(0, n) for n in (2, 4, 8, 16)]
+
+
+def test_warm_up_refuses_a_context_of_part_blocks():
+    llm = engine()
+    with pytest.raises(ValueError, match="not whole blocks"):
+        llm.runner.warm_up(llm.limits.max_model_len, steps=[(40, 8)])
