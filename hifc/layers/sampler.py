@@ -8,6 +8,7 @@ too.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -84,12 +85,14 @@ class Sampler:
         the argmax of the logits as they come (float32 orders 16-bit values alike); any other
         converts them to float32 first.
         The logits are edited in place (they are the step's own: nothing reads them after)."""
-        if batch.all_greedy and batch.logprobs_k is None and not _edits(batch):
+        edits = _edits(batch)
+        if batch.all_greedy and batch.logprobs_k is None and not edits:
             return SampledTokens(ops.argmax(logits))
         logits = logits.to(torch.float32)
         raw_logprobs = (torch.log_softmax(logits, dim=-1) if batch.logprobs_k is not None
                         else None)  # [B, V]
-        logits = self.process(logits, batch)
+        for edit in edits:
+            edit(logits)
         if batch.all_greedy:
             token_ids = ops.argmax(logits)  # [B]
         elif batch.greedy is None:
@@ -124,33 +127,33 @@ class Sampler:
         """The logits ([B, V], float32: edited in place) after the masks, the logit bias and
         the penalties: greedy rows take their argmax, sampled rows draw from them after
         temperature, min-p, top-k and top-p."""
-        _constrain(logits, batch)
-        if batch.penalties is not None:
-            p = batch.penalties
-            ops.apply_penalties(logits, p.rows, p.pool_rows, p.counts, p.seen, p.presence,
-                                p.frequency, p.repetition)
+        for edit in _edits(batch):
+            edit(logits)
         return logits
 
 
-def _edits(batch: SamplingBatch) -> bool:
-    """Whether ``Sampler.process`` changes any logit of this batch."""
-    return (batch.grammar_bitmask is not None or batch.allowed is not None
-            or batch.banned is not None or batch.bias is not None or batch.penalties is not None)
-
-
-def _constrain(logits: torch.Tensor, batch: SamplingBatch) -> None:
-    """The masks and the logit bias, in place."""
+def _edits(batch: SamplingBatch) -> list[Callable[[torch.Tensor], None]]:
+    """The batch's in-place edits of float32 logits, in order: the grammar bitmask, the allowed
+    and banned tokens, the logit bias, the penalties (none: the logits stay as they come)."""
+    edits = []
     if batch.grammar_bitmask is not None:
-        ops.apply_token_bitmask(logits, batch.grammar_rows, batch.grammar_bitmask)
+        edits.append(lambda x: ops.apply_token_bitmask(x, batch.grammar_rows,
+                                                       batch.grammar_bitmask))
     if batch.allowed is not None:
-        ops.keep_only(logits, batch.allowed_rows, batch.allowed.rows, batch.allowed.tokens)
+        edits.append(lambda x: ops.keep_only(x, batch.allowed_rows, batch.allowed.rows,
+                                             batch.allowed.tokens))
     if batch.banned is not None:
         # a device value: ``logits[rows, tokens] = -inf`` copies a host scalar, a sync on CUDA
-        logits.index_put_((batch.banned.rows, batch.banned.tokens),
-                          logits.new_full((1,), float("-inf")))
+        edits.append(lambda x: x.index_put_((batch.banned.rows, batch.banned.tokens),
+                                            x.new_full((1,), float("-inf"))))
     if batch.bias is not None:
-        logits.index_put_((batch.bias.rows, batch.bias.tokens), batch.bias.values,
-                          accumulate=True)
+        edits.append(lambda x: x.index_put_((batch.bias.rows, batch.bias.tokens),
+                                            batch.bias.values, accumulate=True))
+    if batch.penalties is not None:
+        p = batch.penalties
+        edits.append(lambda x: ops.apply_penalties(x, p.rows, p.pool_rows, p.counts, p.seen,
+                                                   p.presence, p.frequency, p.repetition))
+    return edits
 
 
 def _draw(logits: torch.Tensor, batch: SamplingBatch,

@@ -264,3 +264,14 @@ def test_packed_step_vectors_keep_their_values_and_start_16_byte_aligned():
         if values:
             assert out[name].data_ptr() % 16 == 0, name
     assert out["a"].dtype == torch.int64 and out["x"].dtype == torch.float32
+
+
+def test_warm_up_runs_every_pass_and_leaves_16_bit_logits_as_they_are():
+    """``Sampler.warm_up`` (start-up: the passes that compile on CUDA) reads a warm-up step's
+    logits of any row count; 16-bit ones it edits only in a float32 copy."""
+    torch.manual_seed(2)
+    for rows in (1, 3):
+        logits = (torch.randn(rows, VOCAB) * 4).to(torch.bfloat16)
+        before = logits.clone()
+        Sampler.warm_up(logits)
+        assert torch.equal(logits, before)
