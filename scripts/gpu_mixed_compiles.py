@@ -6,10 +6,11 @@ wave's steps mixing decodes with prompt chunks, after one untimed wave of warm-u
 
 The engine (random:ds-r1-llama-8b, bf16, decode CUDA graphs) first runs a wave of random prompt
 lengths (its compiles and the start-up's are listed: after start-up's warm-up steps it should
-compile nothing). Then each wave of equal-length prompts runs twice: the fused prefill kernels serve a
-chunk shape once it recurs, so the second run's steps attend their leading decodes apart from
-the chunks (a launch of their own, planned for their count). Each wave prints its steps, wall
-time, and every kernel compiled in it (Triton's JIT hooks: name, seconds, specialisation).
+compile nothing). Then each wave of equal-length prompts runs twice: the fused prefill kernels
+serve a chunk shape once it recurs, so the second run's steps attend their leading decodes
+apart from the chunks (a launch of their own, planned for their count). Each wave prints its
+steps, wall time, and every kernel compiled in it (Triton's JIT hooks: name, seconds,
+specialisation).
 Run it with TRITON_CACHE_DIR set to an empty directory, or a compile may be a quick load from
 Triton's disk cache. ``--tokens-json`` writes every request's greedy tokens, to compare two
 versions of the code.
