@@ -182,6 +182,12 @@ class AttentionBackend(Protocol):
         steps' decodes as those steps are planned (to run the kernels compiled for them)."""
         ...
 
+    def warm_up_shapes(self) -> list[tuple[int, int]]:
+        """(cached context, new tokens) of the prompt chunks the runner's start-up warm-up runs
+        one step each of (those that fit the model), so that the kernel variants the backend's
+        first prompt chunks take compile then."""
+        ...
+
     def warm_up(self, num_q_heads: int, kv_cache: torch.Tensor) -> None:
         """At start-up, after the runner's warm-up steps: compile the kernels that only some
         later steps reach (``num_q_heads``: the query heads of a layer on this device;
@@ -197,6 +203,9 @@ class TorchAttentionBackend:
 
     def plan_decodes_as_graphs(self, batch_sizes: list[int], max_model_len: int) -> None:
         pass  # it plans nothing
+
+    def warm_up_shapes(self) -> list[tuple[int, int]]:
+        return []  # it compiles nothing
 
     def warm_up(self, num_q_heads: int, kv_cache: torch.Tensor) -> None:
         pass  # it compiles nothing

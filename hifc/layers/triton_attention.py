@@ -594,7 +594,7 @@ def plan_launch(max_query_len: int, max_seq_len: int, num_seqs: int, num_q_heads
     True / False force a split on or off."""
     group = num_q_heads // num_kv_heads
     head_dim_pad = _next_pow2(head_dim)
-    max_block_m = 128 if head_dim_pad <= 128 else 64
+    max_block_m = MAX_BLOCK_M if head_dim_pad <= 128 else MAX_BLOCK_M // 2
     block_m = min(max_block_m, max(16, _next_pow2(max_query_len * group)))
     block_m = max(block_m, 16, _next_pow2(group))
     block_q = block_m // group
@@ -675,6 +675,26 @@ def plan_launch(max_query_len: int, max_seq_len: int, num_seqs: int, num_q_heads
     return LaunchPlan(block_m, block_q, tile, num_segments, num_warps, num_stages, segment_tiles)
 
 
+# prompt chunks of a tile's full rows: the largest q block a chunk's plan takes (plan_launch)
+MAX_BLOCK_M = 128
+
+
+def warm_up_shapes() -> list[tuple[int, int]]:
+    """(cached context, new tokens) of prompt chunks that reach every launch variant a first
+    prompt chunk of a 16-bit model can take: fresh prompts of 2, 4, ... MAX_BLOCK_M tokens (a
+    chunk's q block follows its tokens x query heads per KV head, in powers of two), then a
+    MAX_BLOCK_M-token chunk after BALANCED_SEGMENT_KEYS, twice that, ... cached keys, up to
+    the context whose MIXED_SEGMENT_KEYS segments number MIXED_MAX_SEGMENTS (each count of
+    segments is a variant of the kernel and of its merge)."""
+    fresh = [(0, 1 << i) for i in range(1, MAX_BLOCK_M.bit_length())]
+    contexts = []
+    context = BALANCED_SEGMENT_KEYS
+    while context < MIXED_MAX_SEGMENTS * MIXED_SEGMENT_KEYS:
+        contexts.append((context, MAX_BLOCK_M))
+        context *= 2
+    return fresh + contexts
+
+
 class TritonAttentionBackend:
     """Paged attention on CUDA through Triton; same contract as TorchAttentionBackend.
 
@@ -740,6 +760,9 @@ class TritonAttentionBackend:
         the H200)."""
         self._graph_batches = sorted(batch_sizes)
         self._graph_caps = self.graph_context_caps(max_model_len)
+
+    def warm_up_shapes(self) -> list[tuple[int, int]]:
+        return warm_up_shapes()
 
     def warm_up(self, num_q_heads: int, kv_cache: torch.Tensor) -> None:
         """Compile the fused prompt path's merge kernel (its first use is a chunk over cached

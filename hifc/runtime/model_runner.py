@@ -35,22 +35,17 @@ from hifc.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
-# The start-up warm-up's steps (``ModelRunner.warm_up``): prompts of these lengths (a chunk's
-# attention tile follows its tokens x query heads per KV head up to 128 rows, in powers of two),
-# then a chunk of WARM_UP_CHUNK tokens after each of these cached contexts (a chunk over a long
-# context splits its keys into segments, as many as the context fills: 4 past 4,096 keys, up to
-# 32 past 32,768), as far as max_model_len allows
-WARM_UP_PROMPT_LENGTHS = (2, 4, 8, 16, 32, 64, 128)
-WARM_UP_CONTEXTS = (4096, 8192, 16384, 32768)
-WARM_UP_CHUNK = 128
+# the start-up warm-up's step where the backend names none: the sampler's passes still compile
+SAMPLER_WARM_UP = [(0, 2)]
 
 
-def warm_up_steps(max_model_len: int, num_slots: int) -> list[tuple[int, int]]:
-    """(cached context, new tokens) of each warm-up step that fits the model's length and
-    ``num_slots`` KV slots (a step's context reads the cache's first block again and again)."""
-    steps = ([(0, n) for n in WARM_UP_PROMPT_LENGTHS]
-             + [(context, WARM_UP_CHUNK) for context in WARM_UP_CONTEXTS])
-    return [(c, n) for c, n in steps if c + n <= max_model_len and n <= num_slots]
+def warm_up_steps(shapes: list[tuple[int, int]], max_model_len: int,
+                  num_slots: int) -> list[tuple[int, int]]:
+    """The (cached context, new tokens) of ``shapes`` (the backend's ``warm_up_shapes``) that
+    fit the model's length and ``num_slots`` KV slots (a step's context reads the cache's first
+    block again and again), or SAMPLER_WARM_UP where the backend names none."""
+    return [(c, n) for c, n in shapes or SAMPLER_WARM_UP
+            if c + n <= max_model_len and n <= num_slots]
 
 
 class StepFollowers(Protocol):
@@ -130,8 +125,8 @@ class ModelRunner:
     def warm_up(self, max_model_len: int,
                 steps: list[tuple[int, int]] | None = None) -> None:
         """Before any sequence holds a KV block: run an eager step of one prompt chunk for each
-        (cached context, new tokens) of ``steps`` (default: ``warm_up_steps`` on CUDA, none
-        elsewhere, where nothing compiles) and the sampler's passes on its logits; then let the
+        (cached context, new tokens) of ``steps`` (default: the backend's ``warm_up_shapes``
+        that fit, on CUDA; none elsewhere, where nothing compiles) and the sampler's passes on its logits; then let the
         backend compile what such steps do not reach. The context's block table repeats the
         cache's first block and the new tokens take the first blocks, which later sequences
         overwrite. The kernel variants a first request needs (the attention's tile for its
@@ -139,7 +134,8 @@ class ModelRunner:
         that request's first step (1.9 s on the H200 with an empty Triton cache,
         docs/RESULTS.md)."""
         if steps is None:
-            steps = (warm_up_steps(max_model_len, self.kv_cache.shape[2] * self.block_size)
+            steps = (warm_up_steps(self.backend.warm_up_shapes(), max_model_len,
+                                   self.kv_cache.shape[2] * self.block_size)
                      if self.device.type == "cuda" else [])
         if not steps:
             return

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from hifc import LLMEngine, SamplingParams
-from hifc.runtime.model_runner import WARM_UP_CHUNK, warm_up_steps
+from hifc.layers.triton_attention import MAX_BLOCK_M, warm_up_shapes
+from hifc.runtime.model_runner import SAMPLER_WARM_UP, warm_up_steps
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 PROMPTS = [[3 + (7 * i + j) % 500 for j in range(n)] for i, n in enumerate((1, 5, 40, 130))]
@@ -43,14 +44,19 @@ def test_warm_up_writes_only_its_blocks_and_changes_no_later_output():
 
 
 def test_warm_up_steps_fit_the_model_length_and_the_cache():
-    everything = warm_up_steps(1 << 20, 1 << 20)
+    def triton_steps(max_model_len, num_slots):  # the Triton attention's shapes
+        return warm_up_steps(warm_up_shapes(), max_model_len, num_slots)
+
+    everything = triton_steps(1 << 20, 1 << 20)
     assert [n for c, n in everything if c == 0] == [2, 4, 8, 16, 32, 64, 128]
     assert [c for c, n in everything if c] == [4096, 8192, 16384, 32768]
-    assert all(n == WARM_UP_CHUNK for c, n in everything if c)
-    assert warm_up_steps(8192, 1 << 20) == [(c, n) for c, n in everything if c + n <= 8192]
-    assert max(c for c, _ in warm_up_steps(8192, 1 << 20)) == 4096
-    assert warm_up_steps(100, 1 << 20) == [(0, n) for n in (2, 4, 8, 16, 32, 64)]
-    assert warm_up_steps(1 << 20, 16) == [(0, n) for n in (2, 4, 8, 16)]
+    assert all(n == MAX_BLOCK_M for c, n in everything if c)
+    assert triton_steps(8192, 1 << 20) == [(c, n) for c, n in everything if c + n <= 8192]
+    assert max(c for c, _ in triton_steps(8192, 1 << 20)) == 4096
+    assert triton_steps(100, 1 << 20) == [(0, n) for n in (2, 4, 8, 16, 32, 64)]
+    assert triton_steps(1 << 20, 16) == [(0, n) for n in (2, 4, 8, 16)]
+    # a backend that compiles nothing (the torch reference): one step, for the sampler's passes
+    assert warm_up_steps([], 1 << 20, 1 << 20) == SAMPLER_WARM_UP
 
 
 def test_warm_up_refuses_a_context_of_part_blocks():
