@@ -681,18 +681,18 @@ MAX_BLOCK_M = 128
 
 def warm_up_shapes() -> list[tuple[int, int]]:
     """(cached context, new tokens) of prompt chunks that reach every launch variant a first
-    prompt chunk of a 16-bit model can take: fresh prompts of 2, 4, ... MAX_BLOCK_M tokens (a
-    chunk's q block follows its tokens x query heads per KV head, in powers of two), then a
-    MAX_BLOCK_M-token chunk after BALANCED_SEGMENT_KEYS, twice that, ... cached keys, up to
-    the context whose MIXED_SEGMENT_KEYS segments number MIXED_MAX_SEGMENTS (each count of
-    segments is a variant of the kernel and of its merge)."""
-    fresh = [(0, 1 << i) for i in range(1, MAX_BLOCK_M.bit_length())]
-    contexts = []
+    prompt chunk of a 16-bit model can take: chunks of 2, 4, ... MAX_BLOCK_M tokens (a chunk's
+    q block follows its tokens x query heads per KV head, in powers of two), fresh and after
+    BALANCED_SEGMENT_KEYS, twice that, ... cached keys, up to the context whose
+    MIXED_SEGMENT_KEYS segments number MIXED_MAX_SEGMENTS (each q block with each count of
+    segments is a variant of the kernel, each count a variant of its merge)."""
+    chunks = [1 << i for i in range(1, MAX_BLOCK_M.bit_length())]
+    contexts = [0]
     context = BALANCED_SEGMENT_KEYS
     while context < MIXED_MAX_SEGMENTS * MIXED_SEGMENT_KEYS:
-        contexts.append((context, MAX_BLOCK_M))
+        contexts.append(context)
         context *= 2
-    return fresh + contexts
+    return [(context, n) for context in contexts for n in chunks]
 
 
 class TritonAttentionBackend:

@@ -5,12 +5,21 @@ kernel modules import on CPU-only installs (their callers then use the torch cod
 Every compilation in the process (a kernel specialisation's first use: Triton compiles one per
 set of compile-time constants and argument properties) is recorded through Triton's JIT hooks,
 with its duration: ``kernel_compiles()``. A compile inside a timed region is a first use, not
-steady-state speed; the benchmarks report them (one took 2.1-2.4 s on the H200)."""
+steady-state speed; the benchmarks report them (one took 2.1-2.4 s on the H200).
+
+``deferred_compiles()`` lets start-up compile many variants at once: a pass run inside it only
+meets the kernels (a launch whose variant is not compiled yet is skipped and noted), and on
+leaving it every noted variant compiles in a pool of threads (Triton's compiler and ptxas run
+outside the GIL), so that the pass run again for real finds them compiled."""
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 try:
@@ -39,6 +48,7 @@ def jit(fn=None, **options):
 @dataclass(frozen=True)
 class KernelCompile:
     kernel: str  # Triton's description: name[launch options](...)
+    # from the request to the end (deferred variants compile side by side: theirs overlap)
     seconds: float
     # Triton's specialisation data (JSON: signature, constants, argument attributes such as
     # 16-byte divisibility), what sets this compilation apart from the kernel's others
@@ -47,6 +57,10 @@ class KernelCompile:
 
 _compiles: list[KernelCompile] = []
 _started: dict[str, float] = {}
+_hooks_installed = False
+# the thread inside deferred_compiles and the variants it met: key -> (JITFunction, Triton's
+# specialisation data)
+_deferring: tuple[int, dict[str, tuple[object, str]]] | None = None
 
 
 def kernel_compiles() -> list[KernelCompile]:
@@ -54,9 +68,14 @@ def kernel_compiles() -> list[KernelCompile]:
     return list(_compiles)
 
 
-def _before_compile(*, key, repr: str, **_) -> None:  # noqa: A002 (Triton's keyword)
+def _before_compile(*, key, repr: str, fn=None, compile=None,  # noqa: A002 (Triton's keyword)
+                    **_) -> bool | None:
+    deferring = _deferring
+    if deferring is not None and deferring[0] == threading.get_ident():
+        deferring[1].setdefault(str(key), (fn.jit_function, compile["specialization_data"]))
+        return True  # Triton skips the compilation, and the launch with it
     _started[str(key)] = time.perf_counter()
-    return None  # a true value would tell Triton to skip the compilation
+    return None
 
 
 def _after_compile(*, key, repr: str, compile=None, **_) -> None:  # noqa: A002
@@ -70,6 +89,7 @@ def _after_compile(*, key, repr: str, compile=None, **_) -> None:  # noqa: A002
 
 def _install_hooks() -> None:
     """Record compilations, unless the application set Triton's JIT hooks itself."""
+    global _hooks_installed
     knobs = getattr(triton, "knobs", None)
     runtime = getattr(knobs, "runtime", None)
     if runtime is None or runtime.jit_cache_hook is not None \
@@ -77,6 +97,52 @@ def _install_hooks() -> None:
         return
     runtime.jit_cache_hook = _before_compile
     runtime.jit_post_compile_hook = _after_compile
+    _hooks_installed = True
+
+
+def compile_workers() -> int:
+    """Threads that compile deferred variants at once: the cores this process may use."""
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+               else os.cpu_count() or 1)
+
+
+@contextmanager
+def deferred_compiles(workers: int | None = None) -> Iterator[dict]:
+    """Inside the block, a Triton kernel that this thread launches and whose variant is not
+    compiled yet is neither compiled nor launched (what it would write stays as it was): the
+    variant is noted in the dict the block receives (its size tells a pass which of its parts
+    met new variants). On leaving the block (without an exception), the noted variants compile
+    in ``workers`` threads (default ``compile_workers()``) and join the kernels' caches, so a
+    launch of one later finds it compiled. For start-up passes that run once to meet their
+    kernels, then again for real where they met new ones (their outputs in the first run are
+    meaningless: a part that met none ran for real).
+
+    Where Triton cannot defer (not installed, its interpreter, its JIT hooks set by the
+    application), the block runs as it would outside (its kernels compile as they launch) and
+    notes nothing."""
+    global _deferring
+    noted: dict[str, tuple[object, str]] = {}
+    if not _hooks_installed or interpreting() or _deferring is not None:
+        yield noted
+        return
+    _deferring = (threading.get_ident(), noted)
+    try:
+        yield noted
+    finally:
+        _deferring = None
+    if noted:
+        _compile_all(list(noted.values()), workers or compile_workers())
+
+
+def _compile_all(variants: list[tuple[object, str]], workers: int) -> None:
+    """Compile each (JITFunction, specialisation data) in ``workers`` threads at once."""
+    started = time.perf_counter()
+    with ThreadPoolExecutor(min(workers, len(variants))) as pool, \
+            triton.AsyncCompileMode(pool):
+        for function, data in variants:
+            function.preload(data)  # submitted to the pool; done when the mode closes
+    log.info("compiled %d deferred kernel variants in %.1f s (%d threads)", len(variants),
+             time.perf_counter() - started, min(workers, len(variants)))
 
 
 if triton is not None:

@@ -40,12 +40,14 @@ from __future__ import annotations
 import bisect
 import logging
 import time
+from collections.abc import Callable, Iterator
 from functools import partial
 
 import torch
 
 from hifc.core.scheduler import ScheduledSeq
 from hifc.layers.attention import AttentionBackend, AttentionContext, AttentionMetadata
+from hifc.layers.triton_jit import deferred_compiles
 from hifc.runtime.inputs import (ChunkInputLayout, DecodeInputLayout, PendingInputs,
                                  chunk_input_views, decode_input_views, fits_chunk_layout,
                                  fits_decode_layout, write_chunk_inputs, write_decode_inputs)
@@ -282,7 +284,7 @@ class DecodeGraphs:
         """Warm up and capture ``forward`` (-> logits) for batch size ``batch``. The graphs of
         one batch size share one output (logits are the bulk of the pool): the first captured
         owns it, the later ones copy into its first rows."""
-        for _ in range(warmup_runs):  # compiles Triton kernels, sets up cuBLAS
+        for _ in range(warmup_runs):  # sets up cuBLAS (and compiles any variant left)
             forward()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool, stream=stream):
@@ -294,14 +296,30 @@ class DecodeGraphs:
             del out
         return graph
 
+    def _forwards(self) -> Iterator[tuple[dict, tuple[int, int], Callable[[], torch.Tensor]]]:
+        """Each graph's table, key (batch size, context cap) and forward, largest batch first
+        (a batch's chunk graphs before its decode graphs: their logits hold b + 1 rows), the
+        forward's inputs (padding rows) loaded as it comes."""
+        for batch in reversed(self.batch_sizes):
+            if self.chunk_layout is not None:
+                padding = self._load([], batch, chunk=True)
+                for cap in self.context_caps:
+                    yield (self.chunk_graphs, (batch, cap),
+                           partial(self._forward_chunk, batch, padding, cap))
+            self._load([], batch)
+            for cap in self.context_caps:
+                yield self.graphs, (batch, cap), partial(self._forward, batch, [1] * batch, cap)
+
     @torch.inference_mode()
-    def capture(self, warmup_runs: int = 2) -> None:
+    def capture(self, warmup_runs: int = 1) -> None:
         """Capture one graph per batch size and context cap (and with ``chunk_tokens`` one of
         decodes beside a prompt chunk per batch size and cap), largest first, into one shared
         memory pool.
 
         Call once the KV cache exists. Inputs during warm-up and capture are all padding rows,
-        so nothing is written to the KV cache."""
+        so nothing is written to the KV cache. Every graph's forward first runs once within
+        ``deferred_compiles``, so that their Triton kernel variants compile side by side, then
+        ``warmup_runs`` times more before its capture."""
         if self.device.type != "cuda":
             raise RuntimeError("CUDA graphs need a CUDA device")
         t0 = time.perf_counter()
@@ -313,19 +331,11 @@ class DecodeGraphs:
             stream = torch.cuda.Stream(self.device)
             stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(stream):
-                for batch in reversed(self.batch_sizes):
-                    if self.chunk_layout is not None:  # first: its logits hold b + 1 rows
-                        padding = self._load([], batch, chunk=True)
-                        for cap in self.context_caps:
-                            self.chunk_graphs[batch, cap] = self._capture(
-                                partial(self._forward_chunk, batch, padding, cap), batch, pool,
-                                stream, warmup_runs)
-                    self._load([], batch)
-                    padding = [1] * batch
-                    for cap in self.context_caps:
-                        self.graphs[batch, cap] = self._capture(
-                            partial(self._forward, batch, padding, cap), batch, pool, stream,
-                            warmup_runs)
+                with deferred_compiles():  # the graphs' kernel variants compile side by side
+                    for _, _, forward in self._forwards():
+                        forward()
+                for graphs, key, forward in self._forwards():
+                    graphs[key] = self._capture(forward, key[0], pool, stream, warmup_runs)
             torch.cuda.current_stream(self.device).wait_stream(stream)
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()  # warm-up memory; the graphs' pool stays

@@ -87,21 +87,27 @@ config = json.loads((path / "config.json").read_text())
 config["max_position_embeddings"] = 40960  # long contexts: chunks over them split their keys
 (path / "config.json").write_text(json.dumps(config))
 engine = LLMEngine.from_options(str(path), device="cuda", dtype="bfloat16", max_num_seqs=8,
-                                max_model_len=40960, num_gpu_blocks=4096, block_size=16,
+                                max_model_len=40960, num_gpu_blocks=8192, block_size=16,
                                 tune_gemms=False)
 started = len(kernel_compiles())
 rng = random.Random(0)
-lengths = (1, 2, 3, 6, 9, 13, 20, 70, 300, 700, 5000, 9000, 17000)
+lengths = (1, 2, 3, 6, 9, 13, 20, 70, 300, 700, 5000, 9000, 17000, 33000)
 prompts = [[rng.randrange(3, 380) for _ in range(n)] for n in lengths]
 params = [SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True),
           SamplingParams(max_tokens=6, presence_penalty=0.5, repetition_penalty=1.2,
                          temperature=0.0, ignore_eos=True),
           SamplingParams(max_tokens=6, temperature=0.8, top_p=0.9, seed=1, logprobs=2,
                          ignore_eos=True)]
-for wave in range(2):  # the second: each prompt and 40 more tokens, over its cached prefix
-    for i, p in enumerate(prompts):
-        prompt = p + [rng.randrange(3, 380) for _ in range(40)] if wave else p
-        engine.add_request(f"{wave}-{i}", prompt, params[0] if wave == 0 else params[i % 3])
+waves = [  # then: each prompt and 40 more tokens over its cached prefix; the long prompts'
+           # whole blocks and 1-24 new tokens (a short turn late in a long conversation)
+    [(p, params[0]) for p in prompts],
+    [(p + [rng.randrange(3, 380) for _ in range(40)], params[i % 3])
+     for i, p in enumerate(prompts)],
+    [(p[:len(p) // 16 * 16] + [rng.randrange(3, 380) for _ in range(n)], params[n % 3])
+     for p in prompts if len(p) > 4096 for n in (1, 3, 12, 24)]]
+for wave, requests in enumerate(waves):
+    for i, (prompt, sampling) in enumerate(requests):
+        engine.add_request(f"{wave}-{i}", prompt, sampling)
     while engine.has_unfinished_requests():
         engine.step()
 print(json.dumps([c.kernel for c in kernel_compiles()[started:]]))
@@ -110,8 +116,9 @@ print(json.dumps([c.kernel for c in kernel_compiles()[started:]]))
 
 def test_requests_after_start_up_compile_no_kernel(tmp_path):
     """With an empty Triton cache, the engine's start-up (decode graphs, warm-up steps)
-    compiles every kernel variant that prompts of 1-17,000 tokens, their decodes and follow-ups
-    over their cached prefixes (greedy, with penalties, sampled with logprobs) then run."""
+    compiles every kernel variant that prompts of 1-33,000 tokens, their decodes and follow-ups
+    over their cached prefixes (of 40 tokens, or of 1-24 tokens over 5k-33k cached ones;
+    greedy, with penalties, sampled with logprobs) then run."""
     env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton"))
     done = subprocess.run([sys.executable, "-c", WARM_START, str(tmp_path / "model")], env=env,
                           capture_output=True, text=True, timeout=600)

@@ -1,8 +1,13 @@
 """Triton compilations are recorded through Triton's JIT hooks (no GPU needed: the hooks are
-called as Triton calls them around a compilation)."""
+called as Triton calls them around a compilation), and compilations deferred to a pool of
+threads."""
+import os
+import threading
+import types
+
 import pytest
 
-from hifc.layers.triton_jit import kernel_compiles
+from hifc.layers.triton_jit import deferred_compiles, kernel_compiles
 
 triton = pytest.importorskip("triton")
 
@@ -20,3 +25,79 @@ def test_a_compilation_is_recorded_with_its_duration():
     new = kernel_compiles()[before:]
     assert [c.kernel for c in new] == [desc] and 0 <= new[0].seconds < 60
     assert new[0].specialization == '{"constants": [64]}'
+
+
+class FakeFunction:
+    """A JIT function as the deferral sees it: preload compiles from specialisation data."""
+
+    def __init__(self):
+        self.preloaded = []
+
+    def preload(self, data):
+        self.preloaded.append(data)
+
+
+def meet(function, key, data):
+    """Call the compile hook as Triton's launch of an uncompiled variant does."""
+    info = types.SimpleNamespace(jit_function=function)
+    return triton.knobs.runtime.jit_cache_hook(
+        key=key, repr=f"k{key}", fn=info, compile={"specialization_data": data},
+        is_manual_warmup=False, already_compiled=False)
+
+
+def test_deferred_variants_are_skipped_then_compiled_once_each_on_leaving():
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("the interpreter compiles nothing")
+    f, g = FakeFunction(), FakeFunction()
+    before = len(kernel_compiles())
+    with deferred_compiles(workers=2):
+        assert meet(f, "a", "A") is True  # Triton then neither compiles nor launches it
+        assert meet(f, "a", "A") is True  # met again before it compiled
+        assert meet(g, "b", "B") is True
+        other = []  # another thread's launches compile as they come
+        thread = threading.Thread(target=lambda: other.append(meet(f, "c", "C")))
+        thread.start()
+        thread.join()
+        assert other == [None]
+        assert f.preloaded == g.preloaded == []
+    assert f.preloaded == ["A"] and g.preloaded == ["B"]
+    assert meet(f, "d", "D") is None  # after the block, variants compile as they launch
+    assert len(kernel_compiles()) == before
+
+
+def test_a_failing_block_compiles_nothing_and_ends_the_deferral():
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("the interpreter compiles nothing")
+    f = FakeFunction()
+    with pytest.raises(RuntimeError, match="step failed"):
+        with deferred_compiles():
+            assert meet(f, "a", "A") is True
+            raise RuntimeError("step failed")
+    assert f.preloaded == []
+    assert meet(f, "a", "A") is None
+
+
+@pytest.mark.gpu
+def test_a_deferred_kernel_is_not_launched_then_compiled_and_right():
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    import triton.language as tl
+
+    @triton.jit
+    def add_one(x_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1, mask=offs < n)
+
+    x = torch.zeros(1000, device="cuda")
+    before = len(kernel_compiles())
+    with deferred_compiles():
+        for block in (128, 256):
+            add_one[(triton.cdiv(1000, block),)](x, 1000, BLOCK=block)
+        assert torch.count_nonzero(x).item() == 0  # neither launch ran
+        assert len(kernel_compiles()) == before
+    assert len(kernel_compiles()) == before + 2  # both variants, side by side
+    for block in (128, 256):
+        add_one[(triton.cdiv(1000, block),)](x, 1000, BLOCK=block)
+    assert torch.equal(x, torch.full_like(x, 2))
+    assert len(kernel_compiles()) == before + 2  # launched from what the block compiled

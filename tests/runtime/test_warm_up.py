@@ -48,13 +48,13 @@ def test_warm_up_steps_fit_the_model_length_and_the_cache():
         return warm_up_steps(warm_up_shapes(), max_model_len, num_slots)
 
     everything = triton_steps(1 << 20, 1 << 20)
-    assert [n for c, n in everything if c == 0] == [2, 4, 8, 16, 32, 64, 128]
-    assert [c for c, n in everything if c] == [4096, 8192, 16384, 32768]
-    assert all(n == MAX_BLOCK_M for c, n in everything if c)
+    chunks = [2, 4, 8, 16, 32, 64, MAX_BLOCK_M]  # each size of q block
+    assert everything == [(c, n) for c in (0, 4096, 8192, 16384, 32768) for n in chunks]
     assert triton_steps(8192, 1 << 20) == [(c, n) for c, n in everything if c + n <= 8192]
     assert max(c for c, _ in triton_steps(8192, 1 << 20)) == 4096
     assert triton_steps(100, 1 << 20) == [(0, n) for n in (2, 4, 8, 16, 32, 64)]
-    assert triton_steps(1 << 20, 16) == [(0, n) for n in (2, 4, 8, 16)]
+    # the context re-reads the first block: only the new tokens need slots
+    assert triton_steps(1 << 20, 16) == [(c, n) for c, n in everything if n <= 16]
     # a backend that compiles nothing (the torch reference): one step, for the sampler's passes
     assert warm_up_steps([], 1 << 20, 1 << 20) == SAMPLER_WARM_UP
 
@@ -63,3 +63,40 @@ def test_warm_up_refuses_a_context_of_part_blocks():
     llm = engine()
     with pytest.raises(ValueError, match="not whole blocks"):
         llm.runner.warm_up(llm.limits.max_model_len, steps=[(40, 8)])
+
+
+@pytest.mark.parametrize("tp_size", [1, 2])
+def test_warm_up_reruns_only_the_steps_that_met_new_kernel_variants(monkeypatch, tp_size):
+    # Stand-in for Triton's deferral: each step "meets" the variants of its token count.
+    import contextlib
+    import types
+
+    import hifc.runtime.model_runner as model_runner
+    llm = engine()
+    runner = llm.runner
+    variants = {2: ["a", "b"], 4: ["a"], 8: ["b", "c"], 16: []}
+    met, calls = {}, []
+    deferring = []
+
+    @contextlib.contextmanager
+    def deferral():
+        deferring.append(True)
+        yield met
+        deferring.pop()
+
+    def logits(step):
+        n = len(step[0].token_ids)
+        calls.append((n, bool(deferring)))
+        if deferring:
+            met.update(dict.fromkeys(variants[n]))
+        return torch.zeros(1, llm.arch.vocab_size)
+
+    monkeypatch.setattr(model_runner, "deferred_compiles", deferral)
+    monkeypatch.setattr(runner, "eager_logits", logits)
+    monkeypatch.setattr(runner.model, "tp", types.SimpleNamespace(size=tp_size))
+    runner.warm_up(llm.limits.max_model_len, steps=[(0, 2), (0, 4), (0, 8), (0, 16)])
+    deferred = [(n, True) for n in (2, 4, 8, 16)]
+    if tp_size == 1:  # again only the steps that met a variant first (2: a, b; 8: c)
+        assert calls == deferred + [(2, False), (8, False)]
+    else:  # every step again on every rank: what each met depends on what it compiled before
+        assert calls == deferred + [(n, False) for n in (2, 4, 8, 16)]
