@@ -118,10 +118,13 @@ def deferred_compiles(workers: int | None = None) -> Iterator[dict]:
     meaningless: a part that met none ran for real).
 
     Where Triton cannot defer (not installed, its interpreter, its JIT hooks set by the
-    application), the block runs as it would outside (its kernels compile as they launch) and
-    notes nothing."""
+    application) or another thread defers already, the block runs as it would outside (its
+    kernels compile as they launch) and notes nothing. A block inside another of the same
+    thread is refused: its pass would find nothing compiled at its end."""
     global _deferring
     noted: dict[str, tuple[object, str]] = {}
+    if _deferring is not None and _deferring[0] == threading.get_ident():
+        raise RuntimeError("deferred_compiles blocks do not nest")
     if not _hooks_installed or interpreting() or _deferring is not None:
         yield noted
         return

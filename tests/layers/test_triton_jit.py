@@ -65,6 +65,28 @@ def test_deferred_variants_are_skipped_then_compiled_once_each_on_leaving():
     assert len(kernel_compiles()) == before
 
 
+def test_deferral_blocks_do_not_nest_and_a_second_thread_compiles_as_it_launches():
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("the interpreter compiles nothing")
+    f = FakeFunction()
+    with deferred_compiles():
+        with pytest.raises(RuntimeError, match="do not nest"):
+            with deferred_compiles():
+                pass
+        met = []
+
+        def other_thread():
+            with deferred_compiles() as noted:  # another thread defers already: not this one
+                met.append((meet(f, "b", "B"), dict(noted)))
+
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join()
+        assert met == [(None, {})]
+        assert meet(f, "a", "A") is True
+    assert f.preloaded == ["A"]
+
+
 def test_a_failing_block_compiles_nothing_and_ends_the_deferral():
     if os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("the interpreter compiles nothing")
