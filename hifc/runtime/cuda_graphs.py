@@ -311,15 +311,25 @@ class DecodeGraphs:
                 yield self.graphs, (batch, cap), partial(self._forward, batch, [1] * batch, cap)
 
     @torch.inference_mode()
+    def compile_kernels(self) -> None:
+        """Run every padded forward (each graph's) once within ``deferred_compiles``: their
+        Triton kernel variants compile side by side, before any step needs them. ``capture``
+        starts so; run eagerly (``enforce_eager``), padded steps call it at start-up instead of
+        compiling each batch size's variants at its first step."""
+        with deferred_compiles():
+            for _, _, forward in self._forwards():
+                forward()
+
+    @torch.inference_mode()
     def capture(self, warmup_runs: int = 1) -> None:
         """Capture one graph per batch size and context cap (and with ``chunk_tokens`` one of
         decodes beside a prompt chunk per batch size and cap), largest first, into one shared
         memory pool.
 
         Call once the KV cache exists. Inputs during warm-up and capture are all padding rows,
-        so nothing is written to the KV cache. Every graph's forward first runs once within
-        ``deferred_compiles``, so that their Triton kernel variants compile side by side, then
-        ``warmup_runs`` times more before its capture."""
+        so nothing is written to the KV cache. The forwards' kernels compile first
+        (``compile_kernels``); each forward then runs ``warmup_runs`` times more before its
+        capture."""
         if self.device.type != "cuda":
             raise RuntimeError("CUDA graphs need a CUDA device")
         t0 = time.perf_counter()
@@ -331,9 +341,7 @@ class DecodeGraphs:
             stream = torch.cuda.Stream(self.device)
             stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(stream):
-                with deferred_compiles():  # the graphs' kernel variants compile side by side
-                    for _, _, forward in self._forwards():
-                        forward()
+                self.compile_kernels()
                 for graphs, key, forward in self._forwards():
                     graphs[key] = self._capture(forward, key[0], pool, stream, warmup_runs)
             torch.cuda.current_stream(self.device).wait_stream(stream)

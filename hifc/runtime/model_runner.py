@@ -113,12 +113,15 @@ class ModelRunner:
         """Run decode-only steps of up to max(batch_sizes) sequences padded to the next size
         (and with ``chunk_tokens``, such decodes plus one prompt chunk of up to that many
         tokens), from persistent input buffers: replayed from CUDA graphs captured now
-        (capture=True, CUDA only) or run eagerly (capture=False: the same computation)."""
+        (capture=True, CUDA only) or run eagerly (capture=False: the same computation, whose
+        kernels compile now on CUDA)."""
         graphs = DecodeGraphs(self.model, self.kv_caches, self.backend, self.block_size,
                               max_model_len, batch_sizes, self.device, self.kv_scales,
                               chunk_tokens)
         if capture:
             graphs.capture()
+        elif self.device.type == "cuda":
+            graphs.compile_kernels()
         self.decode_graphs = graphs
 
     @torch.inference_mode()

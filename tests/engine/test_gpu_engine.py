@@ -88,7 +88,7 @@ config["max_position_embeddings"] = 40960  # long contexts: chunks over them spl
 (path / "config.json").write_text(json.dumps(config))
 engine = LLMEngine.from_options(str(path), device="cuda", dtype="bfloat16", max_num_seqs=8,
                                 max_model_len=40960, num_gpu_blocks=8192, block_size=16,
-                                tune_gemms=False)
+                                tune_gemms=False, enforce_eager=sys.argv[2] == "eager")
 started = len(kernel_compiles())
 rng = random.Random(0)
 lengths = (1, 2, 3, 6, 9, 13, 20, 70, 300, 700, 5000, 9000, 17000, 33000)
@@ -114,13 +114,15 @@ print(json.dumps([c.kernel for c in kernel_compiles()[started:]]))
 """
 
 
-def test_requests_after_start_up_compile_no_kernel(tmp_path):
+@pytest.mark.parametrize("mode", ["graphs", "eager"])
+def test_requests_after_start_up_compile_no_kernel(tmp_path, mode):
     """With an empty Triton cache, the engine's start-up (decode graphs, warm-up steps)
     compiles every kernel variant that prompts of 1-33,000 tokens, their decodes and follow-ups
     over their cached prefixes (of 40 tokens, or of 1-24 tokens over 5k-33k cached ones;
-    greedy, with penalties, sampled with logprobs) then run."""
+    greedy, with penalties, sampled with logprobs) then run: with CUDA graphs and with padded
+    steps run eagerly (``enforce_eager``)."""
     env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton"))
-    done = subprocess.run([sys.executable, "-c", WARM_START, str(tmp_path / "model")], env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-c", WARM_START, str(tmp_path / "model"), mode],
+                          env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
