@@ -129,15 +129,15 @@ class ModelRunner:
                 steps: list[tuple[int, int]] | None = None) -> None:
         """Before any sequence holds a KV block: run an eager step of one prompt chunk for each
         (cached context, new tokens) of ``steps`` (default: the backend's ``warm_up_shapes``
-        that fit, on CUDA; none elsewhere, where nothing compiles) and the sampler's passes on
-        its logits; then let the backend compile what such steps do not reach. The context's
-        block table repeats the cache's first block and the new tokens take the first blocks,
-        which later sequences overwrite. The kernel variants a first request needs (the
-        attention's tile for its prompt's size and its context's length, the sampler's) then
-        compile here, not inside that request's first step (1.9 s on the H200 with an empty
-        Triton cache, docs/RESULTS.md). The steps run first within ``deferred_compiles``, which
-        meets their variants and then compiles them side by side; those that met new variants
-        then run again, for real."""
+        that fit, on CUDA; none elsewhere, where nothing compiles), then the sampler's passes
+        on the last step's logits and the backend's warm-up for what such steps do not reach.
+        The context's block table repeats the cache's first block and the new tokens take the
+        first blocks, which later sequences overwrite. The kernel variants a first request needs
+        (the attention's tile for its prompt's size and its context's length, the sampler's)
+        then compile here, not inside that request's first step (1.7-4.5 s on the H200 with an
+        empty Triton cache, docs/RESULTS.md). The steps run first within ``deferred_compiles``,
+        which meets their variants and then compiles them side by side; those that met new
+        variants then run again, for real."""
         if steps is None:
             steps = (warm_up_steps(self.backend.warm_up_shapes(), max_model_len,
                                    self.kv_cache.shape[2] * self.block_size)
@@ -156,27 +156,27 @@ class ModelRunner:
         with deferred_compiles() as met:  # which then compile side by side
             for step in work:
                 known = len(met)
-                self._warm_up_step(step)
+                logits = self.eager_logits(step)
                 if len(met) > known:
                     rerun.append(step)
-            self._warm_up_backend()
+            self._warm_up_passes(logits)
         if self.model.tp.size > 1:
             # every rank runs the same steps, so that their collectives pair up, whatever each
             # had compiled before (rank 0's process may have built an engine already)
             rerun = work
         for step in rerun:  # each variant runs once for real
-            self._warm_up_step(step)
-        self._warm_up_backend()
+            logits = self.eager_logits(step)
+        self._warm_up_passes(logits)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         logger.info("warmed up %d prompt steps (%d run again once their kernels compiled) in "
                     "%.1f s (%d kernels compiled)", len(steps), len(rerun),
                     time.perf_counter() - started, len(kernel_compiles()) - compiled)
 
-    def _warm_up_step(self, step: list[ScheduledSeq]) -> None:
-        self.sampler.warm_up(self.eager_logits(step))
-
-    def _warm_up_backend(self) -> None:
+    def _warm_up_passes(self, logits: torch.Tensor) -> None:
+        """The sampler's passes on a warm-up step's logits (one row, as every step's), and the
+        backend's own warm-up."""
+        self.sampler.warm_up(logits)
         self.backend.warm_up(self.model.arch.num_attention_heads // self.model.tp.size,
                              self.kv_caches[0])
 
