@@ -8,11 +8,13 @@ with its duration: ``kernel_compiles()``. A compile inside a timed region is a f
 steady-state speed; the benchmarks report them (one took 2.1-2.4 s on the H200).
 
 ``deferred_compiles()`` lets start-up compile many variants at once: a pass run inside it only
-meets the kernels (a launch whose variant is not compiled yet is skipped and noted), and on
-leaving it every noted variant compiles in a pool of threads (Triton's compiler and ptxas run
-outside the GIL), so that the pass run again for real finds them compiled."""
+meets the kernels (a launch whose variant is neither compiled nor in Triton's disk cache is
+skipped and noted), and on leaving it every noted variant compiles in a pool of threads
+(Triton's compiler and ptxas run outside the GIL), so that the pass run again for real finds
+them compiled. A variant in the disk cache loads and launches where it is met."""
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import threading
@@ -68,12 +70,54 @@ def kernel_compiles() -> list[KernelCompile]:
     return list(_compiles)
 
 
+class _DiskCacheProbe:
+    """Stands in for Triton's ``AsyncCompileMode`` while a variant's ``preload`` runs: Triton
+    hands it the variant's cache key and the compilation, and it compiles nothing, only looks
+    whether Triton's file cache holds the variant (a compilation would then only load it)."""
+
+    def __init__(self):
+        self.cached = False
+
+    def submit(self, key: str, compile_fn, finalize_fn) -> None:
+        knobs = triton.knobs
+        if knobs.cache.manager_class is not None or knobs.compilation.always_compile:
+            return None  # another cache than Triton's files, or every variant compiles
+        from triton.runtime.cache import get_cache_manager
+        manager = get_cache_manager(hashlib.sha256(key.encode("utf-8")).hexdigest())
+        # a compilation's last write is its group file, naming the files it stored
+        self.cached = any(name.startswith("__grp__") for name in os.listdir(manager.cache_dir))
+        return None
+
+
+def _in_disk_cache(function, specialization_data: str) -> bool:
+    """Whether Triton's file cache holds this variant of ``function`` (a JITFunction)."""
+    from triton.runtime import _async_compile
+    probe = _DiskCacheProbe()
+    token = _async_compile.active_mode.set(probe)
+    try:
+        function.preload(specialization_data)  # builds the cache key, hands it to the probe
+    finally:
+        _async_compile.active_mode.reset(token)
+    return probe.cached
+
+
+def _probing() -> bool:
+    from triton.runtime import _async_compile
+    return isinstance(_async_compile.active_mode.get(), _DiskCacheProbe)
+
+
 def _before_compile(*, key, repr: str, fn=None, compile=None,  # noqa: A002 (Triton's keyword)
                     **_) -> bool | None:
     deferring = _deferring
-    if deferring is not None and deferring[0] == threading.get_ident():
-        deferring[1].setdefault(str(key), (fn.jit_function, compile["specialization_data"]))
-        return True  # Triton skips the compilation, and the launch with it
+    if deferring is not None and deferring[0] == threading.get_ident() and not _probing():
+        noted, name = deferring[1], str(key)
+        if name in noted:
+            return True
+        data = compile["specialization_data"]
+        if not _in_disk_cache(fn.jit_function, data):
+            noted[name] = (fn.jit_function, data)
+            return True  # Triton skips the compilation, and the launch with it
+        # in the disk cache: Triton loads it and launches it
     _started[str(key)] = time.perf_counter()
     return None
 
@@ -109,8 +153,8 @@ def compile_workers() -> int:
 @contextmanager
 def deferred_compiles(workers: int | None = None) -> Iterator[dict]:
     """Inside the block, a Triton kernel that this thread launches and whose variant is not
-    compiled yet is neither compiled nor launched (what it would write stays as it was): the
-    variant is noted in the dict the block receives (its size tells a pass which of its parts
+    compiled yet, nor in Triton's disk cache, is neither compiled nor launched (what it would
+    write stays as it was): the variant is noted in the dict the block receives (its size tells a pass which of its parts
     met new variants). On leaving the block (without an exception), the noted variants compile
     in ``workers`` threads (default ``compile_workers()``) and join the kernels' caches, so a
     launch of one later finds it compiled. For start-up passes that run once to meet their

@@ -1,6 +1,7 @@
 """Triton compilations are recorded through Triton's JIT hooks (no GPU needed: the hooks are
 called as Triton calls them around a compilation), and compilations deferred to a pool of
 threads."""
+import hashlib
 import os
 import threading
 import types
@@ -10,6 +11,7 @@ import pytest
 from hifc.layers.triton_jit import deferred_compiles, kernel_compiles
 
 triton = pytest.importorskip("triton")
+from triton.runtime import _async_compile  # noqa: E402
 
 
 def test_a_compilation_is_recorded_with_its_duration():
@@ -27,14 +29,41 @@ def test_a_compilation_is_recorded_with_its_duration():
     assert new[0].specialization == '{"constants": [64]}'
 
 
+@pytest.fixture(autouse=True)
+def triton_cache(tmp_path, monkeypatch):
+    """Triton's file cache, empty for each test."""
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    return tmp_path / "triton"
+
+
+def cache_key(data):
+    return f"fake:{data}"
+
+
+def put_in_disk_cache(data):
+    """Store a compilation of the variant with this specialisation data in Triton's cache."""
+    from triton.runtime.cache import get_cache_manager
+    manager = get_cache_manager(hashlib.sha256(cache_key(data).encode()).hexdigest())
+    manager.put_group("kern.json", {})
+
+
 class FakeFunction:
-    """A JIT function as the deferral sees it: preload compiles from specialisation data."""
+    """A JIT function as the deferral sees it. Its preload is Triton's: the compile hook, then
+    the compilation (handed with its cache key to the active AsyncCompileMode, where one is),
+    which this fake records as the specialisation data it compiled."""
 
     def __init__(self):
         self.preloaded = []
 
     def preload(self, data):
-        self.preloaded.append(data)
+        if meet(self, data, data):
+            return None
+        mode = _async_compile.active_mode.get()
+        if mode is None:
+            self.preloaded.append(data)
+            return None
+        return mode.submit(cache_key(data), lambda: self.preloaded.append(data),
+                           lambda kernel: None)
 
 
 def meet(function, key, data):
@@ -99,6 +128,31 @@ def test_a_failing_block_compiles_nothing_and_ends_the_deferral():
     assert meet(f, "a", "A") is None
 
 
+def test_a_deferred_variant_in_the_disk_cache_loads_and_launches_where_it_is_met():
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("the interpreter compiles nothing")
+    f = FakeFunction()
+    put_in_disk_cache("H")
+    with deferred_compiles() as noted:
+        assert meet(f, "h", "H") is None  # Triton loads it from its cache and launches it
+        assert meet(f, "m", "M") is True  # not in the cache: skipped and noted
+        assert list(noted) == ["m"]
+        assert f.preloaded == []  # looking in the cache compiled nothing
+    assert f.preloaded == ["M"]
+
+
+def test_the_disk_cache_is_not_trusted_where_triton_compiles_every_variant(monkeypatch):
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("the interpreter compiles nothing")
+    monkeypatch.setenv("TRITON_ALWAYS_COMPILE", "1")
+    f = FakeFunction()
+    put_in_disk_cache("H")
+    with deferred_compiles() as noted:
+        assert meet(f, "h", "H") is True
+        assert list(noted) == ["h"]
+    assert f.preloaded == ["H"]
+
+
 @pytest.mark.gpu
 def test_a_deferred_kernel_is_not_launched_then_compiled_and_right():
     import torch
@@ -123,3 +177,8 @@ def test_a_deferred_kernel_is_not_launched_then_compiled_and_right():
         add_one[(triton.cdiv(1000, block),)](x, 1000, BLOCK=block)
     assert torch.equal(x, torch.full_like(x, 2))
     assert len(kernel_compiles()) == before + 2  # launched from what the block compiled
+    add_one.device_caches.clear()  # as a new process finds them: in the disk cache only
+    with deferred_compiles() as noted:
+        add_one[(triton.cdiv(1000, 128),)](x, 1000, BLOCK=128)
+        assert torch.equal(x, torch.full_like(x, 3))  # loaded and launched where it was met
+    assert noted == {} and len(kernel_compiles()) == before + 3
