@@ -1,7 +1,7 @@
-"""Engine start-up with an empty Triton cache and again with the cache it filled, each in a
-fresh process, and what the first requests after it compile: prompts of 5k-33k tokens, then
-follow-ups of 1-24 new tokens over each one's cached blocks (a short turn late in a long
-conversation).
+"""Engine start-up with empty caches (Triton's kernels, hifc's GEMM choices) and again with
+the caches it filled, each in a fresh process, and what the first requests after it compile:
+prompts of 5k-33k tokens, then follow-ups of 1-24 new tokens over each one's cached blocks (a
+short turn late in a long conversation).
 
     PYTHONPATH=$PWD python3 scripts/gpu_start_up.py                      # this checkout
     python3 scripts/gpu_start_up.py new=$PWD old=/tmp/old-checkout     # versions side by side
@@ -75,12 +75,14 @@ def main() -> int:
         cache = tempfile.mkdtemp(prefix=f"triton-{name}-")
         for run in ("cold", "warm"):
             path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
-            env = dict(os.environ, TRITON_CACHE_DIR=cache, PYTHONPATH=path)
+            # both caches a start-up fills: Triton's kernels and hifc's (the GEMM choices)
+            env = dict(os.environ, TRITON_CACHE_DIR=cache, HIFC_CACHE_ROOT=cache,
+                       PYTHONPATH=path)
             started = time.perf_counter()
             done = subprocess.run([sys.executable, "-c", CHILD, args.model,
                                    str(args.kv_cache_gib)], cwd=root, env=env,
                                   capture_output=True, text=True)
-            print(f"== {name}, {run} Triton cache: process {time.perf_counter() - started:.1f} s,"
+            print(f"== {name}, {run} caches: process {time.perf_counter() - started:.1f} s,"
                   f" exit code {done.returncode}")
             lines = (done.stderr + done.stdout).splitlines()
             for line in lines:

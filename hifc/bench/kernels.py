@@ -264,8 +264,10 @@ def print_tuned(tuned: list[dict]) -> None:
     """The projections whose tuned kernel is not torch's (us per product)."""
     changed = [t for t in tuned if t["chosen"] != t["default"]]
     if tuned:
+        earlier = sum(t.get("from_file", False) for t in tuned)
         print(f"tuned projections: {len(changed)} of {len(tuned)} shapes x rows take another "
-              "kernel than torch's")
+              "kernel than torch's" + (f" ({earlier} timed by an earlier process)"
+                                       if earlier else ""))
     for t in changed:
         print(f"{'':>8}{t['rows']:>6} x [{t['n']}, {t['k']}]  {t['default']} "
               f"{t['default_us']:.2f} us -> {t['chosen']} {t['chosen_us']:.2f} us")

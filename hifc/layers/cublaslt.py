@@ -87,6 +87,7 @@ def _library() -> ctypes.CDLL:
         raise CublasLtError("torch has not loaded libcublasLt")
     lib = ctypes.CDLL(path)
     vp, sz = ctypes.c_void_p, ctypes.c_size_t
+    lib.cublasLtGetVersion.restype = sz
     lib.cublasLtCreate.argtypes = [ctypes.POINTER(vp)]
     lib.cublasLtMatmulDescCreate.argtypes = [ctypes.POINTER(vp), ctypes.c_int, ctypes.c_int]
     lib.cublasLtMatmulDescSetAttribute.argtypes = [vp, ctypes.c_int, vp, sz]
@@ -105,6 +106,11 @@ def _library() -> ctypes.CDLL:
                  "cublasLtMatmulPreferenceDestroy"):
         getattr(lib, name).argtypes = [vp]
     return lib
+
+
+def version() -> int:
+    """The version of the cuBLASLt torch has loaded (major * 10000 + minor * 100 + patch)."""
+    return int(_library().cublasLtGetVersion())
 
 
 @functools.cache

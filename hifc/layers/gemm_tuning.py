@@ -9,6 +9,10 @@ of that shape in one CUDA graph, back to back as a step runs them; it keeps the 
 it beats the path ``linear`` would take anyway by more than ``MARGIN``, and where its output
 matches that path's. ``run`` then computes a product by the choice for its shape.
 
+The choices are kept on disk (:mod:`hifc.layers.gemm_choices`): a later process of the same
+shapes on the same kind of GPU and libraries takes them, each checked to run and to compute
+the product before it serves, instead of timing again.
+
 Row counts up to ``EXACT_ROWS`` (decode batches, each a CUDA graph's size) are tuned one by
 one; larger ones by powers of two, each choice serving the products of more than half its rows
 (a prompt step of 5,000 tokens takes the 8,192-row choice). Products of shapes or row counts
@@ -18,6 +22,7 @@ stream), so the cuBLASLt workspace is one per device.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import time
@@ -26,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from hifc.layers import cublaslt
+from hifc.layers.gemm_choices import ChoiceFile
 
 logger = logging.getLogger(__name__)
 
@@ -135,6 +141,63 @@ class Tuned:
     default_us: float
     chosen: str  # "cublas", "cublaslt" or "candidate i" of cuBLASLt's list
     chosen_us: float
+    from_file: bool = False  # timed by an earlier process (its times), taken from its file
+
+
+def fingerprint(device_index: int) -> dict:
+    """What a choice made by timing depends on besides the shape: the GPU, the libraries and
+    this tuning's parameters."""
+    props = torch.cuda.get_device_properties(device_index)
+    try:
+        lt_version = cublaslt.version()
+    except (cublaslt.CublasLtError, OSError, AttributeError):
+        lt_version = None
+    return {"gpu": props.name, "capability": [props.major, props.minor],
+            "sms": props.multi_processor_count, "memory": props.total_memory,
+            "torch": torch.__version__, "cuda": torch.version.cuda, "cublaslt": lt_version,
+            "tuning": [EXACT_ROWS, MARGIN, REPLAYS, EXACT_CALLS, BUCKET_CALLS, MAX_PROMPT_ROWS,
+                       list(cublaslt.WORKSPACE_LIMITS), cublaslt.MAX_CANDIDATES]}
+
+
+def choice_file(groups: dict[tuple[int, int, torch.dtype, bool], list]) -> ChoiceFile:
+    """The file keeping the choices for these projection shapes (``tune``'s groups) on their
+    device's kind of GPU."""
+    device = next(iter(groups.values()))[0][0].device
+    return ChoiceFile(fingerprint(device.index),
+                      [[n, k, str(dtype), bias] for n, k, dtype, bias in groups])
+
+
+def _record(choice: Choice, tuned: Tuned) -> dict:
+    fields = dataclasses.asdict(tuned)
+    del fields["from_file"]
+    return {"choice": choice if isinstance(choice, str) else choice.hex(), **fields}
+
+
+def _restore(record: dict | None, default: str, x: torch.Tensor,
+             projection: tuple[torch.Tensor, torch.Tensor | None], out: torch.Tensor,
+             ref: torch.Tensor) -> tuple[Choice, Tuned] | None:
+    """A recorded choice, if it still applies: made against the same path of ``linear``,
+    runnable at this shape (an algorithm record) and computing the product."""
+    if record is None or record.get("default") != default:
+        return None
+    weight, bias = projection
+    m, k = x.shape
+    try:
+        choice = record["choice"]
+        if choice not in (CUBLAS, CUBLASLT):
+            choice = bytes.fromhex(choice)
+            if not _plan(m, weight.shape[0], k, x.dtype, bias is not None,
+                         x.device.index).supports(choice):
+                return None
+        if not _close(launch(choice, x, weight, bias, out), ref):
+            return None
+        tuned = Tuned(**{field.name: record[field.name] for field in dataclasses.fields(Tuned)
+                         if field.name != "from_file"}, from_file=True)
+    except (KeyError, TypeError, ValueError, cublaslt.CublasLtError) as e:
+        logger.warning("a recorded GEMM choice for %d rows of [%d, %d] not used: %r", m,
+                       weight.shape[0], k, e)
+        return None
+    return choice, tuned
 
 
 def _graph_us(calls, count: int) -> float:
@@ -181,15 +244,20 @@ def _close(y: torch.Tensor, ref: torch.Tensor) -> bool:
 
 def tune(groups: dict[tuple[int, int, torch.dtype, bool],
                       list[tuple[torch.Tensor, torch.Tensor | None]]],
-         rows: list[int], default_for) -> list[Tuned]:
+         rows: list[int], default_for, store: ChoiceFile | None = None) -> list[Tuned]:
     """Choose the kernel of each shape's products at each row count (module doc).
 
     groups: (n, k, dtype, has bias) -> each projection's (weight, bias) of that shape, on one
     CUDA device; rows: the row counts to tune (a count past EXACT_ROWS tunes its power of
-    two); default_for(m): linear's own path at m rows (CUBLAS or CUBLASLT). A shape and row
-    count tuned before in this process keeps its choice (another engine of the same model)."""
+    two); default_for(m): linear's own path at m rows (CUBLAS or CUBLASLT); store: the file
+    of choices to take (those that still apply) and to complete with the ones timed now. A
+    shape and row count tuned before in this process keeps its choice (another engine of the
+    same model)."""
     outcomes = []
     started = time.perf_counter()
+    saved = store.read() if store is not None else {}
+    records: dict = {}  # of this call's choices, for the store
+    timed_now = 0
     for (n, k, dtype, has_bias), projections in groups.items():
         device = projections[0][0].device
         for m in sorted({rows_key(r) for r in rows}):
@@ -202,31 +270,50 @@ def tune(groups: dict[tuple[int, int, torch.dtype, bool],
             out = torch.empty(m, n, dtype=dtype, device=device)
             default = default_for(m)
             ref = launch(default, x, calls[0][0], calls[0][1], out).float()
-            algos = _candidates(m, n, k, dtype, has_bias, device.index,
-                                cublaslt.aligns_of(x, calls[0][0], out))
-            options: list[Choice] = [CUBLAS, CUBLASLT, *algos]
-            timed: dict[Choice, float] = {}
-            for choice in options:
-                try:
-                    if not _close(launch(choice, x, calls[0][0], calls[0][1], out), ref):
-                        logger.warning("kernel candidate for %s rows of [%d, %d] computes "
-                                       "another product; left out", m, n, k)
-                        continue
-                    timed[choice] = _graph_us(
-                        lambda c=choice: [launch(c, x, w, b, out) for w, b in calls],
-                        len(calls))
-                except cublaslt.CublasLtError as e:
-                    logger.debug("cuBLASLt candidate left out: %s", e)
-            best = min(timed, key=timed.get)
-            choice = best if timed[best] < timed[default] * (1 - MARGIN) else default
-            name = choice if isinstance(choice, str) else f"candidate {algos.index(choice)}"
-            _chosen[key] = choice
-            _outcomes[key] = Tuned(n, k, m, len(projections), len(timed), default,
-                                   timed[default], name, timed[choice])
-            outcomes.append(_outcomes[key])
+            entry = (m, n, k, str(dtype), has_bias)
+            restored = _restore(saved.get(entry), default, x, calls[0], out, ref)
+            if restored is None:
+                restored = _time(m, n, k, dtype, has_bias, calls, len(projections), default,
+                                 x, out, ref)
+                timed_now += 1
+            choice, tuned = restored
+            _chosen[key], _outcomes[key] = choice, tuned
+            records[entry] = _record(choice, tuned)
+            outcomes.append(tuned)
             del x, out
+    if store is not None and timed_now:
+        store.write({**saved, **records})
     logger.info("tuned the projections' matrix kernels (%d shapes x %d row counts) in %.1f s; "
-                "%d of %d take another kernel than torch's", len(groups),
+                "%d of %d take another kernel than torch's%s", len(groups),
                 len({rows_key(r) for r in rows}), time.perf_counter() - started,
-                sum(t.chosen != t.default for t in outcomes), len(outcomes))
+                sum(t.chosen != t.default for t in outcomes), len(outcomes),
+                f"; {sum(t.from_file for t in outcomes)} chosen earlier, from {store.path}"
+                if store is not None else "")
     return outcomes
+
+
+def _time(m: int, n: int, k: int, dtype: torch.dtype, has_bias: bool,
+          calls: list[tuple[torch.Tensor, torch.Tensor | None]], projections: int,
+          default: str, x: torch.Tensor, out: torch.Tensor,
+          ref: torch.Tensor) -> tuple[Choice, Tuned]:
+    """Time linear's path and every candidate of one shape and row count over ``calls``, each
+    checked against ``ref`` (the default's product of x and the first weight); the choice."""
+    algos = _candidates(m, n, k, dtype, has_bias, x.device.index,
+                        cublaslt.aligns_of(x, calls[0][0], out))
+    options: list[Choice] = [CUBLAS, CUBLASLT, *algos]
+    timed: dict[Choice, float] = {}
+    for choice in options:
+        try:
+            if not _close(launch(choice, x, calls[0][0], calls[0][1], out), ref):
+                logger.warning("kernel candidate for %s rows of [%d, %d] computes "
+                               "another product; left out", m, n, k)
+                continue
+            timed[choice] = _graph_us(
+                lambda c=choice: [launch(c, x, w, b, out) for w, b in calls], len(calls))
+        except cublaslt.CublasLtError as e:
+            logger.debug("cuBLASLt candidate left out: %s", e)
+    best = min(timed, key=timed.get)
+    choice = best if timed[best] < timed[default] * (1 - MARGIN) else default
+    name = choice if isinstance(choice, str) else f"candidate {algos.index(choice)}"
+    return choice, Tuned(n, k, m, projections, len(timed), default, timed[default], name,
+                         timed[choice])

@@ -87,7 +87,8 @@ def _untuned_path(m: int) -> str:
 
 def tune_projections(model: nn.Module, rows: list[int]) -> list[gemm_tuning.Tuned]:
     """Time and choose the kernel of every projection shape of ``model`` (on CUDA, in float16
-    or bfloat16) at each row count of ``rows`` past MAX_ROWS (:mod:`hifc.layers.gemm_tuning`)."""
+    or bfloat16) at each row count of ``rows`` past MAX_ROWS (:mod:`hifc.layers.gemm_tuning`),
+    or take the choices an earlier process made for these shapes on this kind of GPU."""
     groups: dict[tuple, list[tuple[torch.Tensor, torch.Tensor | None]]] = {}
     for module in model.modules():
         if (isinstance(module, Linear) and module.weight.is_cuda
@@ -99,7 +100,7 @@ def tune_projections(model: nn.Module, rows: list[int]) -> list[gemm_tuning.Tune
     rows = [m for m in rows if m > triton_gemv.MAX_ROWS]
     if not groups or not rows:
         return []
-    return gemm_tuning.tune(groups, rows, _untuned_path)
+    return gemm_tuning.tune(groups, rows, _untuned_path, gemm_tuning.choice_file(groups))
 
 
 def check_shape(loaded: torch.Tensor, expected: tuple[int, ...]) -> None:

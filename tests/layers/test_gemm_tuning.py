@@ -1,4 +1,6 @@
 """Projections of more than 16 rows run through the kernel timed fastest for their shape."""
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -121,6 +123,51 @@ def test_tuned_products_match_the_product_eagerly_and_in_a_cuda_graph(bias):
 
     again = gemm_tuning.tune({(n, k, dtype, bias): projections}, [32], default_for)
     assert again == [tuned[1]]  # kept from the first tuning, not timed again
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_a_later_process_takes_the_choices_from_the_file_where_they_still_apply(
+        tmp_path, monkeypatch):
+    from hifc.layers.gemm_choices import ChoiceFile
+    dev, dtype, n, k = torch.device("cuda"), torch.bfloat16, 384, 512
+    projections = [(torch.randn(n, k, device=dev, dtype=dtype), None) for _ in range(3)]
+    groups = {(n, k, dtype, False): projections}
+    monkeypatch.setenv("HIFC_CACHE_ROOT", str(tmp_path))
+    store = gemm_tuning.choice_file(groups)
+    assert store.path.parent == tmp_path / "gemm-tuning"
+    first = gemm_tuning.tune(groups, [24, 32, 300], default_for, store)
+    chosen = gemm_tuning.choices()
+    assert not any(t.from_file for t in first) and len(store.read()) == 3
+
+    gemm_tuning.clear()  # as a new process finds it
+    timed = []
+    real_time = gemm_tuning._time
+    monkeypatch.setattr(gemm_tuning, "_time", lambda *a: timed.append(a[0]) or real_time(*a))
+    again = gemm_tuning.tune(groups, [24, 32, 300], default_for, gemm_tuning.choice_file(groups))
+    assert timed == []  # nothing timed
+    assert again == [dataclasses.replace(t, from_file=True) for t in first]
+    assert gemm_tuning.choices() == chosen
+    w, _ = projections[2]
+    for m in (24, 32, 300):
+        x = torch.randn(m, k, device=dev, dtype=dtype)
+        torch.testing.assert_close(gemm_tuning.run(x, w, None).float(), product(x, w, None),
+                                   rtol=2e-2, atol=0.25)
+
+    # records that no longer apply are timed again (made against another default path, an
+    # algorithm record cuBLASLt refuses, a damaged record); a row count not in the file is
+    # timed and added
+    saved = store.read()
+    entry = {key[0]: key for key in saved}
+    saved[entry[24]] = {**saved[entry[24]], "default": gemm_tuning.CUBLAS}
+    saved[entry[32]] = {**saved[entry[32]], "choice": (b"\xff" * 64).hex()}
+    saved[entry[512]] = {**saved[entry[512]], "choice": "not hex"}
+    store.write(saved)
+    gemm_tuning.clear()
+    third = gemm_tuning.tune(groups, [24, 32, 64, 300], default_for, store)
+    assert timed == [24, 32, 64, 512]
+    assert not any(t.from_file for t in third)
+    assert len(ChoiceFile(store.fingerprint, [[n, k, str(dtype), False]]).read()) == 4
 
 
 @pytest.mark.gpu
