@@ -177,7 +177,7 @@ class ModelRunner:
         """The sampler's passes on a warm-up step's logits (one row, as every step's), and the
         backend's own warm-up."""
         self.sampler.warm_up(logits)
-        self.backend.warm_up(self.model.arch.num_attention_heads // self.model.tp.size,
+        self.backend.warm_up(self.model.tp.split(self.model.arch.num_attention_heads),
                              self.kv_caches[0])
 
     @property
