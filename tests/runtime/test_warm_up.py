@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from hifc import LLMEngine, SamplingParams
+from hifc.layers.tensor_parallel import TPShard
 from hifc.layers.triton_attention import MAX_BLOCK_M, warm_up_shapes
 from hifc.runtime.model_runner import SAMPLER_WARM_UP, warm_up_steps
 
@@ -69,7 +70,6 @@ def test_warm_up_refuses_a_context_of_part_blocks():
 def test_warm_up_reruns_only_the_steps_that_met_new_kernel_variants(monkeypatch, tp_size):
     # Stand-in for Triton's deferral: each step "meets" the variants of its token count.
     import contextlib
-    import types
 
     import hifc.runtime.model_runner as model_runner
     llm = engine()
@@ -93,7 +93,7 @@ def test_warm_up_reruns_only_the_steps_that_met_new_kernel_variants(monkeypatch,
 
     monkeypatch.setattr(model_runner, "deferred_compiles", deferral)
     monkeypatch.setattr(runner, "eager_logits", logits)
-    monkeypatch.setattr(runner.model, "tp", types.SimpleNamespace(size=tp_size))
+    monkeypatch.setattr(runner.model, "tp", TPShard(size=tp_size))
     runner.warm_up(llm.limits.max_model_len, steps=[(0, 2), (0, 4), (0, 8), (0, 16)])
     deferred = [(n, True) for n in (2, 4, 8, 16)]
     if tp_size == 1:  # again only the steps that met a variant first (2: a, b; 8: c)
