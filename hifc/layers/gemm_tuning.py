@@ -262,15 +262,16 @@ def tune(groups: dict[tuple[int, int, torch.dtype, bool],
         device = projections[0][0].device
         for m in sorted({rows_key(r) for r in rows}):
             key = _key(m, n, k, dtype, has_bias, device.index)
+            entry = (m, n, k, str(dtype), has_bias)
             if key in _outcomes:
                 outcomes.append(_outcomes[key])
+                records[entry] = _record(_chosen[key], _outcomes[key])
                 continue
             calls = projections[:EXACT_CALLS if m <= EXACT_ROWS else BUCKET_CALLS]
             x = torch.randn(m, k, dtype=dtype, device=device)
             out = torch.empty(m, n, dtype=dtype, device=device)
             default = default_for(m)
             ref = launch(default, x, calls[0][0], calls[0][1], out).float()
-            entry = (m, n, k, str(dtype), has_bias)
             restored = _restore(saved.get(entry), default, x, calls[0], out, ref)
             if restored is None:
                 restored = _time(m, n, k, dtype, has_bias, calls, len(projections), default,
@@ -281,14 +282,16 @@ def tune(groups: dict[tuple[int, int, torch.dtype, bool],
             records[entry] = _record(choice, tuned)
             outcomes.append(tuned)
             del x, out
-    if store is not None and timed_now:
-        store.write({**saved, **records})
+    kept = ""
+    if store is not None:
+        if timed_now:
+            store.write({**saved, **records})
+        kept = (f"; {sum(t.from_file for t in outcomes)} taken from {store.path}, "
+                f"{timed_now} timed now")
     logger.info("tuned the projections' matrix kernels (%d shapes x %d row counts) in %.1f s; "
                 "%d of %d take another kernel than torch's%s", len(groups),
                 len({rows_key(r) for r in rows}), time.perf_counter() - started,
-                sum(t.chosen != t.default for t in outcomes), len(outcomes),
-                f"; {sum(t.from_file for t in outcomes)} chosen earlier, from {store.path}"
-                if store is not None else "")
+                sum(t.chosen != t.default for t in outcomes), len(outcomes), kept)
     return outcomes
 
 
