@@ -150,6 +150,17 @@ def compile_workers() -> int:
                else os.cpu_count() or 1)
 
 
+# Deferral leans on Triton's internals (the hook's arguments, JITFunction.preload, the
+# async compile mode's submit): the versions it was tested with.
+DEFERRAL_TRITON_VERSIONS = ("3.6.",)
+
+
+def can_defer() -> bool:
+    """Whether this Triton is one deferral was tested with (elsewhere variants compile as
+    they launch: slower start-ups, the same kernels)."""
+    return triton is not None and triton.__version__.startswith(DEFERRAL_TRITON_VERSIONS)
+
+
 @contextmanager
 def deferred_compiles(workers: int | None = None) -> Iterator[dict]:
     """Inside the block, a Triton kernel that this thread launches and whose variant is not
@@ -162,14 +173,16 @@ def deferred_compiles(workers: int | None = None) -> Iterator[dict]:
     meaningless: a part that met none ran for real).
 
     Where Triton cannot defer (not installed, its interpreter, its JIT hooks set by the
-    application) or another thread defers already, the block runs as it would outside (its
-    kernels compile as they launch) and notes nothing. A block inside another of the same
+    application, a version deferral was not tested with) or another thread defers already,
+    the block runs as it would outside (its kernels compile as they launch) and notes
+    nothing. A block inside another of the same
     thread is refused: its pass would find nothing compiled at its end."""
     global _deferring
     noted: dict[str, tuple[object, str]] = {}
     if _deferring is not None and _deferring[0] == threading.get_ident():
         raise RuntimeError("deferred_compiles blocks do not nest")
-    if not _hooks_installed or interpreting() or _deferring is not None:
+    if not _hooks_installed or interpreting() or _deferring is not None \
+            or not can_defer():
         yield noted
         return
     _deferring = (threading.get_ident(), noted)

@@ -182,3 +182,13 @@ def test_a_deferred_kernel_is_not_launched_then_compiled_and_right():
         add_one[(triton.cdiv(1000, 128),)](x, 1000, BLOCK=128)
         assert torch.equal(x, torch.full_like(x, 3))  # loaded and launched where it was met
     assert noted == {} and len(kernel_compiles()) == before + 3
+
+
+def test_a_triton_version_deferral_was_not_tested_with_compiles_as_it_launches(monkeypatch):
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("the interpreter compiles nothing")
+    monkeypatch.setattr(triton, "__version__", "3.7.0")
+    f = FakeFunction()
+    with deferred_compiles() as noted:
+        assert meet(f, "a", "A") is None  # Triton compiles it and launches it
+    assert noted == {} and f.preloaded == []
