@@ -165,18 +165,19 @@ def can_defer() -> bool:
 def deferred_compiles(workers: int | None = None) -> Iterator[dict]:
     """Inside the block, a Triton kernel that this thread launches and whose variant is not
     compiled yet, nor in Triton's disk cache, is neither compiled nor launched (what it would
-    write stays as it was): the variant is noted in the dict the block receives (its size tells a pass which of its parts
-    met new variants). On leaving the block (without an exception), the noted variants compile
-    in ``workers`` threads (default ``compile_workers()``) and join the kernels' caches, so a
-    launch of one later finds it compiled. For start-up passes that run once to meet their
-    kernels, then again for real where they met new ones (their outputs in the first run are
-    meaningless: a part that met none ran for real).
+    write stays as it was): the variant is noted in the dict the block receives (its size
+    tells a pass which of its parts met new variants). On leaving the block (without an
+    exception), the noted variants compile in ``workers`` threads (default
+    ``compile_workers()``) and join the kernels' caches, so a launch of one later finds it
+    compiled. For start-up passes that run once to meet their kernels, then again for real
+    where they met new ones (their outputs in the first run are meaningless: a part that met
+    none ran for real).
 
     Where Triton cannot defer (not installed, its interpreter, its JIT hooks set by the
     application, a version deferral was not tested with) or another thread defers already,
     the block runs as it would outside (its kernels compile as they launch) and notes
-    nothing. A block inside another of the same
-    thread is refused: its pass would find nothing compiled at its end."""
+    nothing. A block inside another of the same thread is refused: its pass would find
+    nothing compiled at its end."""
     global _deferring
     noted: dict[str, tuple[object, str]] = {}
     if _deferring is not None and _deferring[0] == threading.get_ident():
