@@ -47,35 +47,27 @@ def copy_gbps(device, nbytes: int | None = None, repeats: int = 10) -> float:
     return rate
 
 
-def matmul_tflops(device, dtype, n: int | None = None, repeats: int = 10,
-                  after_s: float = 0.0) -> float:
-    """TFLOP/s (2 n^3 per product) of n x n matmuls in dtype; n = 8192 on CUDA, 512 elsewhere.
-    ``after_s``: time the products only after that many seconds of them back to back. A GPU
-    holds its top clock for a burst only: under a power limit (an H200's 700 W) a second of
-    matmuls lowers it, so ``after_s=0`` gives the burst rate, ``matmul_rates`` also the rate a
-    long prefill can hold."""
-    return _matmul_rates(device, dtype, n, [(repeats, after_s)])[0]
-
-
 def matmul_rates(device, dtype) -> tuple[float, float]:
-    """The burst rate (``matmul_tflops``), then on the same operands the sustained one: timed
-    over 200 products once products have run for 1.5 s (CUDA; 10 after 0.2 s elsewhere), about
-    0.3 s of bf16 8192-cubed on an H200, whose clock moves under its power limit from one 30 ms
-    window to the next."""
+    """TFLOP/s (2 n^3 per product) of n x n matmuls in dtype (n = 8192 on CUDA, 512
+    elsewhere): the burst rate, over 10 products, then on the same operands the sustained one,
+    timed over 200 products once products have run back to back for 1.5 s (CUDA; 10 after 0.2
+    s elsewhere). A GPU holds its top clock for a burst only: under a power limit (an H200's
+    700 W) a second of matmuls lowers it, and its clock then moves from one 30 ms window to the
+    next (the 200 products are about 0.3 s of bf16 8192-cubed on an H200)."""
     import torch
     cuda = torch.device(device).type == "cuda"
-    burst, sustained = _matmul_rates(device, dtype, None,
+    burst, sustained = _matmul_rates(device, dtype,
                                      [(10, 0.0), (200, 1.5) if cuda else (10, 0.2)])
     return burst, sustained
 
 
-def _matmul_rates(device, dtype, n: int | None,
-                  phases: list[tuple[int, float]]) -> list[float]:
-    """After three warm-up products, each phase's rate: (repeats, after_s) as
-    ``matmul_tflops`` takes them, one phase after the other on one set of operands."""
+def _matmul_rates(device, dtype, phases: list[tuple[int, float]]) -> list[float]:
+    """After three warm-up products, each phase's rate, one phase after the other on one set
+    of operands: (repeats, after_s) times ``repeats`` products once products have run back to
+    back for ``after_s`` seconds."""
     import torch
     device = torch.device(device)
-    n = n or (8192 if device.type == "cuda" else 512)
+    n = 8192 if device.type == "cuda" else 512
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
     out = torch.empty(n, n, device=device, dtype=dtype)

@@ -20,9 +20,10 @@ def test_single_token_outputs_need_no_decode_step():
     assert decode_bytes(100, 2, [(10, 1), (20, 1)], max_num_seqs=8) == (0, 0)
 
 
-def test_matmul_rate_after_a_sustained_run_times_only_the_last_products(monkeypatch):
-    """``after_s`` runs products back to back first (a GPU's clock falls under its power limit
-    within a second of them); the rate is timed over the ``repeats`` after that."""
+def test_the_sustained_matmul_rate_times_only_the_products_after_a_run_of_them(monkeypatch):
+    """The burst rate times the first products; the sustained one runs products back to back
+    first (a GPU's clock falls under its power limit within a second of them) and times the
+    ones after that."""
     import torch
 
     from hifc.bench import probes
@@ -30,8 +31,7 @@ def test_matmul_rate_after_a_sustained_run_times_only_the_last_products(monkeypa
     calls = []
     real = torch.matmul
     monkeypatch.setattr(torch, "matmul", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
-    burst = probes.matmul_tflops("cpu", torch.float32, n=64, repeats=4)
-    assert burst > 0 and len(calls) == 3 + 4  # warm-up, then the timed products
-    calls.clear()
-    sustained = probes.matmul_tflops("cpu", torch.float32, n=64, repeats=4, after_s=0.05)
-    assert sustained > 0 and len(calls) >= 3 + 4 + 4  # at least one round before the timing
+    burst, sustained = probes.matmul_rates("cpu", torch.float32)
+    assert burst > 0 and sustained > 0
+    # warm-up, the burst's products, at least one round of 10 before the sustained timing, its 10
+    assert len(calls) >= 3 + 10 + 10 + 10
