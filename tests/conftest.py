@@ -1,7 +1,11 @@
 """Session-wide fixtures shared across test packages."""
 import os
+import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# what engines keep for later processes (the GEMM choices) goes to a directory of this run, not
+# to the user's cache
+os.environ.setdefault("HIFC_CACHE_ROOT", tempfile.mkdtemp(prefix="hifc-tests-"))
 # torch's one thread per core fights other work on a small shared machine (see
 # hifc.engine.threads): one fewer than the usable cores, here and in the processes tests start.
 os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) - 1)))

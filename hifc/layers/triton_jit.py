@@ -19,7 +19,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -193,6 +193,25 @@ def deferred_compiles(workers: int | None = None) -> Iterator[dict]:
         _deferring = None
     if noted:
         _compile_all(list(noted.values()), workers or compile_workers())
+
+
+def meet_kernels(parts: Iterable[Callable[[], object]], every: bool = False) -> list[int]:
+    """Run each part (taken from ``parts`` one at a time, so a generator may prepare each as it
+    comes) once within ``deferred_compiles``, which compiles the variants they met on leaving;
+    the indices of the parts to run again for real: those that met a variant no part before
+    them met, so that each variant then runs once for real (a part that met only compiled or
+    cached variants ran for real; one that also met variants an earlier part met first ran
+    without those: a pass whose outputs are thrown away), or every part with ``every``
+    (tensor-parallel ranks, which run the same parts, so that their collectives pair up
+    whatever each rank had compiled before)."""
+    again = []
+    with deferred_compiles() as met:
+        for index, part in enumerate(parts):
+            known = len(met)
+            part()
+            if every or len(met) > known:
+                again.append(index)
+    return again
 
 
 def _compile_all(variants: list[tuple[object, str]], workers: int) -> None:

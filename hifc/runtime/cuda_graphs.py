@@ -47,7 +47,7 @@ import torch
 
 from hifc.core.scheduler import ScheduledSeq
 from hifc.layers.attention import AttentionBackend, AttentionContext, AttentionMetadata
-from hifc.layers.triton_jit import deferred_compiles
+from hifc.layers.triton_jit import meet_kernels
 from hifc.runtime.inputs import (ChunkInputLayout, DecodeInputLayout, PendingInputs,
                                  chunk_input_views, decode_input_views, fits_chunk_layout,
                                  fits_decode_layout, write_chunk_inputs, write_decode_inputs)
@@ -280,11 +280,11 @@ class DecodeGraphs:
         return self._logits[batch][:len(work)]
 
     def _capture(self, forward, batch: int, pool, stream: torch.cuda.Stream,
-                 warmup_runs: int) -> torch.cuda.CUDAGraph:
-        """Warm up and capture ``forward`` (-> logits) for batch size ``batch``. The graphs of
-        one batch size share one output (logits are the bulk of the pool): the first captured
-        owns it, the later ones copy into its first rows."""
-        for _ in range(warmup_runs):  # sets up cuBLAS (and compiles any variant left)
+                 warm_up: bool) -> torch.cuda.CUDAGraph:
+        """Capture ``forward`` (-> logits) for batch size ``batch``, after one run if
+        ``warm_up``. The graphs of one batch size share one output (logits are the bulk of the
+        pool): the first captured owns it, the later ones copy into its first rows."""
+        if warm_up:
             forward()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool, stream=stream):
@@ -311,25 +311,25 @@ class DecodeGraphs:
                 yield self.graphs, (batch, cap), partial(self._forward, batch, [1] * batch, cap)
 
     @torch.inference_mode()
-    def compile_kernels(self) -> None:
-        """Run every padded forward (each graph's) once within ``deferred_compiles``: their
-        Triton kernel variants compile side by side, before any step needs them. ``capture``
-        starts so; run eagerly (``enforce_eager``), padded steps call it at start-up instead of
-        compiling each batch size's variants at its first step."""
-        with deferred_compiles():
-            for _, _, forward in self._forwards():
-                forward()
+    def compile_kernels(self) -> list[int]:
+        """Run every padded forward (each graph's) once within ``meet_kernels``: their Triton
+        kernel variants compile side by side, before any step needs them. ``capture`` starts
+        so; run eagerly (``enforce_eager``), padded steps call it at start-up instead of
+        compiling each batch size's variants at its first step. Returns the positions (in
+        ``_forwards``' order) of the forwards that have not run for real yet."""
+        return meet_kernels((forward for _, _, forward in self._forwards()),
+                            every=self.model.tp.size > 1)
 
     @torch.inference_mode()
-    def capture(self, warmup_runs: int = 1) -> None:
+    def capture(self) -> None:
         """Capture one graph per batch size and context cap (and with ``chunk_tokens`` one of
         decodes beside a prompt chunk per batch size and cap), largest first, into one shared
         memory pool.
 
         Call once the KV cache exists. Inputs during warm-up and capture are all padding rows,
         so nothing is written to the KV cache. The forwards' kernels compile first
-        (``compile_kernels``); each forward then runs ``warmup_runs`` times more before its
-        capture."""
+        (``compile_kernels``); a forward that has not run for real then runs once more before
+        its capture (the others' lazy set-up, cuBLAS's included, is done)."""
         if self.device.type != "cuda":
             raise RuntimeError("CUDA graphs need a CUDA device")
         t0 = time.perf_counter()
@@ -341,9 +341,9 @@ class DecodeGraphs:
             stream = torch.cuda.Stream(self.device)
             stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(stream):
-                self.compile_kernels()
-                for graphs, key, forward in self._forwards():
-                    graphs[key] = self._capture(forward, key[0], pool, stream, warmup_runs)
+                again = set(self.compile_kernels())
+                for index, (graphs, key, forward) in enumerate(self._forwards()):
+                    graphs[key] = self._capture(forward, key[0], pool, stream, index in again)
             torch.cuda.current_stream(self.device).wait_stream(stream)
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()  # warm-up memory; the graphs' pool stays

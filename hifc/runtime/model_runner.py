@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 from typing import Protocol
 
 import torch
@@ -25,7 +26,7 @@ from hifc.layers.attention import AttentionBackend, AttentionContext
 from hifc.layers.gemm_tuning import Tuned, prompt_rows
 from hifc.layers.linear import tune_projections
 from hifc.layers.sampler import SampledTokens, Sampler
-from hifc.layers.triton_jit import deferred_compiles, kernel_compiles
+from hifc.layers.triton_jit import kernel_compiles, meet_kernels
 from hifc.runtime import inputs
 from hifc.runtime.cuda_graphs import DecodeGraphs, capture_sizes, graphs_unsupported_reason
 from hifc.runtime.sampling_inputs import (PenaltyRows, StepConstraints, StepPacker,
@@ -135,9 +136,9 @@ class ModelRunner:
         first blocks, which later sequences overwrite. The kernel variants a first request needs
         (the attention's tile for its prompt's size and its context's length, the sampler's)
         then compile here, not inside that request's first step (1.7-4.5 s on the H200 with an
-        empty Triton cache, docs/RESULTS.md). The steps run first within ``deferred_compiles``,
-        which meets their variants and then compiles them side by side; those that met new
-        variants then run again, for real."""
+        empty Triton cache, docs/RESULTS.md). The steps and passes run first within
+        ``meet_kernels``, which meets their variants and then compiles them side by side;
+        those that met new variants then run again, for real."""
         if steps is None:
             steps = (warm_up_steps(self.backend.warm_up_shapes(), max_model_len,
                                    self.kv_cache.shape[2] * self.block_size)
@@ -152,33 +153,26 @@ class ModelRunner:
                 raise ValueError(f"a warm-up context of {context} tokens is not whole blocks")
             blocks = [0] * (context // self.block_size) + list(range(-(-n // self.block_size)))
             work.append([ScheduledSeq("warm-up", [0] * n, context, blocks, greedy)])
-        rerun = []  # the steps that met variants no step before them met
-        with deferred_compiles() as met:  # which then compile side by side
-            for step in work:
-                known = len(met)
-                logits = self.eager_logits(step)
-                if len(met) > known:
-                    rerun.append(step)
-            self._warm_up_passes(logits)
-        if self.model.tp.size > 1:
-            # every rank runs the same steps, so that their collectives pair up, whatever each
-            # had compiled before (rank 0's process may have built an engine already)
-            rerun = work
-        for step in rerun:  # each variant runs once for real
-            logits = self.eager_logits(step)
-        self._warm_up_passes(logits)
+        last = {}  # the latest step's logits: one row, as every step's
+
+        def run_step(step: list[ScheduledSeq]) -> None:
+            last["logits"] = self.eager_logits(step)
+
+        def passes() -> None:  # the sampler's on a step's logits, then the backend's own
+            self.sampler.warm_up(last["logits"])
+            self.backend.warm_up(self.model.tp.split(self.model.arch.num_attention_heads),
+                                 self.kv_caches[0])
+
+        parts = [partial(run_step, step) for step in work] + [passes]
+        again = meet_kernels(parts, every=self.model.tp.size > 1)
+        for index in again:
+            parts[index]()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         logger.info("warmed up %d prompt steps (%d run again once their kernels compiled) in "
-                    "%.1f s (%d kernels compiled)", len(steps), len(rerun),
+                    "%.1f s (%d kernels compiled)", len(steps),
+                    sum(index < len(work) for index in again),
                     time.perf_counter() - started, len(kernel_compiles()) - compiled)
-
-    def _warm_up_passes(self, logits: torch.Tensor) -> None:
-        """The sampler's passes on a warm-up step's logits (one row, as every step's), and the
-        backend's own warm-up."""
-        self.sampler.warm_up(logits)
-        self.backend.warm_up(self.model.tp.split(self.model.arch.num_attention_heads),
-                             self.kv_caches[0])
 
     @property
     def num_graph_decode_steps(self) -> int:

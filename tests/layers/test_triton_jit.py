@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from hifc.layers.triton_jit import deferred_compiles, kernel_compiles
+from hifc.layers.triton_jit import deferred_compiles, kernel_compiles, meet_kernels
 
 triton = pytest.importorskip("triton")
 from triton.runtime import _async_compile  # noqa: E402
@@ -192,3 +192,18 @@ def test_a_triton_version_deferral_was_not_tested_with_compiles_as_it_launches(m
     with deferred_compiles() as noted:
         assert meet(f, "a", "A") is None  # Triton compiles it and launches it
     assert noted == {} and f.preloaded == []
+
+
+def test_parts_that_met_new_variants_are_the_ones_to_run_again():
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("the interpreter compiles nothing")
+    f = FakeFunction()
+    launches = {0: ["a", "b"], 1: ["a"], 2: [], 3: ["b", "c"]}
+    # a launch of a compiled variant does not reach the hook
+    parts = [lambda keys=keys: [meet(f, key, key.upper()) for key in keys
+                                if key.upper() not in f.preloaded]
+             for keys in launches.values()]
+    assert meet_kernels(parts) == [0, 3]  # part 1 met only a, which part 0 met first
+    assert sorted(f.preloaded) == ["A", "B", "C"]
+    assert meet_kernels(parts) == []  # compiled now: every part runs for real
+    assert meet_kernels(parts, every=True) == [0, 1, 2, 3]  # tensor-parallel ranks

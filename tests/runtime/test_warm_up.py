@@ -71,7 +71,7 @@ def test_warm_up_reruns_only_the_steps_that_met_new_kernel_variants(monkeypatch,
     # Stand-in for Triton's deferral: each step "meets" the variants of its token count.
     import contextlib
 
-    import hifc.runtime.model_runner as model_runner
+    import hifc.layers.triton_jit as triton_jit
     llm = engine()
     runner = llm.runner
     variants = {2: ["a", "b"], 4: ["a"], 8: ["b", "c"], 16: []}
@@ -91,7 +91,7 @@ def test_warm_up_reruns_only_the_steps_that_met_new_kernel_variants(monkeypatch,
             met.update(dict.fromkeys(variants[n]))
         return torch.zeros(1, llm.arch.vocab_size)
 
-    monkeypatch.setattr(model_runner, "deferred_compiles", deferral)
+    monkeypatch.setattr(triton_jit, "deferred_compiles", deferral)
     monkeypatch.setattr(runner, "eager_logits", logits)
     monkeypatch.setattr(runner.model, "tp", TPShard(size=tp_size))
     runner.warm_up(llm.limits.max_model_len, steps=[(0, 2), (0, 4), (0, 8), (0, 16)])
