@@ -8,9 +8,11 @@ short turn late in a long conversation).
 
 Each version's processes import hifc from its directory (the argument NAME=DIR). Per process
 it prints the engine's start-up log lines (GEMM tuning, deferred compiles, graph capture,
-warm-up steps) and one JSON line: the engine's build seconds, the graphs' capture seconds, the
-compiles during start-up, each follow-up's wall milliseconds, a digest of every request's
-greedy tokens (equal across versions that compute the same) and the compiles inside requests.
+the start-up passes) and one JSON line: the engine's build seconds, the graphs' capture
+seconds, the compiles during start-up, each follow-up's wall milliseconds, a digest of every
+request's greedy tokens (equal across versions that compute the same), the compiles inside
+requests and the GEMM tuning's outcomes (shape, rows, torch's path's and the chosen kernel's
+us per product).
 """
 from __future__ import annotations
 
@@ -58,9 +60,11 @@ print("RESULT " + json.dumps(dict(
     build_s=round(build, 2), capture_s=round(engine.runner.decode_graphs.capture_seconds, 2),
     start_up_compiles=at_start, first_prompts_s=round(first, 2), follow_up_ms=follow_ups,
     tokens=hashlib.sha1(json.dumps(sorted(tokens.items())).encode()).hexdigest()[:12],
-    request_compiles=[(round(c.seconds, 2), c.kernel[:70]) for c in inside])))
+    request_compiles=[(round(c.seconds, 2), c.kernel[:70]) for c in inside],
+    tuned=[(t.n, t.k, t.rows, round(t.default_us, 2), t.chosen, round(t.chosen_us, 2),
+            t.from_file) for t in engine.runner.tuned_projections])))
 '''
-LOGGED = ("tuned", "deferred", "captured", "warmed up")
+LOGGED = ("tuned", "deferred", "captured", "warmed up", "started up")
 
 
 def main() -> int:

@@ -139,14 +139,13 @@ class LLMEngine:
             attention_backend(config.attention_backend, self.device, self.kv_dtype,
                               self.arch.num_hidden_layers),
             config.block_size, self.device, config.seed, kv_scales, followers=self.tp)
-        if config.tune_gemms:
-            self.runner.tune_projections(config.max_num_seqs, self.limits.max_num_batched_tokens)
-        # after the KV cache exists; CPU / torch backend: decode stays unpadded
-        self.runner.setup_padded_decode(
-            self.limits.max_model_len, config.max_num_seqs, capture=not config.enforce_eager,
+        # after the KV cache exists, before any sequence holds a block; CPU / torch backend:
+        # decode stays unpadded
+        self.runner.start_up(
+            self.limits.max_model_len, config.max_num_seqs, self.limits.max_num_batched_tokens,
+            tune=config.tune_gemms, capture=not config.enforce_eager,
             chunk_tokens=chunk_graph_tokens(config.long_prefill_token_threshold,
                                             self.limits.max_model_len))
-        self.runner.warm_up(self.limits.max_model_len)  # before any sequence holds a block
         # the KV blocks' shape, dtype and scales: names the model for the prefix cache (and a
         # persistent store, see model_salt) and shapes the tier's records
         self.kv_geometry = geometry_of(kv_cache, scale_digest(kv_scales))

@@ -11,7 +11,8 @@ steady-state speed; the benchmarks report them (one took 2.1-2.4 s on the H200).
 meets the kernels (a launch whose variant is neither compiled nor in Triton's disk cache is
 skipped and noted), and on leaving it every noted variant compiles in a pool of threads
 (Triton's compiler and ptxas run outside the GIL), so that the pass run again for real finds
-them compiled. A variant in the disk cache loads and launches where it is met."""
+them compiled. A variant in the disk cache loads and launches where it is met. Start-up work
+of the GPU's own (timing the GEMMs) can run on the calling thread while the pool compiles."""
 from __future__ import annotations
 
 import hashlib
@@ -59,6 +60,8 @@ class KernelCompile:
 
 _compiles: list[KernelCompile] = []
 _started: dict[str, float] = {}
+# when the compilation being finalised (a deferred one, done in the pool) ended
+_compiled_at: float | None = None
 _hooks_installed = False
 # the thread inside deferred_compiles and the variants it met: key -> (JITFunction, Triton's
 # specialisation data)
@@ -124,7 +127,8 @@ def _before_compile(*, key, repr: str, fn=None, compile=None,  # noqa: A002 (Tri
 
 def _after_compile(*, key, repr: str, compile=None, **_) -> None:  # noqa: A002
     started = _started.pop(str(key), None)
-    seconds = time.perf_counter() - started if started is not None else 0.0
+    ended = _compiled_at if _compiled_at is not None else time.perf_counter()
+    seconds = ended - started if started is not None else 0.0
     details = (compile or {}).get("specialization_data") or ""
     _compiles.append(KernelCompile(repr, seconds, str(details)))
     log.debug("compiled %s in %.2f s", repr, seconds)
@@ -162,50 +166,54 @@ def can_defer() -> bool:
 
 
 @contextmanager
-def deferred_compiles(workers: int | None = None) -> Iterator[dict]:
+def deferred_compiles(workers: int | None = None,
+                      meanwhile: Callable[[], object] | None = None) -> Iterator[dict]:
     """Inside the block, a Triton kernel that this thread launches and whose variant is not
     compiled yet, nor in Triton's disk cache, is neither compiled nor launched (what it would
     write stays as it was): the variant is noted in the dict the block receives (its size
     tells a pass which of its parts met new variants). On leaving the block (without an
     exception), the noted variants compile in ``workers`` threads (default
-    ``compile_workers()``) and join the kernels' caches, so a launch of one later finds it
-    compiled. For start-up passes that run once to meet their kernels, then again for real
-    where they met new ones (their outputs in the first run are meaningless: a part that met
-    none ran for real).
+    ``compile_workers()``) while this thread runs ``meanwhile`` (if given; its own Triton
+    launches compile as they come), then join the kernels' caches, so a launch of one later
+    finds it compiled. For start-up passes that run once to meet their kernels, then again for
+    real where they met new ones (their outputs in the first run are meaningless: a part that
+    met none ran for real).
 
     Where Triton cannot defer (not installed, its interpreter, its JIT hooks set by the
     application, a version deferral was not tested with) or another thread defers already,
     the block runs as it would outside (its kernels compile as they launch) and notes
-    nothing. A block inside another of the same thread is refused: its pass would find
-    nothing compiled at its end."""
+    nothing; ``meanwhile`` then runs on leaving. A block inside another of the same thread is
+    refused: its pass would find nothing compiled at its end."""
     global _deferring
     noted: dict[str, tuple[object, str]] = {}
     if _deferring is not None and _deferring[0] == threading.get_ident():
         raise RuntimeError("deferred_compiles blocks do not nest")
-    if not _hooks_installed or interpreting() or _deferring is not None \
-            or not can_defer():
+    if _hooks_installed and not interpreting() and _deferring is None and can_defer():
+        _deferring = (threading.get_ident(), noted)
+        try:
+            yield noted
+        finally:
+            _deferring = None
+    else:
         yield noted
-        return
-    _deferring = (threading.get_ident(), noted)
-    try:
-        yield noted
-    finally:
-        _deferring = None
     if noted:
-        _compile_all(list(noted.values()), workers or compile_workers())
+        _compile_all(list(noted.values()), workers or compile_workers(), meanwhile)
+    elif meanwhile is not None:
+        meanwhile()
 
 
-def meet_kernels(parts: Iterable[Callable[[], object]], every: bool = False) -> list[int]:
+def meet_kernels(parts: Iterable[Callable[[], object]], every: bool = False,
+                 meanwhile: Callable[[], object] | None = None) -> list[int]:
     """Run each part (taken from ``parts`` one at a time, so a generator may prepare each as it
-    comes) once within ``deferred_compiles``, which compiles the variants they met on leaving;
-    the indices of the parts to run again for real: those that met a variant no part before
-    them met, so that each variant then runs once for real (a part that met only compiled or
-    cached variants ran for real; one that also met variants an earlier part met first ran
-    without those: a pass whose outputs are thrown away), or every part with ``every``
-    (tensor-parallel ranks, which run the same parts, so that their collectives pair up
-    whatever each rank had compiled before)."""
+    comes) once within ``deferred_compiles``, which compiles the variants they met on leaving
+    (while this thread runs ``meanwhile``, if given); the indices of the parts to run again for
+    real: those that met a variant no part before them met, so that each variant then runs
+    once for real (a part that met only compiled or cached variants ran for real; one that
+    also met variants an earlier part met first ran without those: a pass whose outputs are
+    thrown away), or every part with ``every`` (tensor-parallel ranks, which run the same
+    parts, so that their collectives pair up whatever each rank had compiled before)."""
     again = []
-    with deferred_compiles() as met:
+    with deferred_compiles(meanwhile=meanwhile) as met:
         for index, part in enumerate(parts):
             known = len(met)
             part()
@@ -214,16 +222,59 @@ def meet_kernels(parts: Iterable[Callable[[], object]], every: bool = False) -> 
     return again
 
 
-def _compile_all(variants: list[tuple[object, str]], workers: int) -> None:
-    """Compile each (JITFunction, specialisation data) in ``workers`` threads at once."""
+def _compile_all(variants: list[tuple[object, str]], workers: int,
+                 meanwhile: Callable[[], object] | None = None) -> None:
+    """Compile each (JITFunction, specialisation data) in ``workers`` threads at once, running
+    ``meanwhile`` on this thread as they compile; they join their kernels' caches at the end."""
+    from triton.runtime import _async_compile
     started = time.perf_counter()
-    with ThreadPoolExecutor(min(workers, len(variants))) as pool, \
-            triton.AsyncCompileMode(pool):
+    threads = min(workers, len(variants))
+    ended: list[float] = []  # each compilation's end, in the pool
+    with ThreadPoolExecutor(threads) as pool, _TimedCompileMode(pool, ended):
         for function, data in variants:
-            function.preload(data)  # submitted to the pool; done when the mode closes
-    log.info("compiled %d deferred kernel variants in %.1f s (%d threads)", len(variants),
-             time.perf_counter() - started, min(workers, len(variants)))
+            function.preload(data)  # submitted to the pool; joined when the mode closes
+        if meanwhile is not None:
+            other = time.perf_counter()
+            token = _async_compile.active_mode.set(None)  # this thread compiles as it launches
+            try:
+                meanwhile()
+            finally:
+                _async_compile.active_mode.reset(token)
+            other = time.perf_counter() - other
+    log.info("compiled %d deferred kernel variants in %.1f s (%d threads)%s", len(variants),
+             max(ended, default=started) - started, threads,
+             f", beside {other:.1f} s of other start-up work" if meanwhile is not None else "")
 
+
+if triton is not None:
+    class _TimedCompileMode(triton.AsyncCompileMode):
+        """Triton's ``AsyncCompileMode``, noting when each compilation in the pool ends (in
+        ``ended``, and as ``_compiled_at`` while it joins its kernel's cache, so that its
+        recorded duration is the compilation's, not the wait for the pool's end)."""
+
+        def __init__(self, executor, ended: list[float]):
+            super().__init__(executor)
+            self.ended = ended
+
+        def submit(self, key, compile_fn, finalize_fn):
+            at: list[float] = []
+
+            def timed():
+                try:
+                    return compile_fn()
+                finally:
+                    at.append(time.perf_counter())
+                    self.ended.append(at[0])
+
+            def finalize(kernel):
+                global _compiled_at
+                _compiled_at = at[0] if at else None
+                try:
+                    finalize_fn(kernel)
+                finally:
+                    _compiled_at = None
+
+            return super().submit(key, timed, finalize)
 
 if triton is not None:
     _install_hooks()

@@ -55,13 +55,11 @@ def run_worker(config: EngineConfig, rank: int, rendezvous: Rendezvous,
                              attention_backend(config.attention_backend, device, kv_dtype,
                                                loaded.arch.num_hidden_layers),
                              config.block_size, device, config.seed, kv_scales)
-        if config.tune_gemms:
-            runner.tune_projections(config.max_num_seqs, setup.max_num_batched_tokens)
-        runner.setup_padded_decode(
-            setup.max_model_len, config.max_num_seqs, capture=not config.enforce_eager,
+        runner.start_up(  # as rank 0's, whose passes' collectives these pair up with
+            setup.max_model_len, config.max_num_seqs, setup.max_num_batched_tokens,
+            tune=config.tune_gemms, capture=not config.enforce_eager,
             chunk_tokens=chunk_graph_tokens(config.long_prefill_token_threshold,
                                             setup.max_model_len))
-        runner.warm_up(setup.max_model_len)  # before any sequence holds a block
         jobs = None
         if config.tier.enabled:
             mover = make_mover(rank_tier_config(config.tier, rank),

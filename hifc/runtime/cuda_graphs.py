@@ -40,8 +40,8 @@ from __future__ import annotations
 import bisect
 import logging
 import time
-from collections.abc import Callable, Iterator
-from functools import partial
+from collections.abc import Callable, Collection, Iterator
+from functools import cached_property, partial
 
 import torch
 
@@ -310,38 +310,65 @@ class DecodeGraphs:
             for cap in self.context_caps:
                 yield self.graphs, (batch, cap), partial(self._forward, batch, [1] * batch, cap)
 
-    @torch.inference_mode()
-    def compile_kernels(self) -> list[int]:
-        """Run every padded forward (each graph's) once within ``meet_kernels``: their Triton
-        kernel variants compile side by side, before any step needs them. ``capture`` starts
-        so; run eagerly (``enforce_eager``), padded steps call it at start-up instead of
-        compiling each batch size's variants at its first step. Returns the positions (in
-        ``_forwards``' order) of the forwards that have not run for real yet."""
-        return meet_kernels((forward for _, _, forward in self._forwards()),
-                            every=self.model.tp.size > 1)
+    @property
+    def num_forwards(self) -> int:
+        """How many padded forwards there are (one per graph): the parts ``forward_parts``
+        yields."""
+        return len(self.batch_sizes) * len(self.context_caps) * (1 + bool(self.chunk_layout))
+
+    @cached_property
+    def capture_stream(self) -> torch.cuda.Stream:
+        """The stream the graphs are captured on (made at the first use)."""
+        return torch.cuda.Stream(self.device)
+
+    def forward_parts(self, capture: bool) -> Iterator[Callable[[], object]]:
+        """Each padded forward (each graph's, in capture order), for ``meet_kernels``, run
+        with ``capture`` on the capture stream: a forward that ran for real there needs no
+        other run before its capture (its lazy set-up, cuBLAS's included, is done)."""
+        for _, _, forward in self._forwards():
+            yield partial(self._on_capture_stream, forward) if capture else forward
+
+    def _on_capture_stream(self, forward: Callable[[], torch.Tensor]) -> None:
+        with torch.cuda.device(self.device):
+            current, stream = torch.cuda.current_stream(self.device), self.capture_stream
+            stream.wait_stream(current)
+            with torch.cuda.stream(stream):
+                forward()
+            current.wait_stream(stream)
 
     @torch.inference_mode()
-    def capture(self) -> None:
+    def compile_kernels(self, capture: bool = False) -> list[int]:
+        """Run every padded forward (each graph's) once within ``meet_kernels``: their Triton
+        kernel variants compile side by side, before any step needs them. ``capture`` starts
+        so unless told which forwards to run again; run eagerly (``enforce_eager``), padded
+        steps call it at start-up instead of compiling each batch size's variants at its first
+        step. Returns the positions (in ``_forwards``' order) of the forwards that have not run
+        for real yet (with ``capture``: on the capture stream)."""
+        return meet_kernels(self.forward_parts(capture), every=self.model.tp.size > 1)
+
+    @torch.inference_mode()
+    def capture(self, again: Collection[int] | None = None) -> None:
         """Capture one graph per batch size and context cap (and with ``chunk_tokens`` one of
         decodes beside a prompt chunk per batch size and cap), largest first, into one shared
         memory pool.
 
         Call once the KV cache exists. Inputs during warm-up and capture are all padding rows,
-        so nothing is written to the KV cache. The forwards' kernels compile first
-        (``compile_kernels``); a forward that has not run for real then runs once more before
-        its capture (the others' lazy set-up, cuBLAS's included, is done)."""
+        so nothing is written to the KV cache. A forward that has not run for real on the
+        capture stream (``again``: its position in ``forward_parts``, as ``meet_kernels`` over
+        ``forward_parts(capture=True)`` answers; by default the forwards meet their kernels
+        here first, ``compile_kernels``) runs once more before its capture."""
         if self.device.type != "cuda":
             raise RuntimeError("CUDA graphs need a CUDA device")
         t0 = time.perf_counter()
         with torch.cuda.device(self.device):
+            again = set(self.compile_kernels(capture=True) if again is None else again)
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()  # so that the reserved-memory difference is the graphs'
             reserved = torch.cuda.memory_reserved(self.device)
             pool = torch.cuda.graph_pool_handle()
-            stream = torch.cuda.Stream(self.device)
+            stream = self.capture_stream
             stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(stream):
-                again = set(self.compile_kernels())
                 for index, (graphs, key, forward) in enumerate(self._forwards()):
                     graphs[key] = self._capture(forward, key[0], pool, stream, index in again)
             torch.cuda.current_stream(self.device).wait_stream(stream)

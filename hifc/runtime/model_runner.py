@@ -12,9 +12,12 @@ off under tensor parallelism: the followers would need the pending tokens.)
 """
 from __future__ import annotations
 
+import bisect
 import logging
 import time
+from collections.abc import Callable
 from functools import partial
+from itertools import chain
 from typing import Protocol
 
 import torch
@@ -80,6 +83,42 @@ class ModelRunner:
         self.followers = followers  # the other tensor-parallel ranks (None: one rank)
         self.tuned_projections: list[Tuned] = []  # tune_projections' outcomes
 
+    @torch.inference_mode()
+    def start_up(self, max_model_len: int, max_num_seqs: int, max_num_batched_tokens: int, *,
+                 tune: bool, capture: bool, chunk_tokens: int = 0) -> None:
+        """Before any sequence holds a KV block: choose the projections' matrix kernels by
+        timing (``tune``, CUDA only: ``tune_projections``), set up padded decode steps where
+        this device and backend allow them (``_padded_decode_graphs``: their CUDA graphs with
+        ``capture``, else the same padded forwards run eagerly) and warm up prompt steps
+        (``warm_up``). Every pass (each graph's forward, each warm-up step and the sampler's
+        and backend's passes) first meets its Triton kernels within one ``meet_kernels``; the
+        variants they met compile in a pool of threads while this thread times the GEMMs (the
+        CPU's work beside the GPU's); then the passes that met new variants run again for real
+        and the graphs are captured (over the tuned GEMMs)."""
+        started = time.perf_counter()
+        graphs = self._padded_decode_graphs(max_model_len, max_num_seqs, chunk_tokens)
+        num_forwards = graphs.num_forwards if graphs is not None else 0  # parts before the steps
+        steps = self._warm_up_steps(max_model_len)
+        warm_parts = self._warm_up_parts(steps)
+        tuning = (partial(self.tune_projections, max_num_seqs, max_num_batched_tokens)
+                  if tune else None)
+        again = meet_kernels(chain(graphs.forward_parts(capture) if graphs is not None else (),
+                                   warm_parts),
+                             every=self.model.tp.size > 1, meanwhile=tuning)
+        split = bisect.bisect_left(again, num_forwards)
+        if graphs is not None:
+            if capture:
+                graphs.capture(again[:split])
+            self.decode_graphs = graphs
+        for index in again[split:]:
+            warm_parts[index - num_forwards]()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        logger.info("started up in %.1f s: %d padded forwards (%d run again before their "
+                    "capture) and %d warm-up prompt steps (%d run again) met their kernels",
+                    time.perf_counter() - started, num_forwards, split, len(steps),
+                    sum(index < num_forwards + len(steps) for index in again[split:]))
+
     def tune_projections(self, max_num_seqs: int, max_num_batched_tokens: int) -> None:
         """On CUDA, choose each projection shape's matrix kernel by timing
         (:mod:`hifc.layers.gemm_tuning`) at the decode graphs' batch sizes and, for prompt
@@ -92,22 +131,27 @@ class ModelRunner:
         for tuned in self.tuned_projections:
             logger.debug("%s", tuned)
 
-    def setup_padded_decode(self, max_model_len: int, max_num_seqs: int, capture: bool,
-                            chunk_tokens: int = 0) -> None:
-        """Run decode-only steps padded to the batch sizes of ``capture_sizes`` from persistent
-        input buffers, if this device and backend allow it: replayed from CUDA graphs captured
-        now (capture=True), or the same padded computation run eagerly (capture=False, which
-        ``enforce_eager`` picks, so that eager and graph runs compute bit-identical logits: the
-        matrix kernels' results depend on the batch size they run at). With ``chunk_tokens``,
-        steps of decodes plus one prompt chunk of up to that many tokens too. Where padding is
-        not possible here, decode steps run unpadded."""
+    def _padded_decode_graphs(self, max_model_len: int, max_num_seqs: int,
+                              chunk_tokens: int) -> DecodeGraphs | None:
+        """Decode-only steps padded to the batch sizes of ``capture_sizes`` (with
+        ``chunk_tokens``, steps of decodes plus one prompt chunk of up to that many tokens
+        too), run from persistent input buffers, not yet compiled or captured; None where this
+        device or backend cannot pad them (decode steps then run unpadded). Replayed from CUDA
+        graphs, or the same padded forwards run eagerly (``enforce_eager``, so that eager and
+        graph runs compute bit-identical logits: the matrix kernels' results depend on the
+        batch size they run at)."""
         num_slots = self.kv_cache.shape[2] * self.block_size
         reason = graphs_unsupported_reason(self.device, self.backend, num_slots)
         if reason is not None:
             logger.info("decode steps run unpadded (no CUDA graphs): %s", reason)
-            return
-        self.use_padded_decode(max_model_len, capture_sizes(max_num_seqs), capture=capture,
-                               chunk_tokens=chunk_tokens)
+            return None
+        return self._decode_graphs(max_model_len, capture_sizes(max_num_seqs), chunk_tokens)
+
+    def _decode_graphs(self, max_model_len: int, batch_sizes: list[int],
+                       chunk_tokens: int) -> DecodeGraphs:
+        return DecodeGraphs(self.model, self.kv_caches, self.backend, self.block_size,
+                            max_model_len, batch_sizes, self.device, self.kv_scales,
+                            chunk_tokens)
 
     def use_padded_decode(self, max_model_len: int, batch_sizes: list[int],
                           capture: bool, chunk_tokens: int = 0) -> None:
@@ -116,36 +160,27 @@ class ModelRunner:
         tokens), from persistent input buffers: replayed from CUDA graphs captured now
         (capture=True, CUDA only) or run eagerly (capture=False: the same computation, whose
         kernels compile now on CUDA)."""
-        graphs = DecodeGraphs(self.model, self.kv_caches, self.backend, self.block_size,
-                              max_model_len, batch_sizes, self.device, self.kv_scales,
-                              chunk_tokens)
+        graphs = self._decode_graphs(max_model_len, batch_sizes, chunk_tokens)
         if capture:
             graphs.capture()
         elif self.device.type == "cuda":
             graphs.compile_kernels()
         self.decode_graphs = graphs
 
-    @torch.inference_mode()
-    def warm_up(self, max_model_len: int,
-                steps: list[tuple[int, int]] | None = None) -> None:
-        """Before any sequence holds a KV block: run an eager step of one prompt chunk for each
-        (cached context, new tokens) of ``steps`` (default: the backend's ``warm_up_shapes``
-        that fit, on CUDA; none elsewhere, where nothing compiles), then the sampler's passes
-        on the last step's logits and the backend's warm-up for what such steps do not reach.
-        The context's block table repeats the cache's first block and the new tokens take the
-        first blocks, which later sequences overwrite. The kernel variants a first request needs
-        (the attention's tile for its prompt's size and its context's length, the sampler's)
-        then compile here, not inside that request's first step (1.7-4.5 s on the H200 with an
-        empty Triton cache, docs/RESULTS.md). The steps and passes run first within
-        ``meet_kernels``, which meets their variants and then compiles them side by side;
-        those that met new variants then run again, for real."""
-        if steps is None:
-            steps = (warm_up_steps(self.backend.warm_up_shapes(), max_model_len,
-                                   self.kv_cache.shape[2] * self.block_size)
-                     if self.device.type == "cuda" else [])
+    def _warm_up_steps(self, max_model_len: int) -> list[tuple[int, int]]:
+        """The warm-up's default steps: the backend's ``warm_up_shapes`` that fit, on CUDA;
+        none elsewhere, where nothing compiles."""
+        if self.device.type != "cuda":
+            return []
+        return warm_up_steps(self.backend.warm_up_shapes(), max_model_len,
+                             self.kv_cache.shape[2] * self.block_size)
+
+    def _warm_up_parts(self, steps: list[tuple[int, int]]) -> list[Callable[[], None]]:
+        """``warm_up``'s passes: an eager step of one prompt chunk per (cached context, new
+        tokens) of ``steps``, then the sampler's passes on the latest step's logits and the
+        backend's warm-up (none without steps)."""
         if not steps:
-            return
-        started, compiled = time.perf_counter(), len(kernel_compiles())
+            return []
         greedy = SamplingParams(temperature=0.0)
         work = []
         for context, n in steps:
@@ -163,7 +198,28 @@ class ModelRunner:
             self.backend.warm_up(self.model.tp.split(self.model.arch.num_attention_heads),
                                  self.kv_caches[0])
 
-        parts = [partial(run_step, step) for step in work] + [passes]
+        return [partial(run_step, step) for step in work] + [passes]
+
+    @torch.inference_mode()
+    def warm_up(self, max_model_len: int,
+                steps: list[tuple[int, int]] | None = None) -> None:
+        """Before any sequence holds a KV block: run an eager step of one prompt chunk for each
+        (cached context, new tokens) of ``steps`` (default: the backend's ``warm_up_shapes``
+        that fit, on CUDA; none elsewhere, where nothing compiles), then the sampler's passes
+        on the last step's logits and the backend's warm-up for what such steps do not reach.
+        The context's block table repeats the cache's first block and the new tokens take the
+        first blocks, which later sequences overwrite. The kernel variants a first request needs
+        (the attention's tile for its prompt's size and its context's length, the sampler's)
+        then compile here, not inside that request's first step (1.7-4.5 s on the H200 with an
+        empty Triton cache, docs/RESULTS.md). The steps and passes run first within
+        ``meet_kernels``, which meets their variants and then compiles them side by side;
+        those that met new variants then run again, for real."""
+        if steps is None:
+            steps = self._warm_up_steps(max_model_len)
+        parts = self._warm_up_parts(steps)
+        if not parts:
+            return
+        started, compiled = time.perf_counter(), len(kernel_compiles())
         again = meet_kernels(parts, every=self.model.tp.size > 1)
         for index in again:
             parts[index]()
@@ -171,7 +227,7 @@ class ModelRunner:
             torch.cuda.synchronize(self.device)
         logger.info("warmed up %d prompt steps (%d run again once their kernels compiled) in "
                     "%.1f s (%d kernels compiled)", len(steps),
-                    sum(index < len(work) for index in again),
+                    sum(index < len(steps) for index in again),
                     time.perf_counter() - started, len(kernel_compiles()) - compiled)
 
     @property

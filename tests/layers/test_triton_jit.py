@@ -4,6 +4,7 @@ threads."""
 import hashlib
 import os
 import threading
+import time
 import types
 
 import pytest
@@ -151,6 +152,69 @@ def test_the_disk_cache_is_not_trusted_where_triton_compiles_every_variant(monke
         assert meet(f, "h", "H") is True
         assert list(noted) == ["h"]
     assert f.preloaded == ["H"]
+
+
+class GatedFunction(FakeFunction):
+    """A fake JIT function whose pool compilation waits for ``gate`` and, as Triton's, joins
+    its kernel's cache through the post-compile hook."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate, self.done = threading.Event(), threading.Event()
+
+    def preload(self, data):
+        if meet(self, data, data):
+            return None
+        mode = _async_compile.active_mode.get()
+        if mode is None:  # compiled as it launches
+            self.preloaded.append(data)
+            return None
+
+        def compile_in_pool():
+            assert self.gate.wait(10), "the pool's compilation waited for meanwhile in vain"
+            self.preloaded.append(data)
+            self.done.set()
+
+        def finalize(kernel):
+            triton.knobs.runtime.jit_post_compile_hook(
+                key=data.lower(), repr=f"k{data}", compile={"specialization_data": data})
+
+        return mode.submit(cache_key(data), compile_in_pool, finalize)
+
+
+def test_met_variants_compile_in_the_pool_while_meanwhile_runs_on_this_thread():
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("the interpreter compiles nothing")
+    f = GatedFunction()
+    before = len(kernel_compiles())
+    during = {}
+
+    def meanwhile():  # the pool compiles A only once this runs (a serial order would hang)
+        f.gate.set()
+        assert f.done.wait(10)
+        f.preload("D")  # this thread's own launches compile as they come
+        during["preloaded"] = list(f.preloaded)
+        time.sleep(0.5)  # longer than the compilation itself: not part of its duration
+
+    started = time.perf_counter()
+    assert meet_kernels([lambda: meet(f, "a", "A")], meanwhile=meanwhile) == [0]
+    took = time.perf_counter() - started
+    assert during["preloaded"] == ["A", "D"]
+    (compiled,) = kernel_compiles()[before:]
+    assert compiled.kernel == "kA" and compiled.seconds < took - 0.25
+
+
+def test_meanwhile_runs_where_nothing_was_met_or_nothing_can_defer(monkeypatch):
+    calls = []
+    assert meet_kernels([lambda: None], meanwhile=lambda: calls.append(1)) == []
+    monkeypatch.setattr(triton, "__version__", "3.7.0")  # deferral not tested with it
+    f = FakeFunction()
+    assert meet_kernels([lambda: meet(f, "a", "A")], meanwhile=lambda: calls.append(2)) == []
+    assert calls == [1, 2]
+    with pytest.raises(RuntimeError, match="step failed"):  # a failing pass: nothing more
+        meet_kernels([lambda: (_ for _ in ()).throw(RuntimeError("step failed"))],
+                     meanwhile=lambda: calls.append(3))
+    assert calls == [1, 2]
 
 
 @pytest.mark.gpu

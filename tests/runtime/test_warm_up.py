@@ -79,10 +79,11 @@ def test_warm_up_reruns_only_the_steps_that_met_new_kernel_variants(monkeypatch,
     deferring = []
 
     @contextlib.contextmanager
-    def deferral():
+    def deferral(meanwhile=None):
         deferring.append(True)
         yield met
         deferring.pop()
+        assert meanwhile is None
 
     def logits(step):
         n = len(step[0].token_ids)
@@ -100,3 +101,75 @@ def test_warm_up_reruns_only_the_steps_that_met_new_kernel_variants(monkeypatch,
         assert calls == deferred + [(2, False), (8, False)]
     else:  # every step again on every rank: what each met depends on what it compiled before
         assert calls == deferred + [(n, False) for n in (2, 4, 8, 16)]
+
+
+class FakeGraphs:
+    """The padded forwards as ``ModelRunner.start_up`` drives them: three forwards, each
+    meeting the variants ``variants`` names, and a capture that records what it is told."""
+
+    num_forwards = 3
+
+    def __init__(self, log, meet):
+        self.log, self.meet = log, meet
+
+    def forward_parts(self, capture):
+        self.log.append(("parts", capture))
+        for index in range(self.num_forwards):
+            yield lambda index=index: self.meet(f"forward {index}")
+
+    def capture(self, again):
+        self.log.append(("capture", list(again)))
+
+
+@pytest.mark.parametrize("tp_size", [1, 2])
+@pytest.mark.parametrize("capture", [True, False])
+def test_start_up_tunes_while_the_met_variants_compile_then_reruns_and_captures(
+        monkeypatch, tp_size, capture):
+    # Stand-in for Triton's deferral: each pass "meets" the variants named for it; the GEMM
+    # tuning must run after every pass met its kernels (while they compile), and the capture
+    # and the reruns after it.
+    import contextlib
+
+    import hifc.layers.triton_jit as triton_jit
+    llm = engine()
+    runner = llm.runner
+    variants = {"forward 0": ["a"], "forward 1": ["a"], "forward 2": ["b"],
+                "step 2": ["a", "c"], "step 4": ["d"], "step 8": [], "passes": ["e"]}
+    met, log, deferring = {}, [], []
+
+    def meet(name):
+        log.append((name, bool(deferring)))
+        if deferring:
+            met.update(dict.fromkeys(variants[name]))
+
+    @contextlib.contextmanager
+    def deferral(meanwhile=None):
+        deferring.append(True)
+        yield met
+        deferring.pop()
+        log.append("compiles start")
+        meanwhile()
+        log.append("compiles joined")
+
+    graphs = FakeGraphs(log, meet)
+    monkeypatch.setattr(triton_jit, "deferred_compiles", deferral)
+    monkeypatch.setattr(runner, "_padded_decode_graphs", lambda *args: graphs)
+    monkeypatch.setattr(runner, "_warm_up_steps", lambda max_model_len: [(0, 2), (0, 4), (0, 8)])
+    monkeypatch.setattr(runner, "eager_logits",
+                        lambda step: meet(f"step {len(step[0].token_ids)}")
+                        or torch.zeros(1, llm.arch.vocab_size))
+    monkeypatch.setattr(runner.sampler, "warm_up", lambda logits: meet("passes"))
+    monkeypatch.setattr(runner, "tune_projections", lambda *args: log.append(("tune", args)))
+    monkeypatch.setattr(runner.model, "tp", TPShard(size=tp_size))
+    runner.start_up(llm.limits.max_model_len, 8, 64, tune=True, capture=capture)
+    met_first = [(name, True) for name in
+                 ("forward 0", "forward 1", "forward 2", "step 2", "step 4", "step 8", "passes")]
+    if tp_size == 1:  # again: the passes that met a variant no pass before them met
+        forwards, reruns = [0, 2], ["step 2", "step 4", "passes"]
+    else:  # every pass again on every rank
+        forwards, reruns = [0, 1, 2], ["step 2", "step 4", "step 8", "passes"]
+    assert log == ([("parts", capture)] + met_first
+                   + ["compiles start", ("tune", (8, 64)), "compiles joined"]
+                   + ([("capture", forwards)] if capture else [])
+                   + [(name, False) for name in reruns])
+    assert runner.decode_graphs is graphs
