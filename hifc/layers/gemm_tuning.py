@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import logging
 import time
 from dataclasses import dataclass
@@ -37,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 EXACT_ROWS = 128
 MARGIN = 0.02  # a choice other than linear's own path must be this much faster
-REPLAYS = 3  # timed replays of each candidate's graph (the fastest counts)
+REPLAYS = 3  # timed runs of each candidate's calls in its graph (the fastest counts)
 EXACT_CALLS = 16  # weights per timed graph up to EXACT_ROWS rows: many times the L2 cache
 BUCKET_CALLS = 4  # past EXACT_ROWS rows (compute-bound products)
 # Prompt steps of more rows keep torch's cuBLAS path (tuning them would take gigabytes).
@@ -200,31 +201,38 @@ def _restore(record: dict | None, default: str, x: torch.Tensor,
     return choice, tuned
 
 
+def graph_timing_supported() -> bool:
+    """Whether torch records timing events inside a CUDA graph (``external`` events, torch
+    2.8 and later), which the tuning's timing needs."""
+    return "external" in inspect.signature(torch.cuda.Event.__new__).parameters
+
+
 def _graph_us(calls, count: int) -> float:
-    """The fastest of REPLAYS replays of ``calls`` captured in one CUDA graph, per product.
-    The graph is captured directly (``torch.cuda.graph`` would also collect garbage, empty the
-    allocator's cache and synchronise at every candidate), and the replays, after an untimed
-    one, are queued back to back and waited for once: a candidate costs the host little, and
-    one synchronisation (start-up times the GEMMs while a pool of threads compiles kernels,
-    holding Python's GIL at times)."""
+    """The fastest of REPLAYS runs of ``calls``, back to back in one CUDA graph after an
+    untimed one, per product. Events recorded inside the graph time each run: the device's
+    own time, whatever this thread does meanwhile (start-up times the GEMMs while a pool of
+    threads compiles kernels, which stalls this thread at times, so that an event it recorded
+    after a replay could count a stall). The graph is captured directly (``torch.cuda.graph``
+    would also collect garbage, empty the allocator's cache and synchronise at every
+    candidate) and waited for once."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
+    marks = [torch.cuda.Event(enable_timing=True, external=True) for _ in range(REPLAYS + 1)]
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(stream):
         calls()  # outside the capture: cuBLAS's lazy set-up
         graph.capture_begin(capture_error_mode="thread_local")
         try:
             calls()
+            marks[0].record()
+            for mark in marks[1:]:
+                calls()
+                mark.record()
         finally:
             graph.capture_end()
-    torch.cuda.current_stream().wait_stream(stream)
-    marks = [torch.cuda.Event(enable_timing=True) for _ in range(REPLAYS + 1)]
-    graph.replay()
-    marks[0].record()
-    for mark in marks[1:]:
         graph.replay()
-        mark.record()
     marks[-1].synchronize()
+    torch.cuda.current_stream().wait_stream(stream)
     del graph
     return min(a.elapsed_time(b) for a, b in zip(marks, marks[1:])) * 1e3 / count
 
@@ -259,6 +267,10 @@ def tune(groups: dict[tuple[int, int, torch.dtype, bool],
     of choices to take (those that still apply) and to complete with the ones timed now. A
     shape and row count tuned before in this process keeps its choice (another engine of the
     same model)."""
+    if not graph_timing_supported():
+        logger.warning("the GEMM tuning needs torch 2.8 or later (timing events inside CUDA "
+                       "graphs): projections take torch's paths")
+        return []
     outcomes = []
     started = time.perf_counter()
     saved = store.read() if store is not None else {}

@@ -55,6 +55,19 @@ def test_without_cublaslt_only_torchs_paths_are_candidates(monkeypatch):
     assert gemm_tuning._candidates(32, 384, 512, torch.bfloat16, False, 0, (256, 256, 256)) == []
 
 
+def test_a_torch_without_timing_events_in_graphs_tunes_nothing(monkeypatch, caplog):
+    monkeypatch.setattr(gemm_tuning, "graph_timing_supported", lambda: False)
+    weight = torch.zeros(8, 8)  # never touched: the tuning stops first
+    with caplog.at_level("WARNING", logger=gemm_tuning.__name__):
+        assert gemm_tuning.tune({(8, 8, torch.bfloat16, False): [(weight, None)]}, [32],
+                                default_for) == []
+    assert "torch 2.8" in caplog.text and gemm_tuning.choices() == {}
+
+
+def test_this_torch_times_inside_graphs():  # the README's torch (2.13) and the GPU's (2.11)
+    assert gemm_tuning.graph_timing_supported()
+
+
 def product(x, w, b):
     y = x.float() @ w.float().T
     return y if b is None else y + b.float()
