@@ -276,5 +276,4 @@ if triton is not None:
 
             return super().submit(key, timed, finalize)
 
-if triton is not None:
     _install_hooks()
