@@ -95,13 +95,19 @@ class ModelRunner:
         variants they met compile in a pool of threads while this thread times the GEMMs (the
         CPU's work beside the GPU's); then the passes that met new variants run again for real
         and the graphs are captured (over the tuned GEMMs)."""
-        started = time.perf_counter()
-        graphs = self._padded_decode_graphs(max_model_len, max_num_seqs, chunk_tokens)
-        num_forwards = graphs.num_forwards if graphs is not None else 0  # parts before the steps
-        steps = self._warm_up_steps(max_model_len)
-        warm_parts = self._warm_up_parts(steps)
         tuning = (partial(self.tune_projections, max_num_seqs, max_num_batched_tokens)
                   if tune else None)
+        self._run_passes(self._padded_decode_graphs(max_model_len, max_num_seqs, chunk_tokens),
+                         capture, self._warm_up_steps(max_model_len), tuning)
+
+    def _run_passes(self, graphs: DecodeGraphs | None, capture: bool,
+                    steps: list[tuple[int, int]], tuning: Callable[[], None] | None) -> None:
+        """``start_up``'s passes: ``graphs``' forwards and the warm-up ``steps`` meet their
+        kernels, which compile while ``tuning`` runs; then the capture (with ``capture``) and
+        the warm-up parts that met new variants, again."""
+        started, compiled = time.perf_counter(), len(kernel_compiles())
+        num_forwards = graphs.num_forwards if graphs is not None else 0  # parts before the steps
+        warm_parts = self._warm_up_parts(steps)
         again = meet_kernels(chain(graphs.forward_parts(capture) if graphs is not None else (),
                                    warm_parts),
                              every=self.model.tp.size > 1, meanwhile=tuning)
@@ -115,9 +121,10 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         logger.info("started up in %.1f s: %d padded forwards (%d run again before their "
-                    "capture) and %d warm-up prompt steps (%d run again) met their kernels",
-                    time.perf_counter() - started, num_forwards, split, len(steps),
-                    sum(index < num_forwards + len(steps) for index in again[split:]))
+                    "capture) and %d warm-up prompt steps (%d run again) met their kernels "
+                    "(%d compiled)", time.perf_counter() - started, num_forwards, split,
+                    len(steps), sum(index < num_forwards + len(steps) for index in again[split:]),
+                    len(kernel_compiles()) - compiled)
 
     def tune_projections(self, max_num_seqs: int, max_num_batched_tokens: int) -> None:
         """On CUDA, choose each projection shape's matrix kernel by timing
@@ -216,19 +223,8 @@ class ModelRunner:
         those that met new variants then run again, for real."""
         if steps is None:
             steps = self._warm_up_steps(max_model_len)
-        parts = self._warm_up_parts(steps)
-        if not parts:
-            return
-        started, compiled = time.perf_counter(), len(kernel_compiles())
-        again = meet_kernels(parts, every=self.model.tp.size > 1)
-        for index in again:
-            parts[index]()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        logger.info("warmed up %d prompt steps (%d run again once their kernels compiled) in "
-                    "%.1f s (%d kernels compiled)", len(steps),
-                    sum(index < len(steps) for index in again),
-                    time.perf_counter() - started, len(kernel_compiles()) - compiled)
+        if steps:
+            self._run_passes(None, False, steps, None)
 
     @property
     def num_graph_decode_steps(self) -> int:
