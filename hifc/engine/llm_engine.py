@@ -33,7 +33,8 @@ from hifc.engine.limits import (ResolvedLimits, resolve_device, resolve_dtype, r
 from hifc.engine.logprobs import LogprobsBuilder
 from hifc.engine.model_salt import model_salt
 from hifc.engine.outputs import RequestMetrics, RequestOutput
-from hifc.engine.prompts import check_sampling_params, tokenize_prompt
+from hifc.engine.prompts import (check_sampling_params, resolve_max_tokens, stop_token_ids,
+                                 tokenize_prompt)
 from hifc.engine.request_state import CompletionState, RequestState
 from hifc.engine.swaps import SwapTracker, TierPrefixStore
 from hifc.engine.threads import apply_cpu_threads
@@ -174,8 +175,7 @@ class LLMEngine:
         self._grammars: GrammarCompiler | None = None  # made for the first structured request
         self._bitmasks: BitmaskFiller | None = None
         self._arrivals = itertools.count()
-        self._eos = frozenset(self.tokenizer.eos_token_ids if self.tokenizer
-                              else self.arch.eos_token_ids)
+        self._eos = stop_token_ids(self.tokenizer, self.arch)
         self._closed = False
         # may be switched between step() calls (a benchmark compares both on one engine), but
         # not on under tensor parallelism
@@ -263,12 +263,7 @@ class LLMEngine:
         after the prompt), seeds seed, seed + 1, ... (vLLM's). Only the first sequence computes
         prompt logprobs (they are the request's): the others find the prompt's blocks in the
         prefix cache as the first one computes them, so the prompt is prefilled once."""
-        max_tokens = params.max_tokens
-        if max_tokens is None:
-            max_tokens = self.limits.max_model_len - prompt_len
-            if params.min_tokens > max_tokens:
-                raise ValueError(f"min_tokens ({params.min_tokens}) exceeds what the context "
-                                 f"leaves after the prompt ({max_tokens} tokens)")
+        max_tokens = resolve_max_tokens(params, prompt_len, self.limits.max_model_len)
         if params.n == 1 and max_tokens == params.max_tokens:
             return [params]
         first = dataclasses.replace(params, n=1, max_tokens=max_tokens)

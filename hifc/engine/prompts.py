@@ -1,5 +1,6 @@
 """Request validation shared by every engine front end: text or token ids -> checked token
-ids, and sampling parameters checked against the model's vocabulary."""
+ids, sampling parameters checked against the model's vocabulary, and what a request's length
+leaves to generate."""
 from __future__ import annotations
 
 from hifc.loader.tokenizer import Tokenizer
@@ -52,3 +53,20 @@ def check_sampling_params(params, vocab_size: int, max_logprobs: int,
     if needs_tokenizer and tokenizer is None:
         raise ValueError(f"{needs_tokenizer[0]} needs a tokenizer; model {model_name!r} has none")
     return params
+
+
+def resolve_max_tokens(params: SamplingParams, prompt_len: int, max_model_len: int) -> int:
+    """The request's ``max_tokens`` (None: what the context leaves after the prompt); a clear
+    ValueError when that leaves less than ``min_tokens``."""
+    if params.max_tokens is not None:
+        return params.max_tokens
+    max_tokens = max_model_len - prompt_len
+    if params.min_tokens > max_tokens:
+        raise ValueError(f"min_tokens ({params.min_tokens}) exceeds what the context leaves "
+                         f"after the prompt ({max_tokens} tokens)")
+    return max_tokens
+
+
+def stop_token_ids(tokenizer: Tokenizer | None, arch) -> frozenset[int]:
+    """The ids that end a sequence: the tokenizer's end-of-sequence ids, else the model's."""
+    return frozenset(tokenizer.eos_token_ids if tokenizer else arch.eos_token_ids)

@@ -1,6 +1,11 @@
 """Data parallelism: N engine replicas in processes of their own behind one ``LLMEngine``-like
 front end, which ``LLM`` and ``hifc serve`` drive as they drive one engine.
 
+One replica is the engine in a process of its own: ``hifc serve`` runs its engine so by default
+(``build_engine(..., engine_process=True)``), so that the server's HTTP work (a chunk per
+streamed token) and the engine's host work (scheduling, input packing, outputs) do not take
+turns on one interpreter lock.
+
 Each replica (:mod:`hifc.parallel.replica`) is a whole ``LLMEngine`` on its own device (replica
 i on ``cuda:i``; all on the CPU in tests) with its own flash cache file (``flash_path`` names
 one per replica, see :mod:`hifc.parallel.config`). The front end validates and tokenizes each
@@ -24,14 +29,17 @@ import logging
 import queue
 import time
 from dataclasses import dataclass
+from logging.handlers import QueueListener
 
 import torch
 import torch.multiprocessing as torch_mp
 
 from hifc.config import EngineConfig
 from hifc.engine.llm_engine import LLMEngine
+from hifc.engine.logprobs import LogprobsBuilder
 from hifc.engine.outputs import CompletionOutput, RequestOutput
-from hifc.engine.prompts import check_sampling_params, tokenize_prompt
+from hifc.engine.prompts import (check_sampling_params, resolve_max_tokens, stop_token_ids,
+                                 tokenize_prompt)
 from hifc.parallel.balance import LeastOutstandingTokens
 from hifc.parallel.config import replica_config
 from hifc.parallel.devices import replica_devices, shared_flash_devices
@@ -39,6 +47,7 @@ from hifc.parallel.messages import (AbortRequests, AddRequest, Closed, Completio
                                     OutputDelta, Outputs, Ready, ReplicaInfo, Stop)
 from hifc.parallel.replica import run_replica
 from hifc.sampling_params import SamplingParams
+from hifc.structured.grammar import GrammarCompiler
 from hifc.tiers.flash.arbiter import DeviceArbiter, DeviceShare
 
 logger = logging.getLogger(__name__)
@@ -48,9 +57,14 @@ STOP_TIMEOUT_S = 60.0  # for a replica to finish its I/O and exit after Stop
 DEFAULT_WINDOW_CHUNKS = 4  # the arbiter's default budget, in flash chunks
 
 
-def build_engine(config: EngineConfig) -> "LLMEngine | DataParallelEngine":
-    """The engine ``config`` asks for: one ``LLMEngine``, or replicas behind a front end."""
-    if config.parallel.data_parallel_size > 1:
+def build_engine(config: EngineConfig, engine_process: bool = False
+                 ) -> "LLMEngine | DataParallelEngine":
+    """The engine ``config`` asks for: replicas behind a front end, one ``LLMEngine`` in this
+    process, or with ``engine_process`` one in a process of its own (as one replica; a
+    tensor-parallel engine stays here: it starts its ranks' processes itself)."""
+    parallel = config.parallel
+    if parallel.data_parallel_size > 1 or (engine_process
+                                           and parallel.tensor_parallel_size == 1):
         return DataParallelEngine(config)
     return LLMEngine(config)
 
@@ -92,8 +106,8 @@ class ReplicaError(RuntimeError):
 
 
 class DataParallelEngine:
-    """The ``LLMEngine`` interface (add_request / step / abort_request / stats / close) over
-    ``data_parallel_size`` replica processes."""
+    """The ``LLMEngine`` interface (add_request / step / abort_request / token_text / stats /
+    close) over ``data_parallel_size`` replica processes (one or more)."""
 
     tier = None  # each replica's tier lives in its process; stats()["replicas"] reports it
 
@@ -108,11 +122,16 @@ class DataParallelEngine:
         shares = _device_shares(self._arbiters, n)
         threads = max(1, torch.get_num_threads() // n) if devices[0] == "cpu" else None
         self._events = ctx.Queue()
+        # the replicas' log records, handled by this process's loggers
+        self._logs = ctx.Queue()
+        self._log_listener = QueueListener(self._logs, _LocalLogging())
+        self._log_listener.start()
+        log_level = logging.getLogger().getEffectiveLevel()
         self._commands = [ctx.Queue() for _ in range(n)]
         self._processes = [
             ctx.Process(target=run_replica, name=f"hifc-replica-{i}", daemon=True,
                         args=(i, configs[i], shares[i], threads, self._commands[i],
-                              self._events))
+                              self._events, self._logs, log_level))
             for i in range(n)]
         self._closed = False
         self._exited: set[int] = set()  # replicas known to have stopped
@@ -128,9 +147,11 @@ class DataParallelEngine:
             raise
         first = self.replicas[0]
         self.model_name, self.arch, self.tokenizer = first.model_name, first.arch, first.tokenizer
+        self._token_texts = LogprobsBuilder(self.tokenizer)
         # every replica must take every request: the shortest context of them all
         self.limits = dataclasses.replace(
             first.limits, max_model_len=min(r.limits.max_model_len for r in self.replicas))
+        self._grammars: GrammarCompiler | None = None  # made for the first structured request
         self._balancer = LeastOutstandingTokens(n)
 
     # ---- requests -------------------------------------------------------------------------
@@ -140,9 +161,16 @@ class DataParallelEngine:
                                self.limits.max_model_len, self.model_name)
 
     def check_sampling_params(self, params: SamplingParams) -> SamplingParams:
-        """See ``LLMEngine.check_sampling_params``."""
-        return check_sampling_params(params, self.arch.vocab_size, self.config.max_logprobs,
-                                     self.tokenizer, self.model_name)
+        """See ``LLMEngine.check_sampling_params`` (a grammar is compiled here too, so that a
+        bad one fails as the request is added, not in its replica)."""
+        check_sampling_params(params, self.arch.vocab_size, self.config.max_logprobs,
+                              self.tokenizer, self.model_name)
+        if params.structured_outputs is not None:
+            if self._grammars is None:
+                self._grammars = GrammarCompiler(self.tokenizer, self.arch.vocab_size,
+                                                 stop_token_ids(self.tokenizer, self.arch))
+            self._grammars.compile(params.structured_outputs)
+        return params
 
     def add_request(self, request_id: str, prompt: str | list[int],
                     sampling_params: SamplingParams | None = None, *,
@@ -155,6 +183,7 @@ class DataParallelEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         params = self.check_sampling_params(sampling_params or SamplingParams())
         ids = self.tokenize_prompt(prompt) if prompt_ids is None else list(prompt_ids)
+        resolve_max_tokens(params, len(ids), self.limits.max_model_len)  # as a replica would
         text = prompt if isinstance(prompt, str) else None
         max_new = self.limits.max_model_len if params.max_tokens is None else params.max_tokens
         replica = self._balancer.place(request_id, len(ids), params.n * max_new,
@@ -162,6 +191,10 @@ class DataParallelEngine:
         self._commands[replica].put(AddRequest(request_id, text, ids, params))
         self._requests[request_id] = _Tracked(
             text, ids, [CompletionOutput(i, "", []) for i in range(params.n)])
+
+    def token_text(self, token_id: int) -> str | None:
+        """A token's text, decoded alone (None without a tokenizer), as ``LLMEngine``'s."""
+        return self._token_texts.token_text(token_id)
 
     def abort_request(self, request_id: str | list[str]) -> None:
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
@@ -263,7 +296,7 @@ class DataParallelEngine:
                 arbiter.forget(replicas.index(index))
 
     def _error(self, failed: Failed) -> Exception:
-        where = f"replica {failed.replica}"
+        where = f"replica {failed.replica}" if len(self._processes) > 1 else "engine process"
         if failed.kind == "ValueError":  # bad options or input: the same error as one engine
             return ValueError(f"{failed.message} ({where})")
         return ReplicaError(f"{where} failed: {failed.kind}: {failed.message}\n"
@@ -320,6 +353,8 @@ class DataParallelEngine:
             commands.cancel_join_thread()
             commands.close()
         self._events.close()
+        self._log_listener.stop()  # handles what is queued, then returns
+        self._logs.close()
 
     def _receive_until(self, deadline: float) -> list:
         try:
@@ -332,6 +367,15 @@ class DataParallelEngine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class _LocalLogging(logging.Handler):
+    """Hands a replica's log record to this process's logger of the same name."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        logger = logging.getLogger(record.name)
+        if logger.isEnabledFor(record.levelno):
+            logger.handle(record)
 
 
 def _sum_known(values) -> float | None:

@@ -9,11 +9,15 @@ from hifc.config import EngineConfig
 
 
 def replica_devices(config: EngineConfig) -> list[str]:
-    """The device of each replica: ``cuda:i`` for replica i on GPUs, else ``cpu`` for all."""
+    """The device of each replica: ``cuda:i`` for replica i on GPUs (a single replica: the one
+    asked for, ``cuda:0`` for ``cuda``), else ``cpu`` for all."""
     n = config.parallel.data_parallel_size
-    wants_gpu = config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available())
+    wants_gpu = config.device.startswith("cuda") or (config.device == "auto"
+                                                     and torch.cuda.is_available())
     if not wants_gpu:
         return ["cpu"] * n
+    if n == 1:
+        return [config.device if config.device.startswith("cuda:") else "cuda:0"]
     visible = torch.cuda.device_count()
     if visible < n:
         raise ValueError(f"data_parallel_size={n} needs {n} GPUs (one per replica); "

@@ -11,7 +11,9 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import time
 import traceback
+from logging.handlers import QueueHandler
 from multiprocessing import parent_process
 
 import torch
@@ -19,7 +21,7 @@ import torch
 from hifc.config import EngineConfig
 from hifc.engine.gc_heap import frozen_heap
 from hifc.engine.llm_engine import LLMEngine
-from hifc.engine.outputs import RequestOutput
+from hifc.engine.outputs import RequestMetrics, RequestOutput
 from hifc.parallel.messages import (AbortRequests, AddRequest, Closed, CompletionDelta, Failed,
                                     OutputDelta, Outputs, Ready, ReplicaInfo, Stop)
 from hifc.tiers.flash.arbiter import DeviceShare
@@ -70,9 +72,13 @@ def _completion_delta(c, sent: dict[int, tuple[int, str]]) -> CompletionDelta | 
 
 
 def run_replica(index: int, config: EngineConfig, device_share: DeviceShare | None,
-                torch_threads: int | None, commands, events) -> None:
+                torch_threads: int | None, commands, events, logs, log_level: int) -> None:
     """The replica process's main function (``commands``/``events``: its queue from the front
-    end, and the queue of all replicas to it)."""
+    end, and the queue of all replicas to it; ``logs``: where its log records of
+    ``log_level`` and above go, for the front end's loggers to handle)."""
+    root = logging.getLogger()
+    root.handlers[:] = [QueueHandler(logs)]
+    root.setLevel(log_level)
     if torch_threads is not None:
         torch.set_num_threads(torch_threads)
     try:
@@ -149,7 +155,8 @@ def _apply(command, engine: LLMEngine, writer: DeltaWriter, events, index: int,
         aborted = [CompletionDelta(i, [], None, 0, "", None, "abort", None)
                    for i in range(command.params.n)]
         events.put(Outputs(index, [OutputDelta(command.request_id, aborted, True, None, None,
-                                               None)], _stats(engine, device_share)))
+                                               RequestMetrics(time.time()))],
+                           _stats(engine, device_share)))
         return
     writer.add(command.request_id)
 

@@ -51,9 +51,19 @@ def test_each_replica_gets_its_own_flash_file_and_device():
     assert replica_flash_paths("/a/x-{replica}.kv", 1) == ["/a/x-0.kv"]
 
 
-def test_replicas_run_on_the_cpu_or_one_gpu_each():
+def test_replicas_run_on_the_cpu_or_one_gpu_each(monkeypatch):
     config = EngineConfig.from_options("random:tiny-llama", data_parallel_size=2, device="cpu")
     assert replica_devices(config) == ["cpu", "cpu"]
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 2)
+    config = EngineConfig.from_options("random:tiny-llama", data_parallel_size=2, device="cuda")
+    assert replica_devices(config) == ["cuda:0", "cuda:1"]
+    # one replica (an engine in a process of its own) runs where the engine was asked to
+    for device, expected in (("cuda:1", "cuda:1"), ("cuda", "cuda:0"), ("cpu", "cpu")):
+        config = EngineConfig.from_options("random:tiny-llama", device=device)
+        assert replica_devices(config) == [expected]
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    config = EngineConfig.from_options("random:tiny-llama", device="auto")
+    assert replica_devices(config) == ["cpu"]
 
 
 def test_files_in_one_directory_share_a_device(tmp_path):

@@ -1,5 +1,6 @@
 """The server on a CUDA GPU: the engine thread runs Triton kernels and replays CUDA graphs (the
-graphs were captured in another thread), while swapping to the flash tier."""
+graphs were captured in another thread), while swapping to the flash tier; and the same with
+the engine in a process of its own (``hifc serve``'s default)."""
 from __future__ import annotations
 
 import concurrent.futures as cf
@@ -9,7 +10,9 @@ import torch
 from fastapi.testclient import TestClient
 
 from hifc import LLM, SamplingParams
+from hifc.config import EngineConfig
 from hifc.engine.llm_engine import LLMEngine
+from hifc.parallel.data_parallel import build_engine
 from tests.runtime.helpers import random_prompts
 from tests.server.helpers import app_client
 
@@ -31,17 +34,21 @@ def _complete(client: TestClient, ids: list[int], max_tokens: int) -> str:
     return body["choices"][0]["text"]
 
 
-def test_server_on_cuda_with_graphs_and_flash_swaps(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("engine_process", [False, True])
+def test_server_on_cuda_with_graphs_and_flash_swaps(tmp_path, tiny_model_dir, engine_process):
     model = str(tiny_model_dir)  # a tiny HF model with a tokenizer (tests/server/conftest.py)
     prompts = random_prompts(8, (20, 60), seed=0, vocab=300)
     alone = LLM(model, num_gpu_blocks=64, **COMMON).generate(
         [prompts[0]], SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True),
         use_tqdm=False)[0]
 
-    engine = LLMEngine.from_options(model, num_gpu_blocks=12, kv_offload="flash",
-                                    flash_path=str(tmp_path / "kv.hifc"), flash_size_gib=0.01,
-                                    **COMMON)
-    assert engine.runner.decode_graphs.graphs  # captured here, replayed in the engine thread
+    config = EngineConfig.from_options(model, num_gpu_blocks=12, kv_offload="flash",
+                                       flash_path=str(tmp_path / "kv.hifc"), flash_size_gib=0.01,
+                                       **COMMON)
+    engine = build_engine(config, engine_process=engine_process)
+    if not engine_process:
+        assert isinstance(engine, LLMEngine)
+        assert engine.runner.decode_graphs.graphs  # captured here, replayed in the engine thread
     with app_client(engine, "m") as client:
         # one request alone decodes at batch 1 as the offline run did: the same tokens
         assert _complete(client, prompts[0], 24) == alone.text

@@ -6,6 +6,9 @@ its request's ``asyncio.Queue`` through ``loop.call_soon_threadsafe``. When noth
 unfinished it sleeps on the command queue. Everything that touches the engine or its tokenizer
 (prompt validation, chat prompts aside) runs in that thread. A ``DataParallelEngine`` takes an
 ``LLMEngine``'s place unchanged: its ``step`` returns what its replica processes produced.
+``hifc serve`` gives it one by default (one replica: the engine in a process of its own), so
+that the event loop's work per streamed chunk and the engine's host work per step do not
+share an interpreter lock.
 """
 from __future__ import annotations
 
@@ -134,10 +137,13 @@ class AsyncEngine:
         self._thread.start()
 
     def shutdown(self, timeout: float = 30.0) -> None:
-        """Abort what is running, close the engine and join its thread."""
+        """Abort what is running, close the engine and join its thread (or close the engine
+        if the thread never started)."""
         if self._thread.is_alive():
             self._commands.put(_STOP)
             self._thread.join(timeout)
+        elif self._thread.ident is None:
+            self.engine.close()
 
     @property
     def is_healthy(self) -> bool:

@@ -41,6 +41,10 @@ def register(subparsers) -> None:
     s.add_argument("--log-level", default="info",
                    choices=("critical", "error", "warning", "info", "debug"))
     s.add_argument("--access-log", action="store_true", help="log every HTTP request")
+    s.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
+                   help="run the engine in a process of its own, so that streaming many "
+                   "responses does not hold up its steps (default: on; a tensor-parallel "
+                   "engine always runs in the server's process)")
     add_engine_args(p)
     p.set_defaults(func=run)
 
@@ -79,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         logger.warning(warning)
     chat_template = read_chat_template(args.chat_template)
     config = engine_config_from_args(args)
-    engine = build_engine(config)
+    engine = build_engine(config, engine_process=args.engine_process)
     # By default clients see the alias or the file / directory name, never the full path.
     names = tuple(args.served_model_name or (engine.model_name,))
     settings = ServerSettings(names, api_key, args.max_request_bytes, chat_template)
@@ -89,8 +93,11 @@ def run(args: argparse.Namespace) -> int:
     app = build_app(async_engine, metrics, settings)
     logger.info("serving %s as %s on http://%s:%d (max_model_len %d)", engine.model_name,
                 ", ".join(names), args.host, args.port, engine.limits.max_model_len)
-    with frozen_heap():
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                    access_log=args.access_log, timeout_graceful_shutdown=5,
-                    http=JSONErrorH11Protocol)
+    try:
+        with frozen_heap():
+            uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                        access_log=args.access_log, timeout_graceful_shutdown=5,
+                        http=JSONErrorH11Protocol)
+    finally:  # the app's shutdown stops the engine; this, if the app never started
+        async_engine.shutdown()
     return 0

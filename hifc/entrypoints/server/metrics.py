@@ -7,7 +7,8 @@ swap tier, swaps, the device block counts) is named ``hifc_...``. Each server ha
 the engine thread publishes, at scrape time; the histograms are fed by the engine thread as
 requests produce their first token and finish. With data parallelism the engine values are the
 replicas' sums, and each replica's and each shared flash device's own values come labelled
-(``replica``, ``device``).
+(``replica``, ``device``); an engine in a process of its own (one replica) reports as one
+engine in the server's process does.
 """
 from __future__ import annotations
 
@@ -143,7 +144,7 @@ class _EngineStatsCollector(Collector):
         for key, name, doc in _COUNTERS:
             if key in stats:
                 yield self._family(CounterMetricFamily, name, doc, stats[key])
-        if "replicas" in stats:
+        if len(stats.get("replicas", ())) > 1:  # one replica: the engine in its own process
             yield from _labelled(stats["replicas"], "replica", "replica", _REPLICA_METRICS)
             yield from _labelled(stats["flash_devices"], "device", "device", _DEVICE_METRICS)
 

@@ -1,0 +1,125 @@
+"""What serving costs against the engine alone: one workload through ``hifc bench throughput``
+(offline, the engine driven directly) and through ``hifc serve`` + ``hifc bench serve`` (every
+token streamed over HTTP), with the server's engine in a process of its own (the default) and
+in the server's process (``--no-engine-process``).
+
+    PYTHONPATH=$PWD python3 scripts/gpu_serve_overhead.py [OUTDIR]             # one H200, ~4 min
+    PYTHONPATH=$PWD python3 scripts/gpu_serve_overhead.py --device cpu [OUTDIR]  # smoke run
+
+The workload (8B random preset, bf16): 512 requests of 512 random prompt tokens and 256 output
+tokens (greedy, EOS ignored), all sent at once, at most 256 running (``--max-num-seqs``). Each
+server variant starts on a free loopback port, is warmed up with other prompts (``--seed 7``),
+then runs the workload (``--seed 0``; a second run of the same prompts would hit the prefix
+cache). Prints output tokens per second, each against the offline run, with TTFT and TPOT;
+writes OUTDIR/offline.json, OUTDIR/<variant>.json (hifc bench serve's), OUTDIR/<variant>.log
+(the server's) and OUTDIR/serve-overhead.json (the table). Exit status 1 if a run failed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+CLI = [sys.executable, "-m", "hifc.entrypoints.cli"]
+GPU = dict(model="random:ds-r1-llama-8b", timeout=420,
+           engine=["--dtype", "bfloat16", "--max-model-len", "4096", "--max-num-seqs", "256"],
+           work=["--input-len", "512", "--output-len", "256", "--num-prompts", "512"])
+CPU = dict(model="random:tiny-llama", timeout=120,
+           engine=["--device", "cpu", "--dtype", "float32", "--max-model-len", "256",
+                   "--max-num-seqs", "32"],
+           work=["--input-len", "16", "--output-len", "32", "--num-prompts", "64"])
+VARIANTS = {"engine process": [], "engine in the server": ["--no-engine-process"]}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, server: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"the server exited ({server.returncode}) before it was healthy")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"the server was not healthy after {timeout:.0f} s")
+
+
+def serve(name: str, flags: list[str], setup: dict, outdir: Path) -> dict:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = outdir / f"{name.replace(' ', '-')}.log"
+    with open(log, "w") as out:
+        server = subprocess.Popen(CLI + ["serve", setup["model"], *setup["engine"], *flags,
+                                         "--port", str(port)], stdout=out,
+                                  stderr=subprocess.STDOUT)
+    try:
+        wait_healthy(url, server, setup["timeout"])
+        bench = CLI + ["bench", "serve", "--base-url", url, "--dataset", "random",
+                       *setup["work"]]
+        subprocess.run(bench + ["--num-prompts", "16", "--seed", "7"], check=True,
+                       stdout=subprocess.DEVNULL)
+        path = outdir / f"{name.replace(' ', '-')}.json"
+        subprocess.run(bench + ["--seed", "0", "--json", str(path)], check=True)
+        return json.loads(path.read_text())
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            server.wait(60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("outdir", nargs="?", default=f"serve-overhead-{time.strftime('%H%M%S')}")
+    args = parser.parse_args()
+    setup = GPU if args.device == "cuda" else CPU
+    outdir = Path(args.outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    offline_path = outdir / "offline.json"
+    subprocess.run(CLI + ["bench", "throughput", "--model", setup["model"], *setup["engine"],
+                          "--compare", "none", *setup["work"], "--no-progress", "--json",
+                          str(offline_path)], check=True)
+    offline = json.loads(offline_path.read_text())["variants"][0]
+    rows = [dict(run="offline (bench throughput)",
+                 output_tokens_per_s=offline["output_tokens_per_s"], of_offline=1.0)]
+    status = 0
+    for name, flags in VARIANTS.items():
+        try:
+            result = serve(name, flags, setup, outdir)
+        except (RuntimeError, subprocess.CalledProcessError) as exc:
+            print(f"{name}: {exc}", file=sys.stderr)
+            status = 1
+            continue
+        rows.append(dict(run=f"hifc serve, {name}",
+                         output_tokens_per_s=result["output_tokens_per_s"],
+                         of_offline=result["output_tokens_per_s"] / rows[0]["output_tokens_per_s"],
+                         ttft_ms=result["ttft_ms"], tpot_ms=result["tpot_ms"]))
+    print(f"\n{'run':34} {'out tok/s':>10} {'x offline':>9} {'TTFT mean':>10} {'TPOT mean':>10}")
+    for row in rows:
+        ttft, tpot = row.get("ttft_ms", {}), row.get("tpot_ms", {})
+        print(f"{row['run']:34} {row['output_tokens_per_s']:10.1f} {row['of_offline']:9.3f} "
+              f"{ttft.get('mean', float('nan')):10.1f} {tpot.get('mean', float('nan')):10.2f}")
+    (outdir / "serve-overhead.json").write_text(json.dumps(rows, indent=1))
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

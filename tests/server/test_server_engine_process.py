@@ -1,0 +1,102 @@
+"""The engine in a process of its own (``hifc serve``'s default): the server answers as it does
+with the engine in its own process (texts, token log-probabilities with their texts, streams),
+the engine's log records reach the server's loggers, /metrics reads as one engine's, and the
+process stops with the server."""
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from hifc.config import EngineConfig
+from hifc.engine.llm_engine import LLMEngine
+from hifc.parallel import data_parallel
+from hifc.parallel.data_parallel import DataParallelEngine, build_engine
+from tests.server.helpers import app_client, metric_values
+
+PROMPTS = ["Flash memory keeps the key value cache", "Pages move to the drive and back"]
+BODY = dict(model="m", max_tokens=12, temperature=0, ignore_eos=True, logprobs=2)
+
+
+BAD = [dict(guided_regex="("), dict(max_tokens=None, min_tokens=60),  # a bad regex, no room
+       dict(prompt=list(range(5, 69)), max_tokens=None)]  # for min_tokens, a prompt too long
+
+
+def _answers(engine) -> tuple[list, tuple, dict[str, float]]:
+    """Each bad request's status and message, then each prompt's completion choice; one
+    streamed prompt's text, tokens and finish reason; /metrics."""
+    with app_client(engine) as client:
+        choices = []
+        for fields in BAD:  # refused as the request is added: the engine goes on serving
+            resp = client.post("/v1/completions", json={**BODY, "prompt": PROMPTS[0], **fields})
+            choices.append((resp.status_code, resp.json()["error"]["message"]))
+        for prompt in PROMPTS:
+            resp = client.post("/v1/completions", json={**BODY, "prompt": prompt})
+            assert resp.status_code == 200, resp.text
+            choices.append(resp.json()["choices"][0])
+        with client.stream("POST", "/v1/completions",
+                           json={**BODY, "prompt": PROMPTS[0], "stream": True}) as resp:
+            events = [line[len("data: "):] for line in resp.iter_lines()
+                      if line.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        chunks = [json.loads(e)["choices"][0] for e in events[:-1]]
+        values = metric_values(client.get("/metrics").text)
+    # a chunk may bring several tokens (whatever arrived since the last): compare the stream
+    streamed = ("".join(c["text"] for c in chunks),
+                [t for c in chunks if c["logprobs"] for t in c["logprobs"]["tokens"]],
+                [c["finish_reason"] for c in chunks][-1])
+    return choices, streamed, values
+
+
+def test_engine_process_serves_what_the_engine_in_the_server_gives(tiny_model_dir, caplog):
+    config = EngineConfig.from_options(str(tiny_model_dir), device="cpu", block_size=16,
+                                       max_model_len=64, num_gpu_blocks=32)
+    expected, expected_stream, expected_values = _answers(LLMEngine(config))
+    with caplog.at_level(logging.INFO):
+        engine = build_engine(config, engine_process=True)
+        assert isinstance(engine, DataParallelEngine) and len(engine._processes) == 1
+        started = [r for r in caplog.records if r.processName != "MainProcess"
+                   and r.name == "hifc.runtime.model_runner"
+                   and r.getMessage().startswith("started up in")]
+        assert started, "the engine process's start-up log line did not reach this process"
+        choices, stream, values = _answers(engine)
+    # leaving the client shut the engine down: its process has exited cleanly
+    assert not engine._processes[0].is_alive() and engine._processes[0].exitcode == 0
+    assert choices == expected and stream == expected_stream
+    assert [status for status, _ in choices[:len(BAD)]] == [400] * len(BAD)
+    first = choices[len(BAD)]
+    assert stream[0] == first["text"] and stream[2] == "length"
+    tops = first["logprobs"]["top_logprobs"]
+    assert tops and all(not t.startswith("token_id:") for top in tops for t in top)  # texts
+    # the same series as one engine in the server's process: no per-replica labels
+    assert not [k for k in values if k.startswith("hifc_replica_")]
+    assert sorted(values) == sorted(expected_values)
+    assert values["vllm:generation_tokens_total{model_name=m}"] == \
+        expected_values["vllm:generation_tokens_total{model_name=m}"]
+
+
+def test_a_bad_engine_option_fails_as_one_engine_does(tmp_path):
+    config = EngineConfig.from_options(str(tmp_path / "no-such-model"), device="cpu")
+    with pytest.raises(ValueError, match=r"\(engine process\)$") as process_error:
+        build_engine(config, engine_process=True)
+    with pytest.raises(ValueError) as engine_error:
+        LLMEngine(config)
+    assert str(process_error.value) == f"{engine_error.value} (engine process)"
+
+
+def test_serve_runs_the_engine_in_a_process_unless_asked_or_tensor_parallel(monkeypatch):
+    from hifc.entrypoints.cli import build_parser
+
+    assert build_parser().parse_args(["serve", "m"]).engine_process is True
+    assert build_parser().parse_args(["serve", "m", "--no-engine-process"]).engine_process \
+        is False
+    built = []
+    monkeypatch.setattr(data_parallel, "DataParallelEngine", lambda c: built.append("process"))
+    monkeypatch.setattr(data_parallel, "LLMEngine", lambda c: built.append("here"))
+    for options, engine_process in ((dict(), True), (dict(), False),
+                                    (dict(tensor_parallel_size=2), True),
+                                    (dict(data_parallel_size=2), False)):
+        build_engine(EngineConfig.from_options("random:tiny-llama", device="cpu", **options),
+                     engine_process=engine_process)
+    assert built == ["process", "here", "here", "process"]
