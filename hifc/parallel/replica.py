@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import signal
 import time
 import traceback
 from logging.handlers import QueueHandler
@@ -76,6 +77,9 @@ def run_replica(index: int, config: EngineConfig, device_share: DeviceShare | No
     """The replica process's main function (``commands``/``events``: its queue from the front
     end, and the queue of all replicas to it; ``logs``: where its log records of
     ``log_level`` and above go, for the front end's loggers to handle)."""
+    # Ctrl-C reaches the whole process group: the front end stops this process (Stop), or it
+    # stops by itself once the front end's process is gone
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     root = logging.getLogger()
     root.handlers[:] = [QueueHandler(logs)]
     root.setLevel(log_level)

@@ -48,13 +48,17 @@ def free_port() -> int:
 
 
 def start_server(model_dir: Path, log_path: Path, extra_args: list[str],
-                 timeout_s: float = 90.0) -> tuple[subprocess.Popen, str]:
+                 timeout_s: float = 90.0, new_session: bool = False
+                 ) -> tuple[subprocess.Popen, str]:
+    """``hifc serve`` on the CPU and a free port, once healthy (``new_session``: in a process
+    group of its own, as a terminal's foreground job is)."""
     port = free_port()
     cmd = [sys.executable, "-m", "hifc.entrypoints.cli", "serve", "--model", str(model_dir),
            "--device", "cpu", "--host", "127.0.0.1", "--port", str(port), *extra_args]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     log = open(log_path, "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=env)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=env,
+                            start_new_session=new_session)
     log.close()
     base_url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout_s

@@ -1,11 +1,13 @@
 """The engine in a process of its own (``hifc serve``'s default): the server answers as it does
 with the engine in its own process (texts, token log-probabilities with their texts, streams),
 the engine's log records reach the server's loggers, /metrics reads as one engine's, and the
-process stops with the server."""
+process stops with the server, quietly on Ctrl-C."""
 from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 
 import pytest
 
@@ -13,7 +15,7 @@ from hifc.config import EngineConfig
 from hifc.engine.llm_engine import LLMEngine
 from hifc.parallel import data_parallel
 from hifc.parallel.data_parallel import DataParallelEngine, build_engine
-from tests.server.helpers import app_client, metric_values
+from tests.server.helpers import app_client, metric_values, start_server, stop_server
 
 PROMPTS = ["Flash memory keeps the key value cache", "Pages move to the drive and back"]
 BODY = dict(model="m", max_tokens=12, temperature=0, ignore_eos=True, logprobs=2)
@@ -100,3 +102,17 @@ def test_serve_runs_the_engine_in_a_process_unless_asked_or_tensor_parallel(monk
         build_engine(EngineConfig.from_options("random:tiny-llama", device="cpu", **options),
                      engine_process=engine_process)
     assert built == ["process", "here", "here", "process"]
+
+
+def test_ctrl_c_stops_the_server_and_its_engine_process_quietly(tiny_model_dir, tmp_path):
+    log = tmp_path / "server.log"
+    proc, _ = start_server(tiny_model_dir, log, ["--max-model-len", "64"], new_session=True)
+    try:
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends: the whole group
+        proc.wait(timeout=60)
+    finally:
+        stop_server(proc)
+    text = log.read_text()
+    assert "started up in" in text  # the engine process's log line, in the server's log
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text
+    assert "Finished server process" in text
