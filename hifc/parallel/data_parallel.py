@@ -286,7 +286,7 @@ class DataParallelEngine:
             late = [m for m in self._receive(block=False) if isinstance(m, Failed)]
             if late:
                 raise self._error(late[0])
-            raise ReplicaError(f"replica {index} exited unexpectedly (exit code "
+            raise ReplicaError(f"{self._name(index)} exited unexpectedly (exit code "
                                f"{process.exitcode})")
 
     def _forget(self, index: int) -> None:
@@ -295,8 +295,11 @@ class DataParallelEngine:
             if index in replicas:
                 arbiter.forget(replicas.index(index))
 
+    def _name(self, index: int) -> str:
+        return f"replica {index}" if len(self._processes) > 1 else "the engine process"
+
     def _error(self, failed: Failed) -> Exception:
-        where = f"replica {failed.replica}" if len(self._processes) > 1 else "engine process"
+        where = self._name(failed.replica)
         if failed.kind == "ValueError":  # bad options or input: the same error as one engine
             return ValueError(f"{failed.message} ({where})")
         return ReplicaError(f"{where} failed: {failed.kind}: {failed.message}\n"

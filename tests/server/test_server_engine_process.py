@@ -1,7 +1,8 @@
 """The engine in a process of its own (``hifc serve``'s default): the server answers as it does
 with the engine in its own process (texts, token log-probabilities with their texts, streams),
 the engine's log records reach the server's loggers, /metrics reads as one engine's, and the
-process stops with the server, quietly on Ctrl-C."""
+process stops with the server, quietly on Ctrl-C; a killed engine process fails requests and
+/health."""
 from __future__ import annotations
 
 import json
@@ -80,11 +81,11 @@ def test_engine_process_serves_what_the_engine_in_the_server_gives(tiny_model_di
 
 def test_a_bad_engine_option_fails_as_one_engine_does(tmp_path):
     config = EngineConfig.from_options(str(tmp_path / "no-such-model"), device="cpu")
-    with pytest.raises(ValueError, match=r"\(engine process\)$") as process_error:
+    with pytest.raises(ValueError, match=r"\(the engine process\)$") as process_error:
         build_engine(config, engine_process=True)
     with pytest.raises(ValueError) as engine_error:
         LLMEngine(config)
-    assert str(process_error.value) == f"{engine_error.value} (engine process)"
+    assert str(process_error.value) == f"{engine_error.value} (the engine process)"
 
 
 def test_serve_runs_the_engine_in_a_process_unless_asked_or_tensor_parallel(monkeypatch):
@@ -116,3 +117,17 @@ def test_ctrl_c_stops_the_server_and_its_engine_process_quietly(tiny_model_dir, 
     assert "started up in" in text  # the engine process's log line, in the server's log
     assert "Traceback" not in text and "KeyboardInterrupt" not in text, text
     assert "Finished server process" in text
+
+
+def test_a_killed_engine_process_fails_requests_and_health(tiny_model_dir):
+    config = EngineConfig.from_options(str(tiny_model_dir), device="cpu", block_size=16,
+                                       max_model_len=64, num_gpu_blocks=32)
+    engine = build_engine(config, engine_process=True)
+    with app_client(engine) as client:
+        resp = client.post("/v1/completions", json={**BODY, "prompt": PROMPTS[0]})
+        assert resp.status_code == 200
+        os.kill(engine._processes[0].pid, signal.SIGKILL)  # the OOM killer, say
+        resp = client.post("/v1/completions", json={**BODY, "prompt": PROMPTS[0]})
+        assert resp.status_code == 503, resp.text
+        assert "the engine process exited unexpectedly" in resp.json()["error"]["message"]
+        assert client.get("/health").status_code == 503
