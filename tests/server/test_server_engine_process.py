@@ -1,9 +1,8 @@
 """The engine in a process of its own (``hifc serve``'s default): the server answers as it does
 with the engine in the server's process (texts, token log-probabilities with their texts,
-streams, refusals),
-the engine's log records reach the server's loggers, /metrics reads as one engine's, and the
-process stops with the server, quietly on Ctrl-C; a killed engine process fails requests and
-/health."""
+streams, refusals), the engine's log records reach the server's loggers, /metrics reads as one
+engine's, and the process stops with the server, quietly on Ctrl-C; a killed engine process
+fails requests and /health."""
 from __future__ import annotations
 
 import json
