@@ -3,16 +3,18 @@
 token streamed over HTTP), with the server's engine in a process of its own (the default) and
 in the server's process (``--no-engine-process``).
 
-    PYTHONPATH=$PWD python3 scripts/gpu_serve_overhead.py [OUTDIR]             # one H200, ~4 min
+    PYTHONPATH=$PWD python3 scripts/gpu_serve_overhead.py [OUTDIR]             # one H200, ~5 min
     PYTHONPATH=$PWD python3 scripts/gpu_serve_overhead.py --device cpu [OUTDIR]  # smoke run
 
 The workload (8B random preset, bf16): 512 requests of 512 random prompt tokens and 256 output
 tokens (greedy, EOS ignored), all sent at once, at most 256 running (``--max-num-seqs``). Each
 server variant starts on a free loopback port, is warmed up with other prompts (``--seed 7``),
-then runs the workload (``--seed 0``; a second run of the same prompts would hit the prefix
-cache). Prints output tokens per second, each against the offline run, with TTFT and TPOT;
-writes OUTDIR/offline.json, OUTDIR/<variant>.json (hifc bench serve's), OUTDIR/<variant>.log
-(the server's) and OUTDIR/serve-overhead.json (the table). Exit status 1 if a run failed.
+then runs the workload from one client process (``--seed 0``) and from four
+(``--client-processes 4``, ``--seed 1``: other prompts of the same lengths, since a second run
+of the same prompts would hit the prefix cache). Prints output tokens per second, each against
+the offline run, with TTFT and TPOT; writes OUTDIR/offline.json, OUTDIR/<variant>-<N>c.json
+(hifc bench serve's), OUTDIR/<variant>.log (the server's) and OUTDIR/serve-overhead.json (the
+table). Exit status 1 if a run failed.
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ CPU = dict(model="random:tiny-llama", timeout=120,
                    "--max-num-seqs", "32"],
            work=["--input-len", "16", "--output-len", "32", "--num-prompts", "64"])
 VARIANTS = {"engine process": [], "engine in the server": ["--no-engine-process"]}
+CLIENTS = {1: "0", 4: "1"}  # client processes: the workload's seed
 
 
 def free_port() -> int:
@@ -59,7 +62,8 @@ def wait_healthy(url: str, server: subprocess.Popen, timeout: float) -> None:
     raise RuntimeError(f"the server was not healthy after {timeout:.0f} s")
 
 
-def serve(name: str, flags: list[str], setup: dict, outdir: Path) -> dict:
+def serve(name: str, flags: list[str], setup: dict, outdir: Path) -> dict[int, dict]:
+    """bench serve's results from one server of this variant, by client processes."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = outdir / f"{name.replace(' ', '-')}.log"
@@ -73,9 +77,13 @@ def serve(name: str, flags: list[str], setup: dict, outdir: Path) -> dict:
                        *setup["work"]]
         subprocess.run(bench + ["--num-prompts", "16", "--seed", "7"], check=True,
                        stdout=subprocess.DEVNULL)
-        path = outdir / f"{name.replace(' ', '-')}.json"
-        subprocess.run(bench + ["--seed", "0", "--json", str(path)], check=True)
-        return json.loads(path.read_text())
+        results = {}
+        for clients, seed in CLIENTS.items():
+            path = outdir / f"{name.replace(' ', '-')}-{clients}c.json"
+            subprocess.run(bench + ["--seed", seed, "--client-processes", str(clients),
+                                    "--json", str(path)], check=True)
+            results[clients] = json.loads(path.read_text())
+        return results
     finally:
         server.send_signal(signal.SIGINT)
         try:
@@ -103,19 +111,21 @@ def main() -> int:
     status = 0
     for name, flags in VARIANTS.items():
         try:
-            result = serve(name, flags, setup, outdir)
+            results = serve(name, flags, setup, outdir)
         except (RuntimeError, subprocess.CalledProcessError) as exc:
             print(f"{name}: {exc}", file=sys.stderr)
             status = 1
             continue
-        rows.append(dict(run=f"hifc serve, {name}",
-                         output_tokens_per_s=result["output_tokens_per_s"],
-                         of_offline=result["output_tokens_per_s"] / rows[0]["output_tokens_per_s"],
-                         ttft_ms=result["ttft_ms"], tpot_ms=result["tpot_ms"]))
-    print(f"\n{'run':34} {'out tok/s':>10} {'x offline':>9} {'TTFT mean':>10} {'TPOT mean':>10}")
+        for clients, result in results.items():
+            rows.append(dict(
+                run=f"hifc serve, {name}, {clients} client{'s' if clients > 1 else ''}",
+                output_tokens_per_s=result["output_tokens_per_s"],
+                of_offline=result["output_tokens_per_s"] / rows[0]["output_tokens_per_s"],
+                ttft_ms=result["ttft_ms"], tpot_ms=result["tpot_ms"]))
+    print(f"\n{'run':46} {'out tok/s':>10} {'x offline':>9} {'TTFT mean':>10} {'TPOT mean':>10}")
     for row in rows:
         ttft, tpot = row.get("ttft_ms", {}), row.get("tpot_ms", {})
-        print(f"{row['run']:34} {row['output_tokens_per_s']:10.1f} {row['of_offline']:9.3f} "
+        print(f"{row['run']:46} {row['output_tokens_per_s']:10.1f} {row['of_offline']:9.3f} "
               f"{ttft.get('mean', float('nan')):10.1f} {tpot.get('mean', float('nan')):10.2f}")
     (outdir / "serve-overhead.json").write_text(json.dumps(rows, indent=1))
     return status

@@ -11,6 +11,10 @@ count) and the inter-token latency (ITL: the gap between token chunks, split eve
 tokens of a chunk that brings several); it reports their percentiles and the request and token
 throughput, and the achieved request rate as a ratio to the offered one. A server that sends no
 ``token_ids`` is timed by its chunks with text, one token each.
+
+Reading a stream costs the client some tens of microseconds of Python per chunk: at a few
+hundred streams, one client process can fall behind the server. ``--client-processes N`` shares
+the requests (and the concurrency cap) among N processes that start together.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import json
 import logging
 import math
 import os
+import queue
 import random
 import time
 from dataclasses import asdict, dataclass, field
@@ -60,6 +65,10 @@ def register(subparsers) -> None:
     r.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
                    help="let EOS end a request before its output length")
     r.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, seconds")
+    r.add_argument("--client-processes", type=int, default=1,
+                   help="client processes sharing the requests (request i goes to process "
+                   "i mod N, the concurrency cap is split among them): one process reads a "
+                   "few hundred streams no faster than a fast server sends them")
     p.add_argument("--json", dest="json_out", help="write the results as JSON here")
     p.set_defaults(func=run)
 
@@ -73,6 +82,7 @@ class RequestResult:
     e2e_s: float | None = None
     itl_s: list[float] = field(default_factory=list)
     error: str | None = None
+    sent_s: float | None = None  # when it was sent, seconds after the run's start
 
     @property
     def tpot_s(self) -> float | None:
@@ -168,13 +178,17 @@ class StreamTimer:
         return False
 
 
-async def send_request(http, model: str, req: BenchRequest, args) -> RequestResult:
-    """Stream one request through ``http`` (an httpx.AsyncClient on the server)."""
+async def send_request(http, model: str, req: BenchRequest, args,
+                       run_start: float | None = None) -> RequestResult:
+    """Stream one request through ``http`` (an httpx.AsyncClient on the server);
+    ``run_start``: the run's ``perf_counter()`` at its start, for the result's ``sent_s``."""
     body = {"model": model, "prompt": req.prompt_token_ids, "max_tokens": req.output_tokens,
             "temperature": args.temperature, "ignore_eos": args.ignore_eos, "stream": True,
             "stream_options": {"include_usage": True}, "return_token_ids": True}
     result = RequestResult(ok=False, prompt_tokens=len(req.prompt_token_ids))
     timer = StreamTimer(result, time.perf_counter())
+    if run_start is not None:
+        result.sent_s = timer.start - run_start
     try:
         async with http.stream("POST", "/v1/completions", json=body) as resp:
             if resp.status_code != 200:
@@ -198,35 +212,104 @@ def _httpx():
     return httpx
 
 
-async def run_load(args, model: str, requests: list[BenchRequest]) -> tuple[list, float, int]:
-    """(results, duration in seconds, peak requests in flight)."""
-    httpx = _httpx()
-
-    headers = auth_headers(args.api_key)
+def run_load(args, model: str, requests: list[BenchRequest]) -> tuple[list, float, int]:
+    """(results, duration in seconds, peak requests in flight), from one client process or
+    from ``args.client_processes`` of them."""
     offsets = arrival_offsets(len(requests), args.request_rate, args.seed)
-    cap = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else None
-    in_flight = peak = 0
+    n = args.client_processes
+    if n == 1:
+        results = asyncio.run(_client(args, model, requests, offsets, args.max_concurrency))
+    else:
+        results = [None] * len(requests)
+        for indices, part in _in_processes(args, model, requests, offsets, n):
+            for i, result in zip(indices, part):
+                results[i] = result
+    ends = [r.sent_s + r.e2e_s for r in results]
+    return results, max(ends), peak_in_flight([(r.sent_s, end) for r, end in zip(results, ends)])
+
+
+def peak_in_flight(spans: list[tuple[float, float]]) -> int:
+    """The most (start, end) spans open at once (one that ends as another starts: not both)."""
+    events = sorted([(end, -1) for _, end in spans] + [(start, 1) for start, _ in spans])
+    peak = open_now = 0
+    for _, step in events:
+        open_now += step
+        peak = max(peak, open_now)
+    return peak
+
+
+async def _client(args, model: str, requests: list[BenchRequest], offsets: list[float],
+                  max_concurrency: int | None) -> list[RequestResult]:
+    """Send ``requests`` at their ``offsets`` from now, at most ``max_concurrency`` at once."""
+    httpx = _httpx()
+    cap = asyncio.Semaphore(max_concurrency) if max_concurrency else None
 
     async def one(http, offset: float, req: BenchRequest) -> RequestResult:
-        nonlocal in_flight, peak
         await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))
-        if cap is not None:
-            await cap.acquire()
-        in_flight += 1
-        peak = max(peak, in_flight)
-        try:
-            return await send_request(http, model, req, args)
-        finally:
-            in_flight -= 1
-            if cap is not None:
-                cap.release()
+        if cap is None:
+            return await send_request(http, model, req, args, start)
+        async with cap:
+            return await send_request(http, model, req, args, start)
 
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-    async with httpx.AsyncClient(base_url=args.base_url, headers=headers, limits=limits,
+    async with httpx.AsyncClient(base_url=args.base_url, headers=auth_headers(args.api_key),
+                                 limits=limits,
                                  timeout=httpx.Timeout(args.timeout, connect=30)) as http:
         start = time.perf_counter()
-        results = await asyncio.gather(*[one(http, o, r) for o, r in zip(offsets, requests)])
-        return list(results), time.perf_counter() - start, peak
+        return list(await asyncio.gather(*[one(http, o, r) for o, r in zip(offsets, requests)]))
+
+
+def _in_processes(args, model: str, requests: list[BenchRequest], offsets: list[float],
+                  n: int) -> list[tuple[list[int], list[RequestResult]]]:
+    """Run request i in process i mod n (with its cap's share); the processes start their
+    clocks together, once all have started."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    ready, answers = ctx.Barrier(n), ctx.Queue()
+    client_args = argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "func"})
+    caps = ([args.max_concurrency // n + (i < args.max_concurrency % n) for i in range(n)]
+            if args.max_concurrency else [None] * n)
+    processes = []
+    for i in range(n):
+        indices = list(range(i, len(requests), n))
+        processes.append(ctx.Process(
+            target=_client_process, name=f"hifc-bench-client-{i}", daemon=True,
+            args=(client_args, model, [requests[j] for j in indices],
+                  [offsets[j] for j in indices], caps[i], indices, ready, answers)))
+    for process in processes:
+        process.start()
+    try:
+        parts = []
+        while len(parts) < n:
+            try:
+                indices, part = answers.get(timeout=5.0)
+            except queue.Empty:
+                if not all(p.is_alive() for p in processes):
+                    raise RuntimeError("a client process exited before it answered") from None
+                continue
+            if isinstance(part, str):
+                raise RuntimeError(f"a client process failed: {part}")
+            parts.append((indices, part))
+        return parts
+    finally:
+        for process in processes:
+            process.join(timeout=10)
+            if process.is_alive():
+                process.terminate()
+
+
+def _client_process(args, model, requests, offsets, max_concurrency, indices, ready,
+                    answers) -> None:
+    """One client process: wait for the others, run its share, send back its results."""
+    try:
+        _httpx()
+        ready.wait()
+        answers.put((indices, asyncio.run(_client(args, model, requests, offsets,
+                                                  max_concurrency))))
+    except BaseException as exc:
+        ready.abort()
+        answers.put((indices, f"{type(exc).__name__}: {exc}"))
 
 
 def server_model(args) -> tuple[str, int | None, int | None]:
@@ -319,10 +402,17 @@ def print_report(summary: dict, args, model: str) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.max_concurrency is not None and args.max_concurrency < 1:
         raise ValueError("--max-concurrency must be positive")
+    if args.client_processes < 1:
+        raise ValueError("--client-processes must be positive")
+    if args.max_concurrency is not None and args.max_concurrency < args.client_processes:
+        raise ValueError("--max-concurrency must be at least --client-processes (the cap is "
+                         "shared among them)")
     args.base_url = args.base_url.rstrip("/")
     model, vocab_size, max_model_len = server_model(args)
     requests = build_requests(args, vocab_size, max_model_len)
-    results, duration, peak = asyncio.run(run_load(args, model, requests))
+    if args.client_processes > len(requests):
+        raise ValueError("--client-processes must be at most --num-prompts")
+    results, duration, peak = run_load(args, model, requests)
     summary = summarize(results, duration, args.request_rate, peak)
     print_report(summary, args, model)
     if args.json_out:

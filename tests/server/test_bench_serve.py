@@ -9,7 +9,8 @@ import json
 import httpx
 import pytest
 
-from hifc.bench.serve import RequestResult, StreamTimer, send_request, summarize
+from hifc.bench.serve import (RequestResult, StreamTimer, peak_in_flight, send_request,
+                              summarize)
 from hifc.bench.workloads import BenchRequest
 from hifc.engine.llm_engine import LLMEngine
 from hifc.entrypoints.cli import main
@@ -39,6 +40,37 @@ def test_random_prompts_poisson_with_concurrency_cap(server, tmp_path, capsys):
     assert result["ttft_ms"]["p50"] < result["e2e_ms"]["p50"]
     assert result["output_tokens_per_s"] > 0 and result["ratio_to_offered_rate"] > 0
     assert all(r["ok"] and r["output_tokens"] == 8 for r in result["requests"])
+
+
+def test_client_processes_share_the_requests_and_the_cap(server, tmp_path, capsys):
+    result = _bench(server, tmp_path, "--dataset", "random", "--input-len", "16",
+                    "--output-len", "8", "--num-prompts", "7", "--max-concurrency", "4",
+                    "--client-processes", "2", "--seed", "2")
+    assert "7 ok, 0 failed" in capsys.readouterr().out
+    assert result["requests_ok"] == 7 and result["output_tokens"] == 7 * 8
+    assert 1 <= result["peak_in_flight"] <= 4  # 2 + 2: the cap, split between the processes
+    rows = result["requests"]
+    assert [r["prompt_tokens"] for r in rows] == [16] * 7  # back in the requests' order
+    assert all(0 <= r["sent_s"] < r["sent_s"] + r["e2e_s"] <= result["duration_s"] + 1e-6
+               for r in rows)
+    assert result["duration_s"] == pytest.approx(max(r["sent_s"] + r["e2e_s"] for r in rows))
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--client-processes", "0"], "--client-processes must be positive"),
+    (["--client-processes", "3", "--max-concurrency", "2"], "at least --client-processes"),
+    (["--client-processes", "5", "--num-prompts", "4"], "at most --num-prompts"),
+])
+def test_bad_client_process_counts_are_refused(server, args, message, capsys):
+    rc = main(["bench", "serve", "--base-url", server.base_url, "--api-key", server.api_key,
+               *args])
+    assert rc != 0 and message in capsys.readouterr().err
+
+
+def test_peak_in_flight_counts_overlapping_requests():
+    assert peak_in_flight([(0, 1), (0.5, 2), (1, 3), (2.5, 4)]) == 2  # (1, 3) starts as one ends
+    assert peak_in_flight([(0, 5), (1, 2), (1.5, 3), (4, 6)]) == 3
+    assert peak_in_flight([]) == 0
 
 
 def test_profile_prompts_are_clipped_to_the_server_context(server, tmp_path):
