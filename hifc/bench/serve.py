@@ -280,18 +280,23 @@ def _in_processes(args, model: str, requests: list[BenchRequest], offsets: list[
     for process in processes:
         process.start()
     try:
-        parts = []
+        parts: dict[int, tuple[list[int], list[RequestResult]]] = {}
         while len(parts) < n:
             try:
                 indices, part = answers.get(timeout=5.0)
             except queue.Empty:
-                if not all(p.is_alive() for p in processes):
-                    raise RuntimeError("a client process exited before it answered") from None
-                continue
+                gone = [i for i, p in enumerate(processes) if i not in parts and not p.is_alive()]
+                if not gone:
+                    continue
+                try:  # its answer may have arrived as it exited
+                    indices, part = answers.get(timeout=1.0)
+                except queue.Empty:
+                    raise RuntimeError(f"client process {gone[0]} exited before it "
+                                       "answered") from None
             if isinstance(part, str):
                 raise RuntimeError(f"a client process failed: {part}")
-            parts.append((indices, part))
-        return parts
+            parts[indices[0] % n] = (indices, part)
+        return list(parts.values())
     finally:
         for process in processes:
             process.join(timeout=10)

@@ -56,6 +56,16 @@ def test_client_processes_share_the_requests_and_the_cap(server, tmp_path, capsy
     assert result["duration_s"] == pytest.approx(max(r["sent_s"] + r["e2e_s"] for r in rows))
 
 
+def test_a_client_process_that_finishes_early_is_not_taken_for_a_dead_one(server, tmp_path):
+    # seed 2 at 0.5 req/s: the second request leaves 6.2 s after the first, whose process has
+    # answered and exited by then (the parent checks on its processes every 5 s)
+    result = _bench(server, tmp_path, "--dataset", "random", "--input-len", "8",
+                    "--output-len", "2", "--num-prompts", "2", "--request-rate", "0.5",
+                    "--client-processes", "2", "--seed", "2")
+    assert result["requests_ok"] == 2
+    assert [round(r["sent_s"]) for r in result["requests"]] == [0, 6]
+
+
 @pytest.mark.parametrize("args,message", [
     (["--client-processes", "0"], "--client-processes must be positive"),
     (["--client-processes", "3", "--max-concurrency", "2"], "at least --client-processes"),
