@@ -220,10 +220,7 @@ def run_load(args, model: str, requests: list[BenchRequest]) -> tuple[list, floa
     if n == 1:
         results = asyncio.run(_client(args, model, requests, offsets, args.max_concurrency))
     else:
-        results = [None] * len(requests)
-        for indices, part in _in_processes(args, model, requests, offsets, n):
-            for i, result in zip(indices, part):
-                results[i] = result
+        results = _in_processes(args, model, requests, offsets, n)
     ends = [r.sent_s + r.e2e_s for r in results]
     return results, max(ends), peak_in_flight([(r.sent_s, end) for r, end in zip(results, ends)])
 
@@ -260,9 +257,9 @@ async def _client(args, model: str, requests: list[BenchRequest], offsets: list[
 
 
 def _in_processes(args, model: str, requests: list[BenchRequest], offsets: list[float],
-                  n: int) -> list[tuple[list[int], list[RequestResult]]]:
+                  n: int) -> list[RequestResult]:
     """Run request i in process i mod n (with its cap's share); the processes start their
-    clocks together, once all have started."""
+    clocks together, once all have started. The results in the requests' order."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
@@ -270,33 +267,33 @@ def _in_processes(args, model: str, requests: list[BenchRequest], offsets: list[
     client_args = argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "func"})
     caps = ([args.max_concurrency // n + (i < args.max_concurrency % n) for i in range(n)]
             if args.max_concurrency else [None] * n)
-    processes = []
-    for i in range(n):
-        indices = list(range(i, len(requests), n))
-        processes.append(ctx.Process(
-            target=_client_process, name=f"hifc-bench-client-{i}", daemon=True,
-            args=(client_args, model, [requests[j] for j in indices],
-                  [offsets[j] for j in indices], caps[i], indices, ready, answers)))
+    processes = [ctx.Process(target=_client_process, name=f"hifc-bench-client-{i}", daemon=True,
+                             args=(i, client_args, model, requests[i::n], offsets[i::n], caps[i],
+                                   ready, answers))
+                 for i in range(n)]
     for process in processes:
         process.start()
     try:
-        parts: dict[int, tuple[list[int], list[RequestResult]]] = {}
+        parts: dict[int, list[RequestResult]] = {}
         while len(parts) < n:
             try:
-                indices, part = answers.get(timeout=5.0)
+                i, part = answers.get(timeout=5.0)
             except queue.Empty:
                 gone = [i for i, p in enumerate(processes) if i not in parts and not p.is_alive()]
                 if not gone:
                     continue
                 try:  # its answer may have arrived as it exited
-                    indices, part = answers.get(timeout=1.0)
+                    i, part = answers.get(timeout=1.0)
                 except queue.Empty:
                     raise RuntimeError(f"client process {gone[0]} exited before it "
                                        "answered") from None
             if isinstance(part, str):
                 raise RuntimeError(f"a client process failed: {part}")
-            parts[indices[0] % n] = (indices, part)
-        return list(parts.values())
+            parts[i] = part
+        results: list[RequestResult] = [None] * len(requests)
+        for i, part in parts.items():
+            results[i::n] = part
+        return results
     finally:
         for process in processes:
             process.join(timeout=10)
@@ -304,17 +301,16 @@ def _in_processes(args, model: str, requests: list[BenchRequest], offsets: list[
                 process.terminate()
 
 
-def _client_process(args, model, requests, offsets, max_concurrency, indices, ready,
+def _client_process(i, args, model, requests, offsets, max_concurrency, ready,
                     answers) -> None:
-    """One client process: wait for the others, run its share, send back its results."""
+    """Client process ``i``: wait for the others, run its share, send back its results."""
     try:
         _httpx()
         ready.wait()
-        answers.put((indices, asyncio.run(_client(args, model, requests, offsets,
-                                                  max_concurrency))))
+        answers.put((i, asyncio.run(_client(args, model, requests, offsets, max_concurrency))))
     except BaseException as exc:
         ready.abort()
-        answers.put((indices, f"{type(exc).__name__}: {exc}"))
+        answers.put((i, f"{type(exc).__name__}: {exc}"))
 
 
 def server_model(args) -> tuple[str, int | None, int | None]:
