@@ -13,6 +13,13 @@ tensor-parallel worker rank, a benchmark's engine), not for code that builds eng
 ``LLM.generate`` freezes the heap for the length of one call, without the collection first
 (that would cost each call a walk of the whole heap): garbage that exists when the call starts
 waits for the call's end. A block inside another's freeze leaves the heap as it finds it.
+
+Whether a block is open is this module's own count, not ``gc.get_freeze_count()``: a library
+may freeze a few objects of its own while the interpreter starts (one on the GPU machine froze
+375), and taking that for an enclosing block left the whole start-up heap in the collector's
+reach (a full collection of 150-220 ms every two seconds in an 8B engine's serving process,
+docs/RESULTS.md). Python keeps one permanent generation, so the end of the outermost block
+unfreezes such objects too.
 """
 from __future__ import annotations
 
@@ -24,13 +31,16 @@ from collections.abc import Iterator
 
 logger = logging.getLogger(__name__)
 
+_open_blocks = 0  # frozen_heap blocks running in this process
+
 
 @contextlib.contextmanager
 def frozen_heap(collect: bool = True) -> Iterator[None]:
     """Collect (with ``collect``), then freeze every object that exists now for the block's
     duration (start it once the engine has started); unfreeze after, so that a closed engine
-    can be collected. If the heap is frozen already (an enclosing block), it stays as it is."""
-    if gc.get_freeze_count():
+    can be collected. Inside another block, the heap stays as that block keeps it."""
+    global _open_blocks
+    if _open_blocks:
         yield
         return
     start = time.perf_counter()
@@ -39,7 +49,9 @@ def frozen_heap(collect: bool = True) -> Iterator[None]:
     gc.freeze()
     logger.debug("froze %d objects out of the garbage collector's reach (%.0f ms)",
                  gc.get_freeze_count(), 1000 * (time.perf_counter() - start))
+    _open_blocks += 1
     try:
         yield
     finally:
+        _open_blocks -= 1
         gc.unfreeze()

@@ -100,3 +100,12 @@ def test_generate_runs_its_steps_on_a_frozen_heap():
     assert counts and all(c > 0 for c in counts)
     assert gc.get_freeze_count() == 0
     frozen_garbage_survives(lambda: llm.generate([[1, 2, 3]], params, use_tqdm=False))
+
+
+def test_objects_frozen_before_the_block_do_not_stop_it():
+    """A library that froze a few objects of its own (one did as the interpreter started on
+    the GPU machine) is no enclosing block: the heap is still frozen, and unfrozen after."""
+    gc.freeze()
+    assert gc.get_freeze_count() > 0
+    frozen_garbage_survives(lambda: None)
+    assert gc.get_freeze_count() == 0
