@@ -4,6 +4,7 @@ token streamed over HTTP), with the server's engine in a process of its own (the
 in the server's process (``--no-engine-process``).
 
     PYTHONPATH=$PWD python3 scripts/gpu_serve_overhead.py [OUTDIR]             # one H200, ~5 min
+    PYTHONPATH=$PWD python3 scripts/gpu_serve_overhead.py --variant "engine process" [OUTDIR]
     PYTHONPATH=$PWD python3 scripts/gpu_serve_overhead.py --device cpu [OUTDIR]  # smoke run
 
 The workload (8B random preset, bf16): 512 requests of 512 random prompt tokens and 256 output
@@ -96,6 +97,8 @@ def serve(name: str, flags: list[str], setup: dict, outdir: Path) -> dict[int, d
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--variant", action="append", choices=list(VARIANTS),
+                        help="a server variant to run (repeat for more; default: both)")
     parser.add_argument("outdir", nargs="?", default=f"serve-overhead-{time.strftime('%H%M%S')}")
     args = parser.parse_args()
     setup = GPU if args.device == "cuda" else CPU
@@ -109,7 +112,8 @@ def main() -> int:
     rows = [dict(run="offline (bench throughput)",
                  output_tokens_per_s=offline["output_tokens_per_s"], of_offline=1.0)]
     status = 0
-    for name, flags in VARIANTS.items():
+    for name in args.variant or list(VARIANTS):
+        flags = VARIANTS[name]
         try:
             results = serve(name, flags, setup, outdir)
         except (RuntimeError, subprocess.CalledProcessError) as exc:

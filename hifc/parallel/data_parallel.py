@@ -37,7 +37,7 @@ import torch.multiprocessing as torch_mp
 from hifc.config import EngineConfig
 from hifc.engine.llm_engine import LLMEngine
 from hifc.engine.logprobs import LogprobsBuilder
-from hifc.engine.outputs import CompletionOutput, RequestOutput
+from hifc.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from hifc.engine.prompts import (check_sampling_params, resolve_max_tokens, stop_token_ids,
                                  tokenize_prompt)
 from hifc.parallel.balance import LeastOutstandingTokens
@@ -81,24 +81,25 @@ class _Tracked:
 
     def apply(self, delta: CompletionDelta) -> int:
         """Fold one completion's delta in; returns the number of new tokens."""
-        c = self.completions[delta.index]
-        c.token_ids += delta.new_token_ids
-        if delta.new_logprobs is not None:
-            c.logprobs = (c.logprobs or []) + delta.new_logprobs
-        c.text = c.text[:delta.text_keep] + delta.text_append
-        c.cumulative_logprob = delta.cumulative_logprob
-        c.finish_reason, c.stop_reason = delta.finish_reason, delta.stop_reason
-        return len(delta.new_token_ids)
+        index, new_ids, new_logprobs, text_keep, text_append, cumulative, finish, stop = delta
+        c = self.completions[index]
+        c.token_ids += new_ids
+        if new_logprobs is not None:
+            c.logprobs = (c.logprobs or []) + new_logprobs
+        c.text = c.text[:text_keep] + text_append
+        c.cumulative_logprob = cumulative
+        c.finish_reason, c.stop_reason = finish, stop
+        return len(new_ids)
 
-    def output(self, request_id: str, delta: OutputDelta) -> RequestOutput:
+    def output(self, request_id: str, finished: bool, num_cached_tokens: int | None,
+               metrics: RequestMetrics) -> RequestOutput:
         """A snapshot (later deltas do not change it), as ``LLMEngine.step`` returns."""
-        completions = [dataclasses.replace(c, token_ids=list(c.token_ids),
-                                           logprobs=None if c.logprobs is None
-                                           else list(c.logprobs))
+        completions = [CompletionOutput(c.index, c.text, list(c.token_ids), c.cumulative_logprob,
+                                        None if c.logprobs is None else list(c.logprobs),
+                                        c.finish_reason, c.stop_reason)
                        for c in self.completions]
-        return RequestOutput(request_id, self.prompt, self.prompt_ids, completions,
-                             delta.finished, self.prompt_logprobs, delta.metrics,
-                             delta.num_cached_tokens)
+        return RequestOutput(request_id, self.prompt, self.prompt_ids, completions, finished,
+                             self.prompt_logprobs, metrics, num_cached_tokens)
 
 
 class ReplicaError(RuntimeError):
@@ -253,17 +254,19 @@ class DataParallelEngine:
                 self._exited.add(message.replica)
 
     def _apply(self, delta: OutputDelta) -> None:
-        tracked = self._requests.get(delta.request_id)
+        request_id, completions, finished, num_cached_tokens, prompt_logprobs, metrics = delta
+        tracked = self._requests.get(request_id)
         if tracked is None:  # aborted since
             return
-        if delta.prompt_logprobs is not None:
-            tracked.prompt_logprobs = delta.prompt_logprobs
-        new_tokens = sum(tracked.apply(c) for c in delta.completions)
-        self._balancer.generated(delta.request_id, new_tokens)
-        if delta.finished:
-            del self._requests[delta.request_id]
-            self._balancer.finished(delta.request_id)
-        self._pending[delta.request_id] = tracked.output(delta.request_id, delta)
+        if prompt_logprobs is not None:
+            tracked.prompt_logprobs = prompt_logprobs
+        new_tokens = sum(tracked.apply(c) for c in completions)
+        self._balancer.generated(request_id, new_tokens)
+        if finished:
+            del self._requests[request_id]
+            self._balancer.finished(request_id)
+        self._pending[request_id] = tracked.output(request_id, finished, num_cached_tokens,
+                                                   RequestMetrics(*metrics))
 
     # ---- replicas -------------------------------------------------------------------------
     def _wait_ready(self) -> list[ReplicaInfo]:

@@ -5,14 +5,19 @@ Front end -> replica: ``AddRequest``, ``AbortRequests``, ``Stop``. Replica -> fr
 ``Ready`` (or ``Failed``) once its engine is built, ``Outputs`` after each step that advanced a
 request or left the replica idle, ``Closed`` when it stopped, ``Failed`` if its loop failed.
 Outputs travel as deltas: per completion, the new token ids, logprobs and the text change since
-the last message, so a step costs the same to send at any sequence length.
+the last message, so a step costs the same to send at any sequence length. Deltas are plain
+tuples (the layouts below): a step's 256 of them pickle in 0.09 ms and unpickle in 0.10 ms,
+against 0.62 and 0.54 ms as NamedTuples with a ``RequestMetrics`` (2-core CPU machine), and the
+replica's queue pickles them in a thread that shares its interpreter lock with the engine's
+next step.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from hifc.engine.limits import ResolvedLimits
+from hifc.engine.outputs import RequestMetrics
 from hifc.loader.tokenizer import Tokenizer
 from hifc.models.config import ModelArchConfig
 from hifc.sampling_params import SamplingParams
@@ -61,29 +66,25 @@ class Failed:
     traceback: str
 
 
-class CompletionDelta(NamedTuple):
-    """One completion's progress since the previous message: ``text`` becomes
-    ``text[:text_keep] + text_append`` (a stop string can cut text already sent)."""
+# One completion's progress since the previous message: (index, new token ids, new logprobs (one
+# PositionLogprobs per new token, if asked; else None), text_keep, text_append, cumulative
+# logprob, finish reason, stop reason). Its text becomes ``text[:text_keep] + text_append`` (a
+# stop string can cut text already sent).
+CompletionDelta = tuple[int, list[int], "list | None", int, str, "float | None", "str | None",
+                        "int | str | None"]
 
-    index: int
-    new_token_ids: list[int]
-    new_logprobs: list | None  # one PositionLogprobs per new token (if asked)
-    text_keep: int
-    text_append: str
-    cumulative_logprob: float | None
-    finish_reason: str | None
-    stop_reason: int | str | None
+# One request's progress since the replica's previous message: (request id, the completions that
+# changed (CompletionDelta), finished, prompt tokens found in the replica's prefix cache, prompt
+# logprobs (sent once, with the request's first message), its RequestMetrics' fields (see
+# ``metrics_fields``)).
+OutputDelta = tuple[str, list[CompletionDelta], bool, "int | None", "list | None",
+                    tuple["float | None", ...]]
 
 
-class OutputDelta(NamedTuple):
-    """One request's progress since the replica's previous message."""
-
-    request_id: str
-    completions: list[CompletionDelta]  # those that changed
-    finished: bool
-    num_cached_tokens: int | None  # prompt tokens found in the replica's prefix cache
-    prompt_logprobs: list | None  # sent once, with the request's first message
-    metrics: Any  # the request's RequestMetrics (a few floats)
+def metrics_fields(metrics: RequestMetrics) -> tuple[float | None, ...]:
+    """A request's metrics as a plain tuple (``RequestMetrics(*fields)`` rebuilds them)."""
+    return (metrics.arrival_time, metrics.first_scheduled_time, metrics.first_token_time,
+            metrics.last_token_time, metrics.finished_time)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,8 @@ from hifc.engine.gc_heap import frozen_heap
 from hifc.engine.llm_engine import LLMEngine
 from hifc.engine.outputs import RequestMetrics, RequestOutput
 from hifc.parallel.messages import (AbortRequests, AddRequest, Closed, CompletionDelta, Failed,
-                                    OutputDelta, Outputs, Ready, ReplicaInfo, Stop)
+                                    OutputDelta, Outputs, Ready, ReplicaInfo, Stop,
+                                    metrics_fields)
 from hifc.tiers.flash.arbiter import DeviceShare
 
 logger = logging.getLogger(__name__)
@@ -54,8 +55,8 @@ class DeltaWriter:
                        if d is not None]
         if out.finished:
             del self._sent[out.request_id]
-        return OutputDelta(out.request_id, completions, out.finished, out.num_cached_tokens,
-                           out.prompt_logprobs if first else None, out.metrics)
+        return (out.request_id, completions, out.finished, out.num_cached_tokens,
+                out.prompt_logprobs if first else None, metrics_fields(out.metrics))
 
 
 def _completion_delta(c, sent: dict[int, tuple[int, str]]) -> CompletionDelta | None:
@@ -66,10 +67,9 @@ def _completion_delta(c, sent: dict[int, tuple[int, str]]) -> CompletionDelta | 
     keep = (len(text_sent) if c.text.startswith(text_sent)
             else len(os.path.commonprefix((text_sent, c.text))))
     sent[c.index] = (len(c.token_ids), c.text)
-    return CompletionDelta(c.index, c.token_ids[num_sent:],
-                           None if c.logprobs is None else list(c.logprobs[num_sent:]),
-                           keep, c.text[keep:], c.cumulative_logprob, c.finish_reason,
-                           c.stop_reason)
+    return (c.index, c.token_ids[num_sent:],
+            None if c.logprobs is None else list(c.logprobs[num_sent:]),
+            keep, c.text[keep:], c.cumulative_logprob, c.finish_reason, c.stop_reason)
 
 
 def run_replica(index: int, config: EngineConfig, device_share: DeviceShare | None,
@@ -156,11 +156,10 @@ def _apply(command, engine: LLMEngine, writer: DeltaWriter, events, index: int,
                            command.params, prompt_ids=command.prompt_ids)
     except ValueError as exc:  # the front end checked the prompt; this should not happen
         logger.warning("replica %d refused request %s: %s", index, command.request_id, exc)
-        aborted = [CompletionDelta(i, [], None, 0, "", None, "abort", None)
-                   for i in range(command.params.n)]
-        events.put(Outputs(index, [OutputDelta(command.request_id, aborted, True, None, None,
-                                               RequestMetrics(time.time()))],
-                           _stats(engine, device_share)))
+        aborted = [(i, [], None, 0, "", None, "abort", None) for i in range(command.params.n)]
+        refusal = (command.request_id, aborted, True, None, None,
+                   metrics_fields(RequestMetrics(time.time())))
+        events.put(Outputs(index, [refusal], _stats(engine, device_share)))
         return
     writer.add(command.request_id)
 
