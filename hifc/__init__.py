@@ -5,13 +5,15 @@ The public names are imported on first use so that the torch-free parts of the p
 """
 from importlib import import_module
 
-__all__ = ["LLM", "LLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput"]
+__all__ = ["LLM", "LLMEngine", "SamplingParams", "RequestOutputKind", "RequestOutput",
+           "CompletionOutput"]
 __version__ = "0.1.0"
 
 _PUBLIC = {
     "LLM": "hifc.engine.llm",
     "LLMEngine": "hifc.engine.llm_engine",
     "SamplingParams": "hifc.sampling_params",
+    "RequestOutputKind": "hifc.sampling_params",
     "RequestOutput": "hifc.engine.outputs",
     "CompletionOutput": "hifc.engine.outputs",
 }

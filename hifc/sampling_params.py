@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import Any
 
 from hifc.structured.params import GuidedDecodingParams, StructuredOutputsParams
 
-__all__ = ["SamplingParams", "StructuredOutputsParams", "GuidedDecodingParams"]
+__all__ = ["SamplingParams", "RequestOutputKind", "StructuredOutputsParams",
+           "GuidedDecodingParams"]
 
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range for a logit bias; larger values are clamped to it
 # Temperatures below this are greedy (vLLM's _SAMPLING_EPS): dividing float32 logits by a
@@ -15,6 +17,14 @@ MAX_LOGIT_BIAS = 100.0  # OpenAI's range for a logit bias; larger values are cla
 GREEDY_TEMPERATURE = 1e-5
 # Above this every token is about equally likely; larger values (or inf) mean nothing more.
 MAX_TEMPERATURE = 100.0
+
+
+class RequestOutputKind(IntEnum):
+    """What ``LLMEngine.step`` returns for a request (vLLM's names and values)."""
+
+    CUMULATIVE = 0  # after each step that advanced it: all its tokens and text so far
+    DELTA = 1  # after each step that advanced it: only what is new since its last output
+    FINAL_ONLY = 2  # once, when it finished: everything (``LLM.generate`` asks for this)
 
 
 @dataclass(frozen=True)
@@ -41,7 +51,10 @@ class SamplingParams:
     Outputs: ``logprobs`` = k returns, per generated token, the log-probabilities of the k most
     likely tokens and of the sampled one (with ranks); ``prompt_logprobs`` = k the same for the
     prompt's tokens. Log-probabilities are those of the model's raw distribution (before
-    penalties, temperature and masks), as vLLM returns by default.
+    penalties, temperature and masks), as vLLM returns by default. ``output_kind`` says when
+    ``LLMEngine.step`` returns the request's output and what it holds
+    (:class:`RequestOutputKind`); with ``DELTA``, text that a stop string may still cut waits
+    for a later output (:attr:`stop_holdback`).
 
     Values of the wrong type or out of range raise ValueError naming the field; token ids are
     checked against the model's vocabulary when the request is added (:meth:`check_vocab`).
@@ -71,6 +84,7 @@ class SamplingParams:
     allowed_token_ids: tuple[int, ...] | None = None
     structured_outputs: StructuredOutputsParams | None = None
     guided_decoding: StructuredOutputsParams | None = None
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self) -> None:
         # lists / a single string are accepted; tuples are stored (immutable)
@@ -95,6 +109,10 @@ class SamplingParams:
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.stop and not self.detokenize:
             raise ValueError("stop strings need detokenize=True")
+        if not (_is_int(self.output_kind) and self.output_kind in tuple(RequestOutputKind)):
+            raise ValueError(f"output_kind must be a RequestOutputKind (0 cumulative, 1 delta, "
+                             f"2 final only), got {_short(self.output_kind)}")
+        self._set("output_kind", RequestOutputKind(self.output_kind))
         self._check_structured()
 
     def _set(self, name: str, value: Any) -> None:
@@ -156,6 +174,14 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
+
+    @property
+    def stop_holdback(self) -> int:
+        """Characters at the end of the text that a stop string may still cut (a stop string
+        is cut out of the text, so all but its last character can already be there)."""
+        if self.include_stop_str_in_output:
+            return 0
+        return max(map(len, self.stop), default=1) - 1
 
     @property
     def has_penalties(self) -> bool:

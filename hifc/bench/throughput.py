@@ -253,15 +253,16 @@ def compare(variants: list[str], base: dict, make_workload: WorkloadBuilder, *,
 
 def run_variant(engine, name: str, requests: list[BenchRequest], progress: bool,
                 label: str = "", trace_path: str | None = None) -> dict:
-    from hifc.sampling_params import SamplingParams
+    from hifc.sampling_params import RequestOutputKind, SamplingParams
 
     _warm_up(engine, name, requests)
     before = engine.stats()
     num_compiles = len(kernel_compiles())
-    for i, r in enumerate(requests):
+    for i, r in enumerate(requests):  # outputs built once, at the end (as LLM.generate's)
         engine.add_request(f"{name}-{i}", r.prompt_token_ids,
                            SamplingParams(max_tokens=r.output_tokens, temperature=0.0,
-                                          ignore_eos=True))
+                                          ignore_eos=True,
+                                          output_kind=RequestOutputKind.FINAL_ONLY))
     bar = tqdm(total=len(requests), desc=f"{label}{name}", unit="req", disable=not progress)
     step_s = []  # wall time of each step() (the last one ends when it returns)
     with ClockSampler(engine.device) as clocks:

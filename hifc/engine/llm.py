@@ -1,6 +1,7 @@
 """LLM: the offline batch API (``LLM(model).generate(prompts, params)``)."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Any
 
@@ -11,7 +12,7 @@ from hifc.engine.gc_heap import frozen_heap
 from hifc.engine.outputs import RequestOutput
 from hifc.loader.chat import normalize_conversation
 from hifc.parallel.data_parallel import build_engine
-from hifc.sampling_params import SamplingParams
+from hifc.sampling_params import RequestOutputKind, SamplingParams
 
 # a string, token ids, or vLLM's prompt dicts {"prompt": str} / {"prompt_token_ids": [...]}
 Prompt = str | list[int] | dict
@@ -90,12 +91,17 @@ class LLM:
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
-        """Generate for one prompt or a list (strings, token ids, or vLLM's prompt dicts)."""
+        """Generate for one prompt or a list (strings, token ids, or vLLM's prompt dicts).
+        Every request's output is built once, when it finishes (``output_kind`` FINAL_ONLY,
+        as vLLM's ``LLM`` asks)."""
         prompt_list = _as_prompt_list(prompts)
         params = _params_list(sampling_params, len(prompt_list))
         # Validate everything before queueing anything, so bad input loses nothing.
         for p in params:
             self.engine.check_sampling_params(p)
+        final_only = {id(p): dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY)
+                      for p in params}
+        params = [final_only[id(p)] for p in params]
         token_prompts = [self.engine.tokenize_prompt(p) for p in prompt_list]
         order = []
         try:

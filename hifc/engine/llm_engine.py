@@ -305,7 +305,8 @@ class LLMEngine:
 
     # ---- stepping -------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one batch; return an output for every request that advanced or finished.
+        """Run one batch; return an output for every request that advanced or finished (as
+        its ``output_kind`` asks: everything so far, what is new, or only the final one).
 
         Schedule (with the swaps that finished or start now, see ``SwapTracker``), launch the
         batch on the device, then apply what was sampled. With ``async_scheduling`` the batch
@@ -393,7 +394,9 @@ class LLMEngine:
         results = []
         for request in advanced.values():
             request.mark_token(now)
-            results.append(request.output())
+            output = request.output()
+            if output is not None:
+                results.append(output)
             if request.finished:
                 del self._requests[request.request_id]
                 for completion in request.completions:

@@ -127,3 +127,39 @@ class RequestOutput:
     @property
     def finish_reason(self) -> str | None:
         return self.outputs[0].finish_reason
+
+
+class DeltaCursor:
+    """Turns one request's cumulative outputs into ``DELTA`` ones: per completion, the tokens,
+    logprobs and text that are new since its last output (completions with nothing new are left
+    out). The last ``holdback`` characters of an unfinished completion's text wait for a later
+    output: a stop string may still cut them (``SamplingParams.stop_holdback``)."""
+
+    def __init__(self, holdback: int):
+        self.holdback = holdback
+        self._sent: dict[int, tuple[int, int]] = {}  # completion index -> (tokens, characters)
+        self._done: set[int] = set()  # completions whose finish has been output
+        self._prompt_logprobs_sent = False
+
+    def delta(self, out: RequestOutput) -> RequestOutput:
+        completions = []
+        for c in out.outputs:
+            if c.index in self._done:
+                continue
+            tokens, chars = self._sent.get(c.index, (0, 0))
+            finished = c.finish_reason is not None
+            upto = len(c.text) if finished else max(chars, len(c.text) - self.holdback)
+            if len(c.token_ids) == tokens and upto <= chars and not finished:
+                continue
+            self._sent[c.index] = (len(c.token_ids), max(chars, upto))
+            if finished:
+                self._done.add(c.index)
+            completions.append(CompletionOutput(
+                c.index, c.text[chars:upto], c.token_ids[tokens:], c.cumulative_logprob,
+                None if c.logprobs is None else list(c.logprobs[tokens:]), c.finish_reason,
+                c.stop_reason))
+        prompt_logprobs = None
+        if out.prompt_logprobs is not None and not self._prompt_logprobs_sent:
+            prompt_logprobs, self._prompt_logprobs_sent = out.prompt_logprobs, True
+        return RequestOutput(out.request_id, out.prompt, out.prompt_token_ids, completions,
+                             out.finished, prompt_logprobs, out.metrics, out.num_cached_tokens)

@@ -9,9 +9,9 @@ from hifc.core.sequence import Sequence
 from hifc.engine.bad_words import BadWords
 from hifc.engine.detokenizer import IncrementalDetokenizer
 from hifc.engine.logprobs import LogprobsBuilder
-from hifc.engine.outputs import (CompletionOutput, FlatLogprobs, PositionLogprobs,
+from hifc.engine.outputs import (CompletionOutput, DeltaCursor, FlatLogprobs, PositionLogprobs,
                                  RequestMetrics, RequestOutput)
-from hifc.sampling_params import SamplingParams
+from hifc.sampling_params import RequestOutputKind, SamplingParams
 from hifc.structured.grammar import GrammarState
 
 
@@ -72,10 +72,13 @@ class RequestState:
     metrics: RequestMetrics
     completions: list[CompletionState] = field(default_factory=list)
     prompt_logprobs: list[PositionLogprobs | None] | None = None
+    deltas: DeltaCursor | None = None  # output_kind DELTA: what its outputs have given
 
     def __post_init__(self) -> None:
         if self.params.prompt_logprobs is not None:
             self.prompt_logprobs = [None]  # nothing predicts the first prompt token
+        if self.params.output_kind is RequestOutputKind.DELTA:
+            self.deltas = DeltaCursor(self.params.stop_holdback)
 
     @property
     def finished(self) -> bool:
@@ -99,11 +102,16 @@ class RequestState:
         if self.finished:
             self.metrics.finished_time = now
 
-    def output(self) -> RequestOutput:
+    def output(self) -> RequestOutput | None:
+        """What ``step`` returns for it now (its ``output_kind``; None: nothing yet)."""
+        finished = self.finished
+        if self.params.output_kind is RequestOutputKind.FINAL_ONLY and not finished:
+            return None
         complete = (self.prompt_logprobs is not None
                     and len(self.prompt_logprobs) == len(self.prompt_token_ids))
-        return RequestOutput(
+        out = RequestOutput(
             self.request_id, self.prompt, self.prompt_token_ids,
-            [c.output() for c in self.completions], self.finished,
+            [c.output() for c in self.completions], finished,
             list(self.prompt_logprobs) if complete else None, self.metrics,
             self.completions[0].seq.num_cached_tokens)
+        return out if self.deltas is None else self.deltas.delta(out)

@@ -37,7 +37,7 @@ import torch.multiprocessing as torch_mp
 from hifc.config import EngineConfig
 from hifc.engine.llm_engine import LLMEngine
 from hifc.engine.logprobs import LogprobsBuilder
-from hifc.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from hifc.engine.outputs import CompletionOutput, DeltaCursor, RequestMetrics, RequestOutput
 from hifc.engine.prompts import (check_sampling_params, resolve_max_tokens, stop_token_ids,
                                  tokenize_prompt)
 from hifc.parallel.balance import LeastOutstandingTokens
@@ -46,7 +46,7 @@ from hifc.parallel.devices import replica_devices, shared_flash_devices
 from hifc.parallel.messages import (AbortRequests, AddRequest, Closed, CompletionDelta, Failed,
                                     OutputDelta, Outputs, Ready, ReplicaInfo, Stop)
 from hifc.parallel.replica import run_replica
-from hifc.sampling_params import SamplingParams
+from hifc.sampling_params import RequestOutputKind, SamplingParams
 from hifc.structured.grammar import GrammarCompiler
 from hifc.tiers.flash.arbiter import DeviceArbiter, DeviceShare
 
@@ -72,11 +72,14 @@ def build_engine(config: EngineConfig, engine_process: bool = False
 @dataclass
 class _Tracked:
     """A request the front end has sent and not yet seen end: its completions as the deltas
-    built them (``CompletionOutput``'s fields, logprobs as a plain list)."""
+    built them (``CompletionOutput``'s fields, logprobs as a plain list), and what its
+    outputs are to be (its ``output_kind``; replicas always send deltas)."""
 
     prompt: str | None
     prompt_ids: list[int]
     completions: list[CompletionOutput]
+    output_kind: RequestOutputKind
+    deltas: DeltaCursor | None  # output_kind DELTA: what its outputs have given
     prompt_logprobs: list | None = None
 
     def apply(self, delta: CompletionDelta) -> int:
@@ -92,14 +95,18 @@ class _Tracked:
         return len(new_ids)
 
     def output(self, request_id: str, finished: bool, num_cached_tokens: int | None,
-               metrics: RequestMetrics) -> RequestOutput:
-        """A snapshot (later deltas do not change it), as ``LLMEngine.step`` returns."""
+               metrics: RequestMetrics) -> RequestOutput | None:
+        """What ``LLMEngine.step`` would return for it now (a snapshot: later deltas do not
+        change it; None: nothing yet)."""
+        if self.output_kind is RequestOutputKind.FINAL_ONLY and not finished:
+            return None
         completions = [CompletionOutput(c.index, c.text, list(c.token_ids), c.cumulative_logprob,
                                         None if c.logprobs is None else list(c.logprobs),
                                         c.finish_reason, c.stop_reason)
                        for c in self.completions]
-        return RequestOutput(request_id, self.prompt, self.prompt_ids, completions, finished,
-                             self.prompt_logprobs, metrics, num_cached_tokens)
+        out = RequestOutput(request_id, self.prompt, self.prompt_ids, completions, finished,
+                            self.prompt_logprobs, metrics, num_cached_tokens)
+        return out if self.deltas is None else self.deltas.delta(out)
 
 
 class ReplicaError(RuntimeError):
@@ -138,7 +145,9 @@ class DataParallelEngine:
         self._exited: set[int] = set()  # replicas known to have stopped
         self._stats: list[dict] = [{} for _ in range(n)]  # each replica's latest
         self._requests: dict[str, _Tracked] = {}
-        self._pending: dict[str, RequestOutput] = {}  # received, not yet returned by step()
+        # requests that advanced since step() last returned: (the request, finished, cached
+        # prompt tokens, metrics' fields) as of the newest delta
+        self._pending: dict[str, tuple[_Tracked, bool, int | None, tuple]] = {}
         for process in self._processes:
             process.start()
         try:
@@ -189,9 +198,12 @@ class DataParallelEngine:
         max_new = self.limits.max_model_len if params.max_tokens is None else params.max_tokens
         replica = self._balancer.place(request_id, len(ids), params.n * max_new,
                                        self.limits.max_model_len * params.n)
-        self._commands[replica].put(AddRequest(request_id, text, ids, params))
+        cumulative = dataclasses.replace(params, output_kind=RequestOutputKind.CUMULATIVE)
+        self._commands[replica].put(AddRequest(request_id, text, ids, cumulative))
         self._requests[request_id] = _Tracked(
-            text, ids, [CompletionOutput(i, "", []) for i in range(params.n)])
+            text, ids, [CompletionOutput(i, "", []) for i in range(params.n)],
+            params.output_kind, DeltaCursor(params.stop_holdback)
+            if params.output_kind is RequestOutputKind.DELTA else None)
 
     def token_text(self, token_id: int) -> str | None:
         """A token's text, decoded alone (None without a tokenizer), as ``LLMEngine``'s."""
@@ -218,14 +230,16 @@ class DataParallelEngine:
 
     # ---- stepping -------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """The outputs of every request that advanced or finished since the last call
-        (cumulative, as ``LLMEngine.step`` gives them); waits for one if there is none yet."""
+        """The outputs of every request that advanced or finished since the last call (as
+        ``LLMEngine.step`` gives them, by each request's ``output_kind``); waits for a message
+        if none has arrived yet."""
         self._check_open()
         if self._requests and not self._pending:
             self._handle(self._receive(block=True))
-        outputs = list(self._pending.values())
+        outputs = [tracked.output(request_id, finished, cached, RequestMetrics(*metrics))
+                   for request_id, (tracked, finished, cached, metrics) in self._pending.items()]
         self._pending.clear()
-        return outputs
+        return [out for out in outputs if out is not None]
 
     def _receive(self, block: bool) -> list:
         """The replicas' messages that have arrived; with ``block``, at least one."""
@@ -265,8 +279,7 @@ class DataParallelEngine:
         if finished:
             del self._requests[request_id]
             self._balancer.finished(request_id)
-        self._pending[request_id] = tracked.output(request_id, finished, num_cached_tokens,
-                                                   RequestMetrics(*metrics))
+        self._pending[request_id] = (tracked, finished, num_cached_tokens, metrics)
 
     # ---- replicas -------------------------------------------------------------------------
     def _wait_ready(self) -> list[ReplicaInfo]:

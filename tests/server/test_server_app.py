@@ -175,3 +175,27 @@ def test_serve_runs_with_the_engine_startup_heap_frozen(monkeypatch):
                                       "--port", "9001"])
     assert args.func(args) == 0
     assert len(frozen) == 1 and frozen[0] > 0 and gc.get_freeze_count() == 0
+
+
+def test_whole_responses_ask_for_the_final_output_only_and_streams_for_every_step():
+    """A response sent whole needs one output per request (``output_kind`` FINAL_ONLY): the
+    engine builds no snapshot per step for it; a stream takes every step's."""
+    from hifc.sampling_params import RequestOutputKind
+
+    engine = LLMEngine.from_options("random:tiny-llama", device="cpu", block_size=16,
+                                    max_model_len=128, num_gpu_blocks=16)
+    kinds = []
+    add = engine.add_request
+
+    def recording_add(request_id, prompt, params=None, **kwargs):
+        kinds.append(params.output_kind)
+        return add(request_id, prompt, params, **kwargs)
+
+    engine.add_request = recording_add
+    with app_client(engine, "m") as client:
+        body = {"model": "m", "prompt": [1, 2, 3], "max_tokens": 4, "ignore_eos": True}
+        whole = client.post("/v1/completions", json=body)
+        assert whole.status_code == 200 and whole.json()["usage"]["completion_tokens"] == 4
+        streamed = client.post("/v1/completions", json={**body, "stream": True})
+        assert streamed.status_code == 200 and streamed.text.endswith("data: [DONE]\n\n")
+    assert kinds == [RequestOutputKind.FINAL_ONLY, RequestOutputKind.CUMULATIVE]

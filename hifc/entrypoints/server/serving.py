@@ -6,6 +6,7 @@ completions, and choice ``i * n + j`` is prompt i's completion j (OpenAI's order
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 import uuid
@@ -21,7 +22,7 @@ from hifc.entrypoints.server.async_engine import (AsyncEngine, EngineDeadError, 
                                                   RequestStream)
 from hifc.entrypoints.server.errors import APIError, error_body
 from hifc.entrypoints.server.protocol import ChatCompletionRequest, CompletionRequest
-from hifc.sampling_params import SamplingParams
+from hifc.sampling_params import RequestOutputKind, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -74,19 +75,21 @@ async def create_chat_completion(engine: AsyncEngine, body: ChatCompletionReques
 
 def _sampling_params(body, max_tokens: int | None, logprobs: int | None,
                      prompt_logprobs: int | None = None) -> SamplingParams:
+    """The request's parameters; a whole (not streamed) response needs only the final output."""
     try:
-        return body.sampling_params(max_tokens, logprobs, prompt_logprobs)
+        params = body.sampling_params(max_tokens, logprobs, prompt_logprobs)
     except ValueError as exc:
         raise APIError(400, str(exc)) from None
+    if body.stream:
+        return params
+    return dataclasses.replace(params, output_kind=RequestOutputKind.FINAL_ONLY)
 
 
 def _new_call(body, params: SamplingParams, chat: bool, logprobs: int | None,
               echo: bool = False) -> _Call:
     prefix = "chatcmpl" if chat else "cmpl"
-    holdback = 0 if params.include_stop_str_in_output else max(map(len, params.stop),
-                                                                default=1) - 1
     return _Call(chat, f"{prefix}-{uuid.uuid4().hex}", body.model, int(time.time()),
-                 body.include_usage, holdback, params.n, logprobs, echo,
+                 body.include_usage, params.stop_holdback, params.n, logprobs, echo,
                  bool(body.return_token_ids))
 
 
