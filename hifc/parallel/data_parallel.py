@@ -193,9 +193,9 @@ class DataParallelEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         params = self.check_sampling_params(sampling_params or SamplingParams())
         ids = self.tokenize_prompt(prompt) if prompt_ids is None else list(prompt_ids)
-        resolve_max_tokens(params, len(ids), self.limits.max_model_len)  # as a replica would
+        # checked here as a replica would (None: what the context leaves after the prompt)
+        max_new = resolve_max_tokens(params, len(ids), self.limits.max_model_len)
         text = prompt if isinstance(prompt, str) else None
-        max_new = self.limits.max_model_len if params.max_tokens is None else params.max_tokens
         replica = self._balancer.place(request_id, len(ids), params.n * max_new,
                                        self.limits.max_model_len * params.n)
         cumulative = dataclasses.replace(params, output_kind=RequestOutputKind.CUMULATIVE)
