@@ -73,7 +73,8 @@ def build_engine(config: EngineConfig, engine_process: bool = False
 class _Tracked:
     """A request the front end has sent and not yet seen end: its completions as the deltas
     built them (``CompletionOutput``'s fields, logprobs as a plain list), and what its
-    outputs are to be (its ``output_kind``; replicas always send deltas)."""
+    outputs are to be (its ``output_kind``; replicas send deltas of cumulative outputs, or of
+    the final one alone)."""
 
     prompt: str | None
     prompt_ids: list[int]
@@ -198,8 +199,13 @@ class DataParallelEngine:
         text = prompt if isinstance(prompt, str) else None
         replica = self._balancer.place(request_id, len(ids), params.n * max_new,
                                        self.limits.max_model_len * params.n)
-        cumulative = dataclasses.replace(params, output_kind=RequestOutputKind.CUMULATIVE)
-        self._commands[replica].put(AddRequest(request_id, text, ids, cumulative))
+        # the replica sends deltas of its cumulative outputs (of the final one only, if that is
+        # all this request asks for)
+        if params.output_kind is RequestOutputKind.DELTA:
+            sent = dataclasses.replace(params, output_kind=RequestOutputKind.CUMULATIVE)
+        else:
+            sent = params
+        self._commands[replica].put(AddRequest(request_id, text, ids, sent))
         self._requests[request_id] = _Tracked(
             text, ids, [CompletionOutput(i, "", []) for i in range(params.n)],
             params.output_kind, DeltaCursor(params.stop_holdback)

@@ -113,11 +113,26 @@ def test_an_engine_process_gives_the_same_kinds():
 
     engine = DataParallelEngine(EngineConfig(model="smollm2-135m", device="cpu", block_size=16,
                                              max_model_len=512))
+    received = defaultdict(int)  # deltas from the replica, by request
+    apply = engine._apply
+
+    def counting_apply(delta):
+        received[delta[0]] += 1
+        apply(delta)
+
+    engine._apply = counting_apply
     try:
         check_kinds(engine, [GREEDY, SAMPLED], "process")
-        check_kinds(engine, [dataclasses.replace(GREEDY, stop=["ab", "e"]), SAMPLED], "process")
+        check_kinds(engine, [dataclasses.replace(GREEDY, stop=["ab", "e"]), SAMPLED],
+                    "process-stop")
     finally:
         engine.close()
+    # a final-only request costs the replica one message, the others one per step
+    assert {r: n for r, n in received.items() if "FINAL_ONLY" in r} == {
+        f"kinds-{tag}-FINAL_ONLY-{i}": 1 for tag in ("process", "process-stop")
+        for i in range(len(PROMPTS))}
+    assert all(n > 10 for r, n in received.items()  # 20-24 tokens, no stop string
+               if r.startswith("kinds-process-") and "FINAL_ONLY" not in r and "stop" not in r)
 
 
 @pytest.mark.parametrize("bad", [3, -1, True, 1.0, "delta", None])
