@@ -53,8 +53,8 @@ class SamplingParams:
     prompt's tokens. Log-probabilities are those of the model's raw distribution (before
     penalties, temperature and masks), as vLLM returns by default. ``output_kind`` says when
     ``LLMEngine.step`` returns the request's output and what it holds
-    (:class:`RequestOutputKind`); with ``DELTA``, text that a stop string may still cut waits
-    for a later output (:attr:`stop_holdback`).
+    (:class:`RequestOutputKind`). Until a request finishes, its outputs leave out the last
+    characters of text that a stop string may still cut (:attr:`stop_holdback`), as vLLM's do.
 
     Values of the wrong type or out of range raise ValueError naming the field; token ids are
     checked against the model's vocabulary when the request is added (:meth:`check_vocab`).

@@ -132,11 +132,10 @@ class RequestOutput:
 class DeltaCursor:
     """Turns one request's cumulative outputs into ``DELTA`` ones: per completion, the tokens,
     logprobs and text that are new since its last output (completions with nothing new are left
-    out). The last ``holdback`` characters of an unfinished completion's text wait for a later
-    output: a stop string may still cut them (``SamplingParams.stop_holdback``)."""
+    out). For outputs whose text only grows, as a data-parallel front end assembles them from
+    its replica's deltas (an engine builds its own from its state)."""
 
-    def __init__(self, holdback: int):
-        self.holdback = holdback
+    def __init__(self) -> None:
         self._sent: dict[int, tuple[int, int]] = {}  # completion index -> (tokens, characters)
         self._done: set[int] = set()  # completions whose finish has been output
         self._prompt_logprobs_sent = False
@@ -148,14 +147,13 @@ class DeltaCursor:
                 continue
             tokens, chars = self._sent.get(c.index, (0, 0))
             finished = c.finish_reason is not None
-            upto = len(c.text) if finished else max(chars, len(c.text) - self.holdback)
-            if len(c.token_ids) == tokens and upto <= chars and not finished:
+            if len(c.token_ids) == tokens and len(c.text) == chars and not finished:
                 continue
-            self._sent[c.index] = (len(c.token_ids), max(chars, upto))
+            self._sent[c.index] = (len(c.token_ids), len(c.text))
             if finished:
                 self._done.add(c.index)
             completions.append(CompletionOutput(
-                c.index, c.text[chars:upto], c.token_ids[tokens:], c.cumulative_logprob,
+                c.index, c.text[chars:], c.token_ids[tokens:], c.cumulative_logprob,
                 None if c.logprobs is None else list(c.logprobs[tokens:]), c.finish_reason,
                 c.stop_reason))
         prompt_logprobs = None

@@ -9,7 +9,7 @@ from hifc.core.sequence import Sequence
 from hifc.engine.bad_words import BadWords
 from hifc.engine.detokenizer import IncrementalDetokenizer
 from hifc.engine.logprobs import LogprobsBuilder
-from hifc.engine.outputs import (CompletionOutput, DeltaCursor, FlatLogprobs, PositionLogprobs,
+from hifc.engine.outputs import (CompletionOutput, FlatLogprobs, PositionLogprobs,
                                  RequestMetrics, RequestOutput)
 from hifc.sampling_params import RequestOutputKind, SamplingParams
 from hifc.structured.grammar import GrammarState
@@ -27,6 +27,16 @@ class CompletionState:
     bad_words: BadWords | None = None
     logprobs: FlatLogprobs | None = None
     cumulative_logprob: float | None = None
+    # output_kind DELTA: what its outputs have given (tokens, characters; finished given)
+    sent_tokens: int = 0
+    sent_chars: int = 0
+    sent_finish: bool = False
+    # characters at the end of the text that a stop string may still cut: outputs leave them
+    # out until the sequence finishes (as vLLM's do)
+    holdback: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.holdback = self.seq.sampling_params.stop_holdback
 
     def start_logprobs(self, builder: LogprobsBuilder) -> None:
         """Collect logprobs (the request asked for them)."""
@@ -53,12 +63,39 @@ class CompletionState:
         return self.detokenizer.update(seq.output_token_ids, check_stop)
 
     def output(self) -> CompletionOutput:
+        """Everything so far (``CUMULATIVE``, ``FINAL_ONLY``)."""
         seq = self.seq
+        finish = seq.finish_reason
+        text = self.detokenizer.text if self.detokenizer else ""
+        if finish is None and self.holdback:
+            text = text[:max(0, len(text) - self.holdback)]
         return CompletionOutput(
-            self.index, self.detokenizer.text if self.detokenizer else "",
-            list(seq.output_token_ids), self.cumulative_logprob,
-            None if self.logprobs is None else self.logprobs.view(), seq.finish_reason,
-            seq.stop_reason)
+            self.index, text, list(seq.output_token_ids), self.cumulative_logprob,
+            None if self.logprobs is None else self.logprobs.view(), finish, seq.stop_reason)
+
+    def delta(self) -> CompletionOutput | None:
+        """What is new since its last delta (``DELTA``); None: nothing."""
+        if self.sent_finish:
+            return None
+        seq = self.seq
+        finish = seq.finish_reason
+        tokens = seq.output_token_ids
+        num_tokens = len(tokens)
+        text = self.detokenizer.text if self.detokenizer else ""
+        if finish is None:
+            shown = max(self.sent_chars, len(text) - self.holdback)
+        else:
+            shown = len(text)
+        if num_tokens == self.sent_tokens and shown <= self.sent_chars and finish is None:
+            return None
+        out = CompletionOutput(
+            self.index, text[self.sent_chars:shown], tokens[self.sent_tokens:],
+            self.cumulative_logprob,
+            None if self.logprobs is None else self.logprobs[self.sent_tokens:num_tokens],
+            finish, seq.stop_reason)
+        self.sent_tokens, self.sent_chars = num_tokens, shown
+        self.sent_finish = finish is not None
+        return out
 
 
 @dataclass
@@ -72,13 +109,11 @@ class RequestState:
     metrics: RequestMetrics
     completions: list[CompletionState] = field(default_factory=list)
     prompt_logprobs: list[PositionLogprobs | None] | None = None
-    deltas: DeltaCursor | None = None  # output_kind DELTA: what its outputs have given
+    prompt_logprobs_sent: bool = False  # output_kind DELTA: given with an earlier output
 
     def __post_init__(self) -> None:
         if self.params.prompt_logprobs is not None:
             self.prompt_logprobs = [None]  # nothing predicts the first prompt token
-        if self.params.output_kind is RequestOutputKind.DELTA:
-            self.deltas = DeltaCursor(self.params.stop_holdback)
 
     @property
     def finished(self) -> bool:
@@ -104,14 +139,19 @@ class RequestState:
 
     def output(self) -> RequestOutput | None:
         """What ``step`` returns for it now (its ``output_kind``; None: nothing yet)."""
-        finished = self.finished
-        if self.params.output_kind is RequestOutputKind.FINAL_ONLY and not finished:
+        finished, kind = self.finished, self.params.output_kind
+        if kind is RequestOutputKind.FINAL_ONLY and not finished:
             return None
         complete = (self.prompt_logprobs is not None
                     and len(self.prompt_logprobs) == len(self.prompt_token_ids))
-        out = RequestOutput(
-            self.request_id, self.prompt, self.prompt_token_ids,
-            [c.output() for c in self.completions], finished,
-            list(self.prompt_logprobs) if complete else None, self.metrics,
-            self.completions[0].seq.num_cached_tokens)
-        return out if self.deltas is None else self.deltas.delta(out)
+        prompt_logprobs = list(self.prompt_logprobs) if complete else None
+        if kind is RequestOutputKind.DELTA:
+            completions = [d for d in (c.delta() for c in self.completions) if d is not None]
+            if self.prompt_logprobs_sent:
+                prompt_logprobs = None
+            self.prompt_logprobs_sent |= prompt_logprobs is not None
+        else:
+            completions = [c.output() for c in self.completions]
+        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, completions,
+                             finished, prompt_logprobs, self.metrics,
+                             self.completions[0].seq.num_cached_tokens)

@@ -73,8 +73,8 @@ def build_engine(config: EngineConfig, engine_process: bool = False
 class _Tracked:
     """A request the front end has sent and not yet seen end: its completions as the deltas
     built them (``CompletionOutput``'s fields, logprobs as a plain list), and what its
-    outputs are to be (its ``output_kind``; replicas send deltas of cumulative outputs, or of
-    the final one alone)."""
+    outputs are to be (its ``output_kind``; replicas send what is new each step, or the final
+    output alone)."""
 
     prompt: str | None
     prompt_ids: list[int]
@@ -85,12 +85,12 @@ class _Tracked:
 
     def apply(self, delta: CompletionDelta) -> int:
         """Fold one completion's delta in; returns the number of new tokens."""
-        index, new_ids, new_logprobs, text_keep, text_append, cumulative, finish, stop = delta
+        index, new_ids, new_logprobs, new_text, cumulative, finish, stop = delta
         c = self.completions[index]
         c.token_ids += new_ids
         if new_logprobs is not None:
             c.logprobs = (c.logprobs or []) + new_logprobs
-        c.text = c.text[:text_keep] + text_append
+        c.text += new_text
         c.cumulative_logprob = cumulative
         c.finish_reason, c.stop_reason = finish, stop
         return len(new_ids)
@@ -199,17 +199,17 @@ class DataParallelEngine:
         text = prompt if isinstance(prompt, str) else None
         replica = self._balancer.place(request_id, len(ids), params.n * max_new,
                                        self.limits.max_model_len * params.n)
-        # the replica sends deltas of its cumulative outputs (of the final one only, if that is
-        # all this request asks for)
-        if params.output_kind is RequestOutputKind.DELTA:
-            sent = dataclasses.replace(params, output_kind=RequestOutputKind.CUMULATIVE)
+        # the replica sends what is new each step (its engine's DELTA outputs), or the final
+        # output alone if that is all this request asks for
+        if params.output_kind is RequestOutputKind.CUMULATIVE:
+            sent = dataclasses.replace(params, output_kind=RequestOutputKind.DELTA)
         else:
             sent = params
         self._commands[replica].put(AddRequest(request_id, text, ids, sent))
         self._requests[request_id] = _Tracked(
             text, ids, [CompletionOutput(i, "", []) for i in range(params.n)],
-            params.output_kind, DeltaCursor(params.stop_holdback)
-            if params.output_kind is RequestOutputKind.DELTA else None)
+            params.output_kind,
+            DeltaCursor() if params.output_kind is RequestOutputKind.DELTA else None)
 
     def token_text(self, token_id: int) -> str | None:
         """A token's text, decoded alone (None without a tokenizer), as ``LLMEngine``'s."""

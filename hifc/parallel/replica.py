@@ -9,7 +9,6 @@ process is gone it stops by itself.
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import signal
 import time
@@ -23,9 +22,8 @@ from hifc.config import EngineConfig
 from hifc.engine.gc_heap import frozen_heap
 from hifc.engine.llm_engine import LLMEngine
 from hifc.engine.outputs import RequestMetrics, RequestOutput
-from hifc.parallel.messages import (AbortRequests, AddRequest, Closed, CompletionDelta, Failed,
-                                    OutputDelta, Outputs, Ready, ReplicaInfo, Stop,
-                                    metrics_fields)
+from hifc.parallel.messages import (AbortRequests, AddRequest, Closed, Failed, OutputDelta,
+                                    Outputs, Ready, ReplicaInfo, Stop, metrics_fields)
 from hifc.tiers.flash.arbiter import DeviceShare
 
 logger = logging.getLogger(__name__)
@@ -33,43 +31,15 @@ logger = logging.getLogger(__name__)
 IDLE_POLL_S = 1.0  # an idle replica checks this often that the front end is still there
 
 
-class DeltaWriter:
-    """What each request's last message said, to send only what changed since."""
-
-    def __init__(self) -> None:
-        # request id -> completion index -> (tokens sent, text sent); absent: nothing sent yet
-        self._sent: dict[str, dict[int, tuple[int, str]]] = {}
-
-    def add(self, request_id: str) -> None:
-        self._sent[request_id] = {}
-
-    def forget(self, request_id: str) -> None:
-        self._sent.pop(request_id, None)
-
-    def delta(self, out: RequestOutput) -> OutputDelta | None:
-        sent = self._sent.get(out.request_id)
-        if sent is None:  # aborted meanwhile
-            return None
-        first = not sent
-        completions = [d for d in (_completion_delta(c, sent) for c in out.outputs)
-                       if d is not None]
-        if out.finished:
-            del self._sent[out.request_id]
-        return (out.request_id, completions, out.finished, out.num_cached_tokens,
-                out.prompt_logprobs if first else None, metrics_fields(out.metrics))
-
-
-def _completion_delta(c, sent: dict[int, tuple[int, str]]) -> CompletionDelta | None:
-    num_sent, text_sent = sent.get(c.index, (0, ""))
-    if (c.index in sent and len(c.token_ids) == num_sent and c.text == text_sent
-            and c.finish_reason is None):
-        return None
-    keep = (len(text_sent) if c.text.startswith(text_sent)
-            else len(os.path.commonprefix((text_sent, c.text))))
-    sent[c.index] = (len(c.token_ids), c.text)
-    return (c.index, c.token_ids[num_sent:],
-            None if c.logprobs is None else list(c.logprobs[num_sent:]),
-            keep, c.text[keep:], c.cumulative_logprob, c.finish_reason, c.stop_reason)
+def _delta(out: RequestOutput) -> OutputDelta:
+    """A step's output as the message carries it: a ``DELTA`` output, or the final output of
+    a ``FINAL_ONLY`` request (the front end passes no other kind; both add to nothing sent
+    before)."""
+    completions = [(c.index, c.token_ids, None if c.logprobs is None else list(c.logprobs),
+                    c.text, c.cumulative_logprob, c.finish_reason, c.stop_reason)
+                   for c in out.outputs]
+    return (out.request_id, completions, out.finished, out.num_cached_tokens,
+            out.prompt_logprobs, metrics_fields(out.metrics))
 
 
 def run_replica(index: int, config: EngineConfig, device_share: DeviceShare | None,
@@ -110,15 +80,14 @@ def run_replica(index: int, config: EngineConfig, device_share: DeviceShare | No
 
 def _serve(index: int, engine: LLMEngine, device_share: DeviceShare | None, commands,
            events) -> None:
-    writer = DeltaWriter()
     while True:
         received = _next_commands(commands, block=not engine.has_unfinished_requests())
         if received is None:
             return
         for command in received:
-            _apply(command, engine, writer, events, index, device_share)
+            _apply(command, engine, events, index, device_share)
         if engine.has_unfinished_requests():
-            deltas = [d for d in map(writer.delta, engine.step()) if d is not None]
+            deltas = [_delta(out) for out in engine.step()]
             if deltas or not engine.has_unfinished_requests():
                 events.put(Outputs(index, deltas, _stats(engine, device_share)))
         elif received:  # aborts left it idle: say so
@@ -143,12 +112,10 @@ def _next_commands(commands, block: bool) -> list | None:
             return received
 
 
-def _apply(command, engine: LLMEngine, writer: DeltaWriter, events, index: int,
+def _apply(command, engine: LLMEngine, events, index: int,
            device_share: DeviceShare | None) -> None:
     if isinstance(command, AbortRequests):
         engine.abort_request(command.request_ids)
-        for request_id in command.request_ids:
-            writer.forget(request_id)
         return
     assert isinstance(command, AddRequest)
     try:
@@ -156,12 +123,10 @@ def _apply(command, engine: LLMEngine, writer: DeltaWriter, events, index: int,
                            command.params, prompt_ids=command.prompt_ids)
     except ValueError as exc:  # the front end checked the prompt; this should not happen
         logger.warning("replica %d refused request %s: %s", index, command.request_id, exc)
-        aborted = [(i, [], None, 0, "", None, "abort", None) for i in range(command.params.n)]
+        aborted = [(i, [], None, "", None, "abort", None) for i in range(command.params.n)]
         refusal = (command.request_id, aborted, True, None, None,
                    metrics_fields(RequestMetrics(time.time())))
         events.put(Outputs(index, [refusal], _stats(engine, device_share)))
-        return
-    writer.add(command.request_id)
 
 
 def _stats(engine: LLMEngine, device_share: DeviceShare | None) -> dict:

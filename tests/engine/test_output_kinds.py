@@ -1,8 +1,8 @@
 """``SamplingParams.output_kind`` (vLLM's ``RequestOutputKind``): what ``step()`` returns for a
 request. FINAL_ONLY: one output, when it finished, equal to the last cumulative one. DELTA: the
-new tokens, logprobs and text of each step, which add up to the cumulative output, with text a
-stop string may still cut held back. The same from the engine in this process and from one in
-a process of its own (``DataParallelEngine``, whose replica always sends deltas)."""
+new tokens, logprobs and text of each step, which add up to the cumulative output. No output
+shows text a stop string may still cut. The same from the engine in this process and from one
+in a process of its own (``DataParallelEngine``, whose replica sends deltas)."""
 from __future__ import annotations
 
 import dataclasses
@@ -93,16 +93,19 @@ def test_final_only_and_delta_add_up_to_cumulative(engine):
     check_kinds(engine, [GREEDY, SAMPLED], "plain")
 
 
-def test_delta_holds_back_text_a_stop_string_cuts(engine):
-    """A stop string found after part of it was decoded: the cumulative text shrinks when it
-    is cut; DELTA outputs never gave those characters."""
-    text = run(engine, [GREEDY, SAMPLED], RequestOutputKind.CUMULATIVE, "probe")[0][-1].text
-    stop = text[9:13]
+def test_outputs_never_show_text_a_stop_string_cuts_later(engine):
+    """A stop string whose first half is decoded a step before its second: no output of any
+    kind shows that first half (cumulative texts only grow; without the holdback, one would
+    end in it and the next would be shorter)."""
+    probe = run(engine, [GREEDY, SAMPLED], RequestOutputKind.CUMULATIVE, "probe")[0]
+    final = probe[-1].text
+    cut_at = next(len(o.text) for o in probe if 12 <= len(o.text) <= len(final) - 4)
+    stop = final[cut_at - 2:cut_at + 2]
     params = [dataclasses.replace(GREEDY, stop=[stop]), dataclasses.replace(SAMPLED, stop=[stop])]
     cumulative = run(engine, params, RequestOutputKind.CUMULATIVE, "stop")
-    assert cumulative[0][-1].outputs[0].stop_reason == stop
-    texts = [o.outputs[0].text for o in cumulative[0]]
-    assert any(len(b) < len(a) for a, b in zip(texts, texts[1:])), "no text was cut"
+    last = cumulative[0][-1].outputs[0]
+    assert last.stop_reason == stop and last.text == final[:final.index(stop)]
+    assert all(last.text.startswith(o.outputs[0].text) for o in cumulative[0])
     check_kinds(engine, params, "stop")
 
 

@@ -5,10 +5,11 @@ import pickletools
 
 from hifc.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from hifc.parallel.messages import Outputs
-from hifc.parallel.replica import DeltaWriter
+from hifc.parallel.replica import _delta
 
 
-def output(tokens: list[int], text: str, finished: bool = False) -> RequestOutput:
+def delta_output(tokens: list[int], text: str, finished: bool = False) -> RequestOutput:
+    """A DELTA output: what one step added."""
     completion = CompletionOutput(0, text, tokens, finish_reason="stop" if finished else None)
     return RequestOutput("r", None, [1, 2], [completion], finished,
                          metrics=RequestMetrics(10.0, 10.5, 11.0, 12.0,
@@ -16,27 +17,17 @@ def output(tokens: list[int], text: str, finished: bool = False) -> RequestOutpu
                          num_cached_tokens=0)
 
 
-def test_deltas_carry_what_changed_and_the_metrics():
-    writer = DeltaWriter()
-    writer.add("r")
-    assert writer.delta(output([5, 6], "ab")) == (
-        "r", [(0, [5, 6], None, 0, "ab", None, None, None)], False, 0, None,
+def test_a_delta_carries_the_step_and_the_metrics():
+    assert _delta(delta_output([5, 6], "ab")) == (
+        "r", [(0, [5, 6], None, "ab", None, None, None)], False, 0, None,
         (10.0, 10.5, 11.0, 12.0, None))
-    unchanged = writer.delta(output([5, 6], "ab"))
-    assert unchanged[1] == []
-    # a stop string cut "b": keep 1 character, append the rest
-    last = writer.delta(output([5, 6, 7], "ax", finished=True))
-    assert last[1] == [(0, [7], None, 1, "x", None, "stop", None)] and last[2] is True
+    last = _delta(delta_output([7], "x", finished=True))
+    assert last[1] == [(0, [7], None, "x", None, "stop", None)] and last[2] is True
     assert last[5] == (10.0, 10.5, 11.0, 12.0, 12.0)
-    assert writer.delta(output([5, 6, 7], "ax", finished=True)) is None  # forgotten
 
 
 def test_a_step_of_deltas_pickles_without_class_lookups():
-    writer = DeltaWriter()
-    deltas = []
-    for i in range(8):
-        writer.add("r")
-        deltas.append(writer.delta(output([i], "t")))
+    deltas = [_delta(delta_output([i], "t")) for i in range(8)]
     pickled = pickle.dumps(deltas, protocol=pickle.HIGHEST_PROTOCOL)
     globals_ = [op.name for op, _, _ in pickletools.genops(pickled)
                 if op.name in ("GLOBAL", "STACK_GLOBAL", "REDUCE", "NEWOBJ", "BUILD")]
