@@ -33,7 +33,6 @@ class _Call:
     model: str
     created: int
     include_usage: bool
-    holdback: int  # characters kept back while streaming: a stop string may still cut them
     n: int
     logprobs: int | None  # top log-probabilities per token in the response (None: none)
     echo: bool = False  # completions: the prompt precedes each choice's text
@@ -89,7 +88,7 @@ def _new_call(body, params: SamplingParams, chat: bool, logprobs: int | None,
               echo: bool = False) -> _Call:
     prefix = "chatcmpl" if chat else "cmpl"
     return _Call(chat, f"{prefix}-{uuid.uuid4().hex}", body.model, int(time.time()),
-                 body.include_usage, params.stop_holdback, params.n, logprobs, echo,
+                 body.include_usage, params.n, logprobs, echo,
                  bool(body.return_token_ids))
 
 
@@ -294,7 +293,7 @@ def _deltas(engine: AsyncEngine, call: _Call, out: RequestOutput, completion: Co
             index: int, sent: _Sent) -> list[dict]:
     """The chunks that bring one choice's stream up to date with ``completion``. With
     ``return_token_ids`` new tokens make a chunk even while their text is empty (a model
-    without a tokenizer, a stop string's holdback, an incomplete character)."""
+    without a tokenizer, text a stop string may still cut, an incomplete character)."""
     if sent.finished:
         return []
     chunks = []
@@ -304,16 +303,16 @@ def _deltas(engine: AsyncEngine, call: _Call, out: RequestOutput, completion: Co
         first = _first_chunk(engine, call, out, index)
         if first is not None:
             chunks.append(first)
+    # the engine's outputs leave out what a stop string may still cut: text only grows
     text, finished = completion.text, completion.finish_reason is not None
-    upto = len(text) if finished else max(sent.chars, len(text) - call.holdback)
     new_ids = completion.token_ids[sent.tokens:]
     new_positions = (completion.logprobs or [])[sent.tokens:] if call.logprobs is not None \
         else []
-    if upto > sent.chars or new_positions or (call.return_token_ids and new_ids):
-        chunks.append(_chunk(call, index, text[sent.chars:upto],
+    if len(text) > sent.chars or new_positions or (call.return_token_ids and new_ids):
+        chunks.append(_chunk(call, index, text[sent.chars:],
                              _logprobs(engine, call, new_ids, new_positions, sent.chars),
                              token_ids=new_ids))
-        sent.chars = upto
+        sent.chars = len(text)
         sent.tokens = len(completion.token_ids)
     if finished:
         sent.finished = True
