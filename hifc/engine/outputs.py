@@ -129,35 +129,29 @@ class RequestOutput:
         return self.outputs[0].finish_reason
 
 
-class DeltaCursor:
-    """Turns one request's cumulative outputs into ``DELTA`` ones: per completion, the tokens,
-    logprobs and text that are new since its last output (completions with nothing new are left
-    out). For outputs whose text only grows, as a data-parallel front end assembles them from
-    its replica's deltas (an engine builds its own from its state)."""
+@dataclass
+class DeltaProgress:
+    """How much of one completion its ``DELTA`` outputs have given; :meth:`next` makes the
+    next one. Shared by the engine (from a sequence's state) and a data-parallel front end
+    (from what its replica sent)."""
 
-    def __init__(self) -> None:
-        self._sent: dict[int, tuple[int, int]] = {}  # completion index -> (tokens, characters)
-        self._done: set[int] = set()  # completions whose finish has been output
-        self._prompt_logprobs_sent = False
+    tokens: int = 0
+    chars: int = 0
+    done: bool = False  # its finish has been given
 
-    def delta(self, out: RequestOutput) -> RequestOutput:
-        completions = []
-        for c in out.outputs:
-            if c.index in self._done:
-                continue
-            tokens, chars = self._sent.get(c.index, (0, 0))
-            finished = c.finish_reason is not None
-            if len(c.token_ids) == tokens and len(c.text) == chars and not finished:
-                continue
-            self._sent[c.index] = (len(c.token_ids), len(c.text))
-            if finished:
-                self._done.add(c.index)
-            completions.append(CompletionOutput(
-                c.index, c.text[chars:], c.token_ids[tokens:], c.cumulative_logprob,
-                None if c.logprobs is None else list(c.logprobs[tokens:]), c.finish_reason,
-                c.stop_reason))
-        prompt_logprobs = None
-        if out.prompt_logprobs is not None and not self._prompt_logprobs_sent:
-            prompt_logprobs, self._prompt_logprobs_sent = out.prompt_logprobs, True
-        return RequestOutput(out.request_id, out.prompt, out.prompt_token_ids, completions,
-                             out.finished, prompt_logprobs, out.metrics, out.num_cached_tokens)
+    def next(self, index: int, text: str, shown: int, token_ids: Sequence[int],
+             logprobs: Sequence[PositionLogprobs] | None, cumulative_logprob: float | None,
+             finish_reason: str | None, stop_reason: int | str | None
+             ) -> CompletionOutput | None:
+        """What is new in ``text[:shown]``, ``token_ids`` (and ``logprobs``, one per token)
+        since the last call; None: nothing."""
+        num_tokens = len(token_ids)
+        finished = finish_reason is not None
+        if self.done or (num_tokens == self.tokens and shown <= self.chars and not finished):
+            return None
+        out = CompletionOutput(
+            index, text[self.chars:shown], token_ids[self.tokens:], cumulative_logprob,
+            None if logprobs is None else logprobs[self.tokens:num_tokens],
+            finish_reason, stop_reason)
+        self.tokens, self.chars, self.done = num_tokens, max(self.chars, shown), finished
+        return out

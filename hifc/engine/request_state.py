@@ -9,8 +9,8 @@ from hifc.core.sequence import Sequence
 from hifc.engine.bad_words import BadWords
 from hifc.engine.detokenizer import IncrementalDetokenizer
 from hifc.engine.logprobs import LogprobsBuilder
-from hifc.engine.outputs import (CompletionOutput, FlatLogprobs, PositionLogprobs,
-                                 RequestMetrics, RequestOutput)
+from hifc.engine.outputs import (CompletionOutput, DeltaProgress, FlatLogprobs,
+                                 PositionLogprobs, RequestMetrics, RequestOutput)
 from hifc.sampling_params import RequestOutputKind, SamplingParams
 from hifc.structured.grammar import GrammarState
 
@@ -27,10 +27,7 @@ class CompletionState:
     bad_words: BadWords | None = None
     logprobs: FlatLogprobs | None = None
     cumulative_logprob: float | None = None
-    # output_kind DELTA: what its outputs have given (tokens, characters; finished given)
-    sent_tokens: int = 0
-    sent_chars: int = 0
-    sent_finish: bool = False
+    sent: DeltaProgress = field(default_factory=DeltaProgress)  # output_kind DELTA
     # characters at the end of the text that a stop string may still cut: outputs leave them
     # out until the sequence finishes (as vLLM's do)
     holdback: int = field(init=False)
@@ -62,40 +59,28 @@ class CompletionState:
         check_stop = len(seq.output_token_ids) >= params.min_tokens
         return self.detokenizer.update(seq.output_token_ids, check_stop)
 
+    def _shown_text(self) -> tuple[str, int]:
+        """The text, and how much of it outputs may show now (all once finished)."""
+        text = self.detokenizer.text if self.detokenizer else ""
+        if self.seq.finish_reason is None and self.holdback:
+            return text, max(0, len(text) - self.holdback)
+        return text, len(text)
+
     def output(self) -> CompletionOutput:
         """Everything so far (``CUMULATIVE``, ``FINAL_ONLY``)."""
         seq = self.seq
-        finish = seq.finish_reason
-        text = self.detokenizer.text if self.detokenizer else ""
-        if finish is None and self.holdback:
-            text = text[:max(0, len(text) - self.holdback)]
+        text, shown = self._shown_text()
         return CompletionOutput(
-            self.index, text, list(seq.output_token_ids), self.cumulative_logprob,
-            None if self.logprobs is None else self.logprobs.view(), finish, seq.stop_reason)
+            self.index, text[:shown], list(seq.output_token_ids), self.cumulative_logprob,
+            None if self.logprobs is None else self.logprobs.view(), seq.finish_reason,
+            seq.stop_reason)
 
     def delta(self) -> CompletionOutput | None:
         """What is new since its last delta (``DELTA``); None: nothing."""
-        if self.sent_finish:
-            return None
         seq = self.seq
-        finish = seq.finish_reason
-        tokens = seq.output_token_ids
-        num_tokens = len(tokens)
-        text = self.detokenizer.text if self.detokenizer else ""
-        if finish is None:
-            shown = max(self.sent_chars, len(text) - self.holdback)
-        else:
-            shown = len(text)
-        if num_tokens == self.sent_tokens and shown <= self.sent_chars and finish is None:
-            return None
-        out = CompletionOutput(
-            self.index, text[self.sent_chars:shown], tokens[self.sent_tokens:],
-            self.cumulative_logprob,
-            None if self.logprobs is None else self.logprobs[self.sent_tokens:num_tokens],
-            finish, seq.stop_reason)
-        self.sent_tokens, self.sent_chars = num_tokens, shown
-        self.sent_finish = finish is not None
-        return out
+        text, shown = self._shown_text()
+        return self.sent.next(self.index, text, shown, seq.output_token_ids, self.logprobs,
+                              self.cumulative_logprob, seq.finish_reason, seq.stop_reason)
 
 
 @dataclass

@@ -37,7 +37,8 @@ import torch.multiprocessing as torch_mp
 from hifc.config import EngineConfig
 from hifc.engine.llm_engine import LLMEngine
 from hifc.engine.logprobs import LogprobsBuilder
-from hifc.engine.outputs import CompletionOutput, DeltaCursor, RequestMetrics, RequestOutput
+from hifc.engine.outputs import (CompletionOutput, DeltaProgress, RequestMetrics,
+                                 RequestOutput)
 from hifc.engine.prompts import (check_sampling_params, resolve_max_tokens, stop_token_ids,
                                  tokenize_prompt)
 from hifc.parallel.balance import LeastOutstandingTokens
@@ -80,8 +81,9 @@ class _Tracked:
     prompt_ids: list[int]
     completions: list[CompletionOutput]
     output_kind: RequestOutputKind
-    deltas: DeltaCursor | None  # output_kind DELTA: what its outputs have given
+    sent: list[DeltaProgress] | None  # output_kind DELTA: what its outputs have given
     prompt_logprobs: list | None = None
+    prompt_logprobs_sent: bool = False  # output_kind DELTA: given with an earlier output
 
     def apply(self, delta: CompletionDelta) -> int:
         """Fold one completion's delta in; returns the number of new tokens."""
@@ -101,13 +103,23 @@ class _Tracked:
         change it; None: nothing yet)."""
         if self.output_kind is RequestOutputKind.FINAL_ONLY and not finished:
             return None
-        completions = [CompletionOutput(c.index, c.text, list(c.token_ids), c.cumulative_logprob,
-                                        None if c.logprobs is None else list(c.logprobs),
-                                        c.finish_reason, c.stop_reason)
-                       for c in self.completions]
-        out = RequestOutput(request_id, self.prompt, self.prompt_ids, completions, finished,
-                            self.prompt_logprobs, metrics, num_cached_tokens)
-        return out if self.deltas is None else self.deltas.delta(out)
+        prompt_logprobs = self.prompt_logprobs
+        if self.sent is not None:  # DELTA: what came since (its text only grows)
+            completions = [d for d in (
+                sent.next(c.index, c.text, len(c.text), c.token_ids, c.logprobs,
+                          c.cumulative_logprob, c.finish_reason, c.stop_reason)
+                for sent, c in zip(self.sent, self.completions)) if d is not None]
+            if self.prompt_logprobs_sent:
+                prompt_logprobs = None
+            self.prompt_logprobs_sent |= prompt_logprobs is not None
+        else:
+            completions = [CompletionOutput(c.index, c.text, list(c.token_ids),
+                                            c.cumulative_logprob,
+                                            None if c.logprobs is None else list(c.logprobs),
+                                            c.finish_reason, c.stop_reason)
+                           for c in self.completions]
+        return RequestOutput(request_id, self.prompt, self.prompt_ids, completions, finished,
+                             prompt_logprobs, metrics, num_cached_tokens)
 
 
 class ReplicaError(RuntimeError):
@@ -208,8 +220,8 @@ class DataParallelEngine:
         self._commands[replica].put(AddRequest(request_id, text, ids, sent))
         self._requests[request_id] = _Tracked(
             text, ids, [CompletionOutput(i, "", []) for i in range(params.n)],
-            params.output_kind,
-            DeltaCursor() if params.output_kind is RequestOutputKind.DELTA else None)
+            params.output_kind, [DeltaProgress() for _ in range(params.n)]
+            if params.output_kind is RequestOutputKind.DELTA else None)
 
     def token_text(self, token_id: int) -> str | None:
         """A token's text, decoded alone (None without a tokenizer), as ``LLMEngine``'s."""

@@ -6,11 +6,11 @@ Front end -> replica: ``AddRequest``, ``AbortRequests``, ``Stop``. Replica -> fr
 request or left the replica idle, ``Closed`` when it stopped, ``Failed`` if its loop failed.
 Outputs travel as deltas (the replica's engine runs each request as ``DELTA``, or
 ``FINAL_ONLY`` where the caller wants only that): per completion, the new token ids, logprobs
-and text since the last message, so a step costs the same to send at any sequence length. Deltas are plain
-tuples (the layouts below): a step's 256 of them pickle in 0.09 ms and unpickle in 0.10 ms,
-against 0.62 and 0.54 ms as NamedTuples with a ``RequestMetrics`` (2-core CPU machine), and the
-replica's queue pickles them in a thread that shares its interpreter lock with the engine's
-next step.
+and text since the last message, so a step costs the same to send at any sequence length.
+Deltas are plain tuples (the layouts below): a step's 256 of them pickle in 0.09 ms and
+unpickle in 0.10 ms, against 0.62 and 0.54 ms as NamedTuples with a ``RequestMetrics`` (2-core
+CPU machine), and the replica's queue pickles them in a thread that shares its interpreter
+lock with the engine's next step.
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from hifc.entrypoints.server.errors import APIError
 from hifc.loader.chat import content_text
-from hifc.sampling_params import SamplingParams, StructuredOutputsParams
+from hifc.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
 _INT64 = dict(ge=-(2 ** 63), le=2 ** 63 - 1)
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -135,7 +135,8 @@ class _GenerationRequest(_Strict):
     def sampling_params(self, max_tokens: int | None, logprobs: int | None,
                         prompt_logprobs: int | None = None) -> SamplingParams:
         """The engine's parameters (``logprobs``: top log-probabilities per generated token,
-        None for none); ValueError (-> 400) for out-of-range values."""
+        None for none; a response sent whole needs only the final output, a stream every
+        step's); ValueError (-> 400) for out-of-range values."""
         optional = {name: getattr(self, name) for name in (
             "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
             "repetition_penalty") if getattr(self, name) is not None}
@@ -148,7 +149,9 @@ class _GenerationRequest(_Strict):
             bad_words=self.bad_words, logprobs=logprobs,
             prompt_logprobs=(self.prompt_logprobs if self.prompt_logprobs is not None
                              else prompt_logprobs),
-            structured_outputs=self.structured_output_params(), **optional)
+            structured_outputs=self.structured_output_params(),
+            output_kind=(RequestOutputKind.CUMULATIVE if self.stream
+                         else RequestOutputKind.FINAL_ONLY), **optional)
 
 
 class CompletionRequest(_GenerationRequest):

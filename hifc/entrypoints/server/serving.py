@@ -6,7 +6,6 @@ completions, and choice ``i * n + j`` is prompt i's completion j (OpenAI's order
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import time
 import uuid
@@ -22,7 +21,7 @@ from hifc.entrypoints.server.async_engine import (AsyncEngine, EngineDeadError, 
                                                   RequestStream)
 from hifc.entrypoints.server.errors import APIError, error_body
 from hifc.entrypoints.server.protocol import ChatCompletionRequest, CompletionRequest
-from hifc.sampling_params import RequestOutputKind, SamplingParams
+from hifc.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -74,14 +73,10 @@ async def create_chat_completion(engine: AsyncEngine, body: ChatCompletionReques
 
 def _sampling_params(body, max_tokens: int | None, logprobs: int | None,
                      prompt_logprobs: int | None = None) -> SamplingParams:
-    """The request's parameters; a whole (not streamed) response needs only the final output."""
     try:
-        params = body.sampling_params(max_tokens, logprobs, prompt_logprobs)
+        return body.sampling_params(max_tokens, logprobs, prompt_logprobs)
     except ValueError as exc:
         raise APIError(400, str(exc)) from None
-    if body.stream:
-        return params
-    return dataclasses.replace(params, output_kind=RequestOutputKind.FINAL_ONLY)
 
 
 def _new_call(body, params: SamplingParams, chat: bool, logprobs: int | None,
