@@ -5,6 +5,7 @@ in the server's process (``--no-engine-process``).
 
     PYTHONPATH=$PWD python3 scripts/gpu_serve_overhead.py [OUTDIR]             # one H200, ~5 min
     PYTHONPATH=$PWD python3 scripts/gpu_serve_overhead.py --variant "engine process" [OUTDIR]
+    PYTHONPATH=$PWD python3 scripts/gpu_serve_overhead.py --repeats 2 [OUTDIR]  # ~8 min
     PYTHONPATH=$PWD python3 scripts/gpu_serve_overhead.py --device cpu [OUTDIR]  # smoke run
 
 The workload (8B random preset, bf16): 512 requests of 512 random prompt tokens and 256 output
@@ -12,10 +13,12 @@ tokens (greedy, EOS ignored), all sent at once, at most 256 running (``--max-num
 server variant starts on a free loopback port, is warmed up with other prompts (``--seed 7``),
 then runs the workload from one client process (``--seed 0``) and from four
 (``--client-processes 4``, ``--seed 1``: other prompts of the same lengths, since a second run
-of the same prompts would hit the prefix cache). Prints output tokens per second, each against
-the offline run, with TTFT and TPOT; writes OUTDIR/offline.json, OUTDIR/<variant>-<N>c.json
-(hifc bench serve's), OUTDIR/<variant>.log (the server's) and OUTDIR/serve-overhead.json (the
-table). Exit status 1 if a run failed.
+of the same prompts would hit the prefix cache). Served figures of one configuration differ by
+up to ~10% from one server instance to the next, so ``--repeats N`` starts N servers of each
+variant, in turns. Prints output tokens per second, each against the offline run, with TTFT
+and TPOT; writes OUTDIR/offline.json, OUTDIR/<variant>[-rK]-<N>c.json (hifc bench serve's),
+OUTDIR/<variant>[-rK].log (the server's) and OUTDIR/serve-overhead.json (the table). Exit
+status 1 if a run failed.
 """
 from __future__ import annotations
 
@@ -64,7 +67,8 @@ def wait_healthy(url: str, server: subprocess.Popen, timeout: float) -> None:
 
 
 def serve(name: str, flags: list[str], setup: dict, outdir: Path) -> dict[int, dict]:
-    """bench serve's results from one server of this variant, by client processes."""
+    """bench serve's results from one server of this variant (``name``: its files' stem),
+    by client processes."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = outdir / f"{name.replace(' ', '-')}.log"
@@ -99,8 +103,12 @@ def main() -> int:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--variant", action="append", choices=list(VARIANTS),
                         help="a server variant to run (repeat for more; default: both)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="servers of each variant, started in turns (default 1)")
     parser.add_argument("outdir", nargs="?", default=f"serve-overhead-{time.strftime('%H%M%S')}")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
     setup = GPU if args.device == "cuda" else CPU
     outdir = Path(args.outdir)
     outdir.mkdir(parents=True, exist_ok=True)
@@ -112,24 +120,26 @@ def main() -> int:
     rows = [dict(run="offline (bench throughput)",
                  output_tokens_per_s=offline["output_tokens_per_s"], of_offline=1.0)]
     status = 0
-    for name in args.variant or list(VARIANTS):
-        flags = VARIANTS[name]
+    servers = [(repeat, name) for repeat in range(args.repeats)
+               for name in args.variant or list(VARIANTS)]
+    for repeat, name in servers:
+        label = name if args.repeats == 1 else f"{name} r{repeat}"
         try:
-            results = serve(name, flags, setup, outdir)
+            results = serve(label, VARIANTS[name], setup, outdir)
         except (RuntimeError, subprocess.CalledProcessError) as exc:
-            print(f"{name}: {exc}", file=sys.stderr)
+            print(f"{label}: {exc}", file=sys.stderr)
             status = 1
             continue
         for clients, result in results.items():
             rows.append(dict(
-                run=f"hifc serve, {name}, {clients} client{'s' if clients > 1 else ''}",
+                run=f"hifc serve, {label}, {clients} client{'s' if clients > 1 else ''}",
                 output_tokens_per_s=result["output_tokens_per_s"],
                 of_offline=result["output_tokens_per_s"] / rows[0]["output_tokens_per_s"],
                 ttft_ms=result["ttft_ms"], tpot_ms=result["tpot_ms"]))
-    print(f"\n{'run':46} {'out tok/s':>10} {'x offline':>9} {'TTFT mean':>10} {'TPOT mean':>10}")
+    print(f"\n{'run':49} {'out tok/s':>10} {'x offline':>9} {'TTFT mean':>10} {'TPOT mean':>10}")
     for row in rows:
         ttft, tpot = row.get("ttft_ms", {}), row.get("tpot_ms", {})
-        print(f"{row['run']:46} {row['output_tokens_per_s']:10.1f} {row['of_offline']:9.3f} "
+        print(f"{row['run']:49} {row['output_tokens_per_s']:10.1f} {row['of_offline']:9.3f} "
               f"{ttft.get('mean', float('nan')):10.1f} {tpot.get('mean', float('nan')):10.2f}")
     (outdir / "serve-overhead.json").write_text(json.dumps(rows, indent=1))
     return status

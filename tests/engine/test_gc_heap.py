@@ -109,3 +109,34 @@ def test_objects_frozen_before_the_block_do_not_stop_it():
     assert gc.get_freeze_count() > 0
     frozen_garbage_survives(lambda: None)
     assert gc.get_freeze_count() == 0
+
+
+def young_collections(block) -> int:
+    """How many times the young generation was collected while ``block()`` ran."""
+    before = gc.get_stats()[0]["collections"]
+    block()
+    return gc.get_stats()[0]["collections"] - before
+
+
+def test_a_steps_churn_collects_no_young_generation_inside_the_block():
+    """Thousands of containers alive at once (a step's outputs at a few hundred requests) pass
+    Python's threshold of 700 several times over; inside the block they pass none."""
+    def step():
+        outputs = [[i, (i,), {"i": i}] for i in range(2_000)]  # 6,000 containers
+        del outputs
+
+    thresholds = gc.get_threshold()
+    assert young_collections(step) > 0  # Python's own threshold
+    with frozen_heap():
+        assert gc.get_threshold()[0] > thresholds[0]
+        assert young_collections(step) == 0
+        with frozen_heap(collect=False):
+            assert young_collections(step) == 0
+        assert young_collections(step) == 0
+    assert gc.get_threshold() == thresholds
+    try:
+        with frozen_heap():
+            raise KeyError("step failed")
+    except KeyError:
+        pass
+    assert gc.get_threshold() == thresholds
