@@ -39,8 +39,7 @@ from hifc.engine.llm_engine import LLMEngine
 from hifc.engine.logprobs import LogprobsBuilder
 from hifc.engine.outputs import (CompletionOutput, DeltaProgress, RequestMetrics,
                                  RequestOutput)
-from hifc.engine.prompts import (check_sampling_params, resolve_max_tokens, stop_token_ids,
-                                 tokenize_prompt)
+from hifc.engine.prompts import check_sampling_params, resolve_max_tokens, tokenize_prompt
 from hifc.parallel.balance import LeastOutstandingTokens
 from hifc.parallel.config import replica_config
 from hifc.parallel.devices import replica_devices, shared_flash_devices
@@ -48,7 +47,7 @@ from hifc.parallel.messages import (AbortRequests, AddRequest, Closed, Completio
                                     OutputDelta, Outputs, Ready, ReplicaInfo, Stop)
 from hifc.parallel.replica import run_replica
 from hifc.sampling_params import RequestOutputKind, SamplingParams
-from hifc.structured.grammar import GrammarCompiler
+from hifc.structured.grammar import check_grammar
 from hifc.tiers.flash.arbiter import DeviceArbiter, DeviceShare
 
 logger = logging.getLogger(__name__)
@@ -174,7 +173,6 @@ class DataParallelEngine:
         # every replica must take every request: the shortest context of them all
         self.limits = dataclasses.replace(
             first.limits, max_model_len=min(r.limits.max_model_len for r in self.replicas))
-        self._grammars: GrammarCompiler | None = None  # made for the first structured request
         self._balancer = LeastOutstandingTokens(n)
 
     # ---- requests -------------------------------------------------------------------------
@@ -184,15 +182,12 @@ class DataParallelEngine:
                                self.limits.max_model_len, self.model_name)
 
     def check_sampling_params(self, params: SamplingParams) -> SamplingParams:
-        """See ``LLMEngine.check_sampling_params`` (a grammar is compiled here too, so that a
-        bad one fails as the request is added, not in its replica)."""
+        """See ``LLMEngine.check_sampling_params`` (a grammar is parsed here, so that a bad one
+        fails as the request is added; the replica compiles it)."""
         check_sampling_params(params, self.arch.vocab_size, self.config.max_logprobs,
                               self.tokenizer, self.model_name)
         if params.structured_outputs is not None:
-            if self._grammars is None:
-                self._grammars = GrammarCompiler(self.tokenizer, self.arch.vocab_size,
-                                                 stop_token_ids(self.tokenizer, self.arch))
-            self._grammars.compile(params.structured_outputs)
+            check_grammar(params.structured_outputs)
         return params
 
     def add_request(self, request_id: str, prompt: str | list[int],

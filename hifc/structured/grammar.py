@@ -6,9 +6,10 @@ first structured request arrives.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import re
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import torch
 
@@ -43,7 +44,7 @@ class GrammarCompiler:
         """The compiled grammar; ValueError naming what is wrong with a bad schema, regex or
         grammar."""
         kind = params.kind
-        try:
+        with _refusing(kind):
             if kind == "json":
                 return self._compiler.compile_json_schema(
                     params.json, any_whitespace=not params.disable_any_whitespace)
@@ -54,15 +55,42 @@ class GrammarCompiler:
             if kind == "choice":
                 return self._compiler.compile_grammar(_choice_ebnf(params.choice))
             return self._compiler.compile_grammar(params.grammar)
-        except RuntimeError as exc:
-            message = _XGRAMMAR_LOG_PREFIX.sub("", str(exc).strip())
-            raise ValueError(f"invalid {kind} for structured outputs: {message}") from None
 
     def matcher(self, compiled) -> "GrammarState":
         return GrammarState(self._xgr.GrammarMatcher(compiled))
 
     def bitmask_filler(self) -> "BitmaskFiller":
         return BitmaskFiller(self._xgr, self.vocab_size)
+
+
+def check_grammar(params: StructuredOutputsParams) -> None:
+    """ValueError, as ``GrammarCompiler.compile`` raises it, if the schema, regex or grammar is
+    bad: it is parsed, not compiled. What a front end checks before it queues a request for an
+    engine elsewhere; compiling (per-token tables over a vocabulary, from the tokenizer's table
+    of every token, which takes the first grammar a second or more at a large vocabulary) is the
+    engine's work."""
+    grammar = _xgrammar().Grammar
+    kind = params.kind
+    with _refusing(kind):
+        if kind == "json":
+            grammar.from_json_schema(params.json,
+                                     any_whitespace=not params.disable_any_whitespace)
+        elif kind == "regex":
+            grammar.from_regex(params.regex)
+        elif kind == "choice":
+            grammar.from_ebnf(_choice_ebnf(params.choice))
+        elif kind == "grammar":
+            grammar.from_ebnf(params.grammar)
+
+
+@contextlib.contextmanager
+def _refusing(kind: str) -> Iterator[None]:
+    """xgrammar's errors about a bad grammar as ValueErrors that name it."""
+    try:
+        yield
+    except RuntimeError as exc:
+        message = _XGRAMMAR_LOG_PREFIX.sub("", str(exc).strip())
+        raise ValueError(f"invalid {kind} for structured outputs: {message}") from None
 
 
 def _choice_ebnf(choices: tuple[str, ...]) -> str:

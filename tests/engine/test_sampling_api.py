@@ -273,6 +273,35 @@ def test_sampling_params_defaults_and_normalisation():
         StructuredOutputsParams()
 
 
+BAD_CONSTRAINTS = [dict(json={"type": "nope"}), dict(json={"minimum": "x", "type": "integer"}),
+                   dict(regex="("), dict(regex="a{3,1}"), dict(grammar="root ::= "),
+                   dict(grammar="root ::= other")]
+GOOD_CONSTRAINTS = [dict(json={"type": "object", "properties": {"a": {"type": "integer"}}}),
+                    dict(json_object=True), dict(regex="[a-c]+"), dict(choice=["x", "y z"]),
+                    dict(grammar='root ::= "a" | "b"')]
+
+
+def test_a_front_end_refuses_what_the_compiler_refuses_without_compiling(llm):
+    """``check_grammar`` (a data-parallel front end's check: parse, no tokenizer) refuses every
+    bad constraint with the compiler's own message, and passes what the compiler compiles."""
+    pytest.importorskip("xgrammar")
+    from hifc.structured.grammar import GrammarCompiler, check_grammar
+
+    compiler = GrammarCompiler(llm.get_tokenizer(), 384, {EOS})
+    for constraint in BAD_CONSTRAINTS:
+        params = StructuredOutputsParams(**constraint)
+        with pytest.raises(ValueError) as compiled:
+            compiler.compile(params)
+        with pytest.raises(ValueError) as checked:
+            check_grammar(params)
+        assert str(checked.value) == str(compiled.value), constraint
+        assert str(checked.value).startswith(f"invalid {params.kind} for structured outputs: ")
+    for constraint in GOOD_CONSTRAINTS:
+        params = StructuredOutputsParams(**constraint)
+        compiler.compile(params)
+        check_grammar(params)
+
+
 def test_structured_outputs_without_xgrammar_say_what_to_install(llm, monkeypatch):
     import sys
 

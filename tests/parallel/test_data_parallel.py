@@ -12,6 +12,8 @@ import time
 import pytest
 
 from hifc import LLM, SamplingParams
+from hifc.sampling_params import StructuredOutputsParams
+from hifc.structured.grammar import GrammarCompiler
 
 pytestmark = pytest.mark.slow  # each engine here starts two processes (~10 s on the CPU VM)
 
@@ -148,7 +150,9 @@ def test_a_replica_that_cannot_start_fails_the_engine_with_its_error():
     assert set(multiprocessing.active_children()) <= before
 
 
-def test_smollm2_text_chat_and_stop_strings_equal_one_engine(smollm2, tmp_path):
+def test_smollm2_text_chat_and_stop_strings_equal_one_engine(smollm2, tmp_path, monkeypatch):
+    """... and a structured request: its grammar is compiled in its replica alone (the front
+    end parses it)."""
     one = smollm2[0]
     texts = ["The capital of France is", "def fibonacci(n):", "Flash memory is",
              "Once upon a time", "The GPU", "Hello, my name is"]
@@ -157,19 +161,31 @@ def test_smollm2_text_chat_and_stop_strings_equal_one_engine(smollm2, tmp_path):
     stop = free.text.strip()[3:7]
     params = [SamplingParams(max_tokens=20, temperature=0, stop=[stop] if i == 1 else [])
               for i in range(len(texts))]
+    texts.append("Is flash memory fast? Answer:")
+    params.append(SamplingParams(max_tokens=8, temperature=0, structured_outputs=(
+        StructuredOutputsParams(choice=["yes", "no", "it depends"]))))
     chat = [{"role": "user", "content": "Say hello."}]
     chat_params = SamplingParams(max_tokens=12, temperature=0)
     expected = one.generate(texts, params, use_tqdm=False) + one.chat(chat, chat_params,
                                                                       use_tqdm=False)
-    # 5 blocks of 16 tokens per replica; each replica gets 3 of the texts, which grow to
-    # 2 blocks each (but the one that stops early): swaps to flash
+
+    def not_here(*args, **kwargs):
+        raise AssertionError("the front end compiled a grammar")
+
+    monkeypatch.setattr(GrammarCompiler, "__init__", not_here)  # in this process only
+    # 5 blocks of 16 tokens per replica; each replica gets 3 or 4 of the texts, most of which
+    # grow to 2 blocks each: swaps to flash
     with LLM("smollm2-135m", device="cpu", block_size=16, max_model_len=80, num_gpu_blocks=5,
              kv_offload="flash", flash_path=f"{tmp_path}/a.kv,{tmp_path}/b.kv",
              flash_size_gib=0.05, data_parallel_size=2) as two:
         got = two.generate(texts, params, use_tqdm=False) + two.chat(chat, chat_params,
                                                                       use_tqdm=False)
         stats = two.stats()
+        with pytest.raises(ValueError, match="invalid regex"):
+            two.generate(texts[0], SamplingParams(structured_outputs=StructuredOutputsParams(
+                regex="(")), use_tqdm=False)
     assert got[1].finish_reason == "stop" and stop not in got[1].text
+    assert got[-2].text in ("yes", "no", "it depends")
     assert [(o.token_ids, o.text, o.finish_reason) for o in got] == \
         [(o.token_ids, o.text, o.finish_reason) for o in expected]
     assert stats["swap_out_blocks"] > 0 and stats["recomputed_sequences"] == 0
