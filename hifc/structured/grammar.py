@@ -66,9 +66,9 @@ class GrammarCompiler:
 def check_grammar(params: StructuredOutputsParams) -> None:
     """ValueError, as ``GrammarCompiler.compile`` raises it, if the schema, regex or grammar is
     bad: it is parsed, not compiled. What a front end checks before it queues a request for an
-    engine elsewhere; compiling (per-token tables over a vocabulary, from the tokenizer's table
-    of every token, which takes the first grammar a second or more at a large vocabulary) is the
-    engine's work."""
+    engine elsewhere; compiling (per-token tables over the vocabulary, after a table of every
+    token: 0.17 s for SmolLM2's 49,152 tokens on a 2-core CPU, then 1-8 ms for each new JSON
+    schema, against about 0.1 ms to parse one) is the engine's work."""
     grammar = _xgrammar().Grammar
     kind = params.kind
     with _refusing(kind):
