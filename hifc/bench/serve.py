@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -239,12 +240,10 @@ async def _client(args, model: str, requests: list[BenchRequest], offsets: list[
                   max_concurrency: int | None) -> list[RequestResult]:
     """Send ``requests`` at their ``offsets`` from now, at most ``max_concurrency`` at once."""
     httpx = _httpx()
-    cap = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    cap = asyncio.Semaphore(max_concurrency) if max_concurrency else contextlib.nullcontext()
 
     async def one(http, offset: float, req: BenchRequest) -> RequestResult:
         await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))
-        if cap is None:
-            return await send_request(http, model, req, args, start)
         async with cap:
             return await send_request(http, model, req, args, start)
 

@@ -127,14 +127,14 @@ class RequestState:
         finished, kind = self.finished, self.params.output_kind
         if kind is RequestOutputKind.FINAL_ONLY and not finished:
             return None
+        delta = kind is RequestOutputKind.DELTA
         complete = (self.prompt_logprobs is not None
-                    and len(self.prompt_logprobs) == len(self.prompt_token_ids))
+                    and len(self.prompt_logprobs) == len(self.prompt_token_ids)
+                    and not (delta and self.prompt_logprobs_sent))
         prompt_logprobs = list(self.prompt_logprobs) if complete else None
-        if kind is RequestOutputKind.DELTA:
+        if delta:
             completions = [d for d in (c.delta() for c in self.completions) if d is not None]
-            if self.prompt_logprobs_sent:
-                prompt_logprobs = None
-            self.prompt_logprobs_sent |= prompt_logprobs is not None
+            self.prompt_logprobs_sent |= complete
         else:
             completions = [c.output() for c in self.completions]
         return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, completions,

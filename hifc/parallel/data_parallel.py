@@ -208,11 +208,9 @@ class DataParallelEngine:
                                        self.limits.max_model_len * params.n)
         # the replica sends what is new each step (its engine's DELTA outputs), or the final
         # output alone if that is all this request asks for
-        if params.output_kind is RequestOutputKind.CUMULATIVE:
-            sent = dataclasses.replace(params, output_kind=RequestOutputKind.DELTA)
-        else:
-            sent = params
-        self._commands[replica].put(AddRequest(request_id, text, ids, sent))
+        replica_params = (dataclasses.replace(params, output_kind=RequestOutputKind.DELTA)
+                          if params.output_kind is RequestOutputKind.CUMULATIVE else params)
+        self._commands[replica].put(AddRequest(request_id, text, ids, replica_params))
         self._requests[request_id] = _Tracked(
             text, ids, [CompletionOutput(i, "", []) for i in range(params.n)],
             params.output_kind, [DeltaProgress() for _ in range(params.n)]
