@@ -105,27 +105,35 @@ def sized_options(options: dict, batches, context: int, steps: int, warmup: int,
 def measure_decode(engine, batch: int, context: int, steps: int, warmup: int,
                    max_tokens: int, profile: bool = False) -> tuple[dict, list[list[int]]]:
     """Decode step time with ``batch`` sequences of about ``context`` tokens; returns the row and
-    each request's greedy tokens at the last timed step."""
-    from hifc.sampling_params import SamplingParams
+    each request's greedy tokens at the last timed step. The requests ask for delta outputs
+    (each step returns its new tokens only), as a streaming server's do."""
+    from hifc.sampling_params import RequestOutputKind, SamplingParams
 
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
+                            output_kind=RequestOutputKind.DELTA)
     ids = [f"b{batch}-{i}" for i in range(batch)]
     prompts = fixed_requests(context, max_tokens, batch, engine.arch.vocab_size, seed=batch)
     for rid, request in zip(ids, prompts):
         engine.add_request(rid, request.prompt_token_ids, params)
+    tokens: dict[str, list[int]] = {rid: [] for rid in ids}
+
+    def step() -> int:
+        outs = engine.step()
+        for o in outs:
+            tokens[o.request_id].extend(o.outputs[0].token_ids)
+        return len(outs)
+
     while engine.scheduler.waiting:
-        engine.step()
+        step()
     for _ in range(warmup):
-        engine.step()
+        step()
     graph_steps0 = engine.stats()["graph_decode_steps"]
-    last = {}
 
     def timed_step():
-        outs = engine.step()
-        if len(outs) != batch:
-            raise RuntimeError(f"a timed step decoded {len(outs)} of {batch} sequences; "
+        decoded = step()
+        if decoded != batch:
+            raise RuntimeError(f"a timed step decoded {decoded} of {batch} sequences; "
                                "raise --num-gpu-blocks or lower the batch sizes")
-        last.update({o.request_id: o.outputs[0].token_ids for o in outs})
 
     times = []
     for _ in range(steps):
@@ -142,6 +150,7 @@ def measure_decode(engine, batch: int, context: int, steps: int, warmup: int,
         sync(engine.device)
         steady_s = (time.perf_counter() - t0) / steps
     graph_steps = engine.stats()["graph_decode_steps"] - graph_steps0
+    last = [list(tokens[rid]) for rid in ids]
     forward = replay_times(engine, batch, profile)
     if profile:  # after the timed steps: cProfile slows the steps it watches
         host = cProfile.Profile()
@@ -158,7 +167,7 @@ def measure_decode(engine, batch: int, context: int, steps: int, warmup: int,
            "synced_step_ms": 1000 * statistics.median(times), "tokens_per_s": batch / steady_s,
            "graph_steps": graph_steps, "bytes_read": weight_bytes_read(engine) + kv_read,
            "clocks": clocks.summary(), **forward}
-    return row, [last[rid] for rid in ids]
+    return row, last
 
 
 def add_floor(row: dict, copy_rate_gbps: float) -> dict:

@@ -43,18 +43,9 @@ class GrammarCompiler:
     def compile(self, params: StructuredOutputsParams):
         """The compiled grammar; ValueError naming what is wrong with a bad schema, regex or
         grammar."""
-        kind = params.kind
-        with _refusing(kind):
-            if kind == "json":
-                return self._compiler.compile_json_schema(
-                    params.json, any_whitespace=not params.disable_any_whitespace)
-            if kind == "json_object":
-                return self._compiler.compile_builtin_json_grammar()
-            if kind == "regex":
-                return self._compiler.compile_regex(params.regex)
-            if kind == "choice":
-                return self._compiler.compile_grammar(_choice_ebnf(params.choice))
-            return self._compiler.compile_grammar(params.grammar)
+        compile_name, _, args, kwargs = _builders(params)
+        with _refusing(params.kind):
+            return getattr(self._compiler, compile_name)(*args, **kwargs)
 
     def matcher(self, compiled) -> "GrammarState":
         return GrammarState(self._xgr.GrammarMatcher(compiled))
@@ -69,18 +60,24 @@ def check_grammar(params: StructuredOutputsParams) -> None:
     engine elsewhere; compiling (per-token tables over the vocabulary, after a table of every
     token: 0.17 s for SmolLM2's 49,152 tokens on a 2-core CPU, then 1-8 ms for each new JSON
     schema, against about 0.1 ms to parse one) is the engine's work."""
-    grammar = _xgrammar().Grammar
+    _, parse_name, args, kwargs = _builders(params)
+    with _refusing(params.kind):
+        getattr(_xgrammar().Grammar, parse_name)(*args, **kwargs)
+
+
+def _builders(params: StructuredOutputsParams) -> tuple[str, str, tuple, dict]:
+    """The constraint's xgrammar builders: the ``GrammarCompiler`` method that compiles it, the
+    ``Grammar`` constructor that parses it, and the arguments both take."""
     kind = params.kind
-    with _refusing(kind):
-        if kind == "json":
-            grammar.from_json_schema(params.json,
-                                     any_whitespace=not params.disable_any_whitespace)
-        elif kind == "regex":
-            grammar.from_regex(params.regex)
-        elif kind == "choice":
-            grammar.from_ebnf(_choice_ebnf(params.choice))
-        elif kind == "grammar":
-            grammar.from_ebnf(params.grammar)
+    if kind == "json":
+        return ("compile_json_schema", "from_json_schema", (params.json,),
+                {"any_whitespace": not params.disable_any_whitespace})
+    if kind == "json_object":
+        return "compile_builtin_json_grammar", "builtin_json_grammar", (), {}
+    if kind == "regex":
+        return "compile_regex", "from_regex", (params.regex,), {}
+    ebnf = _choice_ebnf(params.choice) if kind == "choice" else params.grammar
+    return "compile_grammar", "from_ebnf", (ebnf,), {}
 
 
 @contextlib.contextmanager

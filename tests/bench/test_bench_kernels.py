@@ -151,3 +151,28 @@ def test_decode_steps_run_with_the_startup_heap_frozen(hifc, monkeypatch):
     code, _, _ = hifc("bench", "kernels", "--model", "random:tiny-llama", *SMALL)
     assert code == 0 and len(frozen) == 2 and min(frozen) > 0
     assert gc.get_freeze_count() == 0
+
+
+def test_decode_returns_every_token_its_delta_outputs_gave():
+    """The timed requests ask for delta outputs; the tokens returned (prefill, warm-up and timed
+    steps) are each request's whole greedy sequence, as a fresh generation gives it."""
+    from hifc.bench import kernels
+    from hifc.bench.workloads import fixed_requests
+    from hifc.engine.llm_engine import LLMEngine
+    from hifc.sampling_params import SamplingParams
+
+    options = dict(model="random:tiny-llama", device="cpu", dtype="float32", block_size=16,
+                   num_gpu_blocks=64, seed=0)
+    engine = LLMEngine.from_options(**options)
+    _, tokens = kernels.measure_decode(engine, batch=3, context=40, steps=2, warmup=1,
+                                       max_tokens=8)
+    assert [len(t) for t in tokens] == [1 + 1 + 2 + 2] * 3  # prefill, warm-up, two timed runs
+    prompts = fixed_requests(40, 8, 3, engine.arch.vocab_size, seed=3)
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    fresh = LLMEngine.from_options(**options)
+    for i, p in enumerate(prompts):
+        fresh.add_request(str(i), p.prompt_token_ids, params)
+    done = {}
+    while fresh.has_unfinished_requests():
+        done.update({o.request_id: o.outputs[0].token_ids for o in fresh.step() if o.finished})
+    assert [done[str(i)] for i in range(3)] == tokens
