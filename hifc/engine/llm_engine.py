@@ -5,9 +5,9 @@ step N+1 while the device still runs step N (the launch queues the work and retu
 input token sampled by step N is read on the device), then waits for step N's tokens and applies
 them (scheduler update, stop checks, detokenizing, outputs) while step N+1 runs. So host work
 hides behind device work, and ``step()`` returns step N's outputs: one call late. A sequence
-that stopped at step N computes one extra token in step N+1, dropped. A step after one that
-sampled for a request with a grammar or bad words waits for that step's tokens first (its masks
-depend on them).
+that stopped at step N computes one extra token in step N+1, dropped. Where step N sampled for
+a request with a grammar or bad words, step N+1's masks depend on its tokens: step N+1's forward
+is launched, step N applied while it runs, then step N+1's sampling launched with the masks.
 """
 from __future__ import annotations
 
@@ -315,22 +315,24 @@ class LLMEngine:
         previous, self._in_flight = self._in_flight, None
         if previous is not None and not self.async_scheduling:
             return self._apply(previous)  # switched off since: end the step in flight first
-        results = []
-        if previous is not None and previous.constrains_next:
-            results, previous = self._apply(previous), None  # its tokens decide the masks
-        step = self._launch(self.swaps.schedule(wait=previous is None))
-        if previous is not None:
+        step, results = self._launch(self.swaps.schedule(wait=previous is None), previous)
+        if results is None and previous is not None:
             results = self._apply(previous)
+        if previous is not None:
             self.num_overlapped_steps += step is not None
         if step is None:
-            return results
+            return results or []
         if self.async_scheduling:
             self._in_flight = step
-            return results
+            return results or []
         return self._apply(step)
 
-    def _launch(self, out: SchedulerOutput) -> _InFlight | None:
-        """Queue the step on the device (None: nothing scheduled)."""
+    def _launch(self, out: SchedulerOutput, previous: _InFlight | None
+                ) -> tuple[_InFlight | None, list[RequestOutput] | None]:
+        """Queue the step on the device (None: nothing scheduled), and the outputs of
+        ``previous`` if it had to be applied first (None: it was not). A step whose grammar
+        masks or bad-word bans depend on tokens ``previous`` sampled applies it between its
+        forward and its sampling, while the device runs the forward."""
         t0 = time.perf_counter()
         completions = [self._completions[w.request_id] for w in out.scheduled]
         now = time.time()
@@ -339,13 +341,16 @@ class LLMEngine:
             if metrics.first_scheduled_time is None:
                 metrics.first_scheduled_time = now
         sampling = [c for w, c in zip(out.scheduled, completions) if w.samples]
-        launched = self.runner.launch(out, [c.seq for c in completions],
-                                      self._constraints(sampling))
-        if out.is_empty:
-            return None
-        self.num_steps += 1
+        forward = self.runner.launch_forward(out, [c.seq for c in completions])
         constrained = any(c.grammar is not None or c.bad_words is not None for c in sampling)
-        return _InFlight(out, completions, launched, t0, constrained)
+        results = None
+        if constrained and previous is not None and previous.constrains_next:
+            results = self._apply(previous)  # its tokens decide the masks
+        launched = self.runner.launch_sampling(forward, self._constraints(sampling))
+        if out.is_empty:
+            return None, results
+        self.num_steps += 1
+        return _InFlight(out, completions, launched, t0, constrained), results
 
     def _apply(self, step: _InFlight) -> list[RequestOutput]:
         """Wait for a launched step's tokens and apply them; its outputs."""
@@ -360,7 +365,10 @@ class LLMEngine:
     def _constraints(self, sampling: list[CompletionState]) -> StepConstraints | None:
         """This step's bad-word bans and grammar bitmasks, by row of the sequences that
         sample."""
-        constrained = [(row, c) for row, c in enumerate(sampling) if c.grammar or c.bad_words]
+        # a sequence that ended with the tokens applied since the step was scheduled samples a
+        # token that is dropped: it needs no mask (a finished grammar has none)
+        constrained = [(row, c) for row, c in enumerate(sampling)
+                       if (c.grammar or c.bad_words) and not c.seq.status.is_finished]
         if not constrained:
             return None
         step = StepConstraints()

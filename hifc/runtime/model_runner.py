@@ -1,7 +1,7 @@
 """Runs one scheduled step on the device: inputs -> model -> logits -> sampled tokens.
 
-``launch`` queues a step and returns at once (``LaunchedStep``; its ``result()`` waits for the
-sampled ids on the host). A decode's ``PENDING_TOKEN`` is the id the previous launched step
+``launch_forward`` then ``launch_sampling`` queue a step and return at once (``LaunchedStep``;
+its ``result()`` waits for the sampled ids on the host). A decode's ``PENDING_TOKEN`` is the id the previous launched step
 sampled for that sequence: it is copied into the step's input on the device, so the step can
 be launched before the host has seen the previous step's results (asynchronous scheduling).
 
@@ -16,6 +16,7 @@ import bisect
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import partial
 from itertools import chain
 from typing import Protocol
@@ -58,6 +59,22 @@ class StepFollowers(Protocol):
     def announce(self, scheduled: list[ScheduledSeq],
                  logprob_spans: list[tuple[int, int, int]]) -> None:
         """Send them a step: they ``follow`` it while this rank computes it."""
+
+
+@dataclass
+class QueuedForward:
+    """A step whose forward is queued on the device and whose sampling is not yet: its schedule
+    and sequences, the tokens the step before sampled (on the device), the sampling rows'
+    logits, and for prompt logprobs the spans, hidden states and query offsets of an eager
+    forward."""
+
+    out: SchedulerOutput
+    seqs: list[Sequence]
+    previous: DeviceTokens | None
+    logits: torch.Tensor | None = None  # [S, V]
+    spans: list[tuple[int, int, int]] = field(default_factory=list)
+    hidden: torch.Tensor | None = None
+    query_start_loc: list[int] | None = None
 
 
 class ModelRunner:
@@ -289,19 +306,18 @@ class ModelRunner:
                              previous.token_ids.index_select(0, both[len(index):]))
 
     @torch.inference_mode()
-    def launch(self, out: SchedulerOutput, seqs: list[Sequence],
-               constraints: StepConstraints | None = None) -> LaunchedStep:
-        """Queue the step: compute the scheduled tokens' K/V and sample one token per sequence
-        that finishes its known tokens in this step (``ScheduledSeq.samples``). ``seqs``: the
-        scheduled sequences, in ``out.scheduled`` order (their parameters, prompts and accepted
-        tokens); ``constraints``: the engine's bans and grammar masks, by row of
-        ``out.sampling``. Pending tokens come from the step launched just before."""
+    def launch_forward(self, out: SchedulerOutput, seqs: list[Sequence]) -> QueuedForward:
+        """Queue the step's forward: compute the scheduled tokens' K/V and the logits of each
+        sequence that finishes its known tokens in this step (``ScheduledSeq.samples``).
+        ``seqs``: the scheduled sequences, in ``out.scheduled`` order (their parameters,
+        prompts and accepted tokens). Pending tokens come from the step launched just before.
+        ``launch_sampling`` queues the rest of the step."""
         if self.penalty_rows is not None:
             self.penalty_rows.release(out.finished_request_ids)
         previous, self._last_sampled = self._last_sampled, None
         work = out.scheduled
         if not work:
-            return LaunchedStep(self.device)
+            return QueuedForward(out, seqs, previous)
         spans = prompt_logprob_spans(work, seqs)
         if self.followers is not None:
             self.followers.announce(work, spans)
@@ -311,14 +327,28 @@ class ModelRunner:
         if logits is None:
             hidden, query_start_loc = self.eager_forward(work, pending)
             logits = self._sampler_logits(work, hidden, query_start_loc)  # [S, V]
+        return QueuedForward(out, seqs, previous, logits, spans, hidden, query_start_loc)
+
+    @torch.inference_mode()
+    def launch_sampling(self, forward: QueuedForward,
+                        constraints: StepConstraints | None = None) -> LaunchedStep:
+        """Queue the sampling of a queued forward (``constraints``: the engine's bans and
+        grammar masks, by row of ``out.sampling``) and the prompt logprobs; the launched step.
+        The host may do other work between the two launches (the engine applies the step
+        before, whose tokens decide the masks) while the device runs the forward."""
+        work, seqs = forward.out.scheduled, forward.seqs
+        if not work:
+            return LaunchedStep(self.device)
         sampling = [seq for w, seq in zip(work, seqs) if w.samples]
         sampled = None
         if sampling:
-            sampled = self._sample(logits, sampling, constraints, previous)
+            sampled = self._sample(forward.logits, sampling, constraints, forward.previous)
             self._last_sampled = DeviceTokens(
-                sampled.token_ids, {w.request_id: row for row, w in enumerate(out.sampling)})
-        prompt_parts = (self._prompt_logprobs(work, seqs, spans, hidden, query_start_loc)
-                        if hidden is not None else [])
+                sampled.token_ids,
+                {w.request_id: row for row, w in enumerate(forward.out.sampling)})
+        prompt_parts = (self._prompt_logprobs(work, seqs, forward.spans, forward.hidden,
+                                              forward.query_start_loc)
+                        if forward.hidden is not None else [])
         return LaunchedStep(self.device, sampled, prompt_parts)
 
     @torch.inference_mode()

@@ -42,7 +42,8 @@ ALIGN_BYTES = 16
 
 
 class StepPacker:
-    """Moves a step's named host vectors to the device, one transfer per dtype.
+    """Moves a step's named host vectors to the device, one transfer per dtype (and host
+    arrays, such as grammar bitmasks, one transfer each).
 
     On CUDA the values go through pinned host buffers, used in turn (``depth`` sets): a step
     packs into the set whose copies ended with the step before the one in flight, so packing
@@ -53,14 +54,16 @@ class StepPacker:
     def __init__(self, device: torch.device, depth: int = 3):
         self.device = device
         self._pinned = device.type == "cuda"
-        self._sets: list[dict[torch.dtype, torch.Tensor]] = [{} for _ in range(depth)]
+        # each set's pinned buffers: one per dtype of vectors, one per named array
+        self._sets: list[dict[torch.dtype | str, torch.Tensor]] = [{} for _ in range(depth)]
         # when each set's last copies have read it (recorded on the stream after them)
         self._copied = [torch.cuda.Event() for _ in range(depth)] if self._pinned else []
         self._turn = 0
 
-    def pack(self, ints: dict[str, list[int]],
-             floats: dict[str, list[float]]) -> dict[str, torch.Tensor]:
-        """Device tensors (int64 / float32) named as the lists given."""
+    def pack(self, ints: dict[str, list[int]], floats: dict[str, list[float]],
+             arrays: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """Device tensors (int64 / float32) named as the lists given, and device copies of the
+        host tensors ``arrays`` (int32, any shape)."""
         turn = self._turn
         self._turn = (turn + 1) % len(self._sets)
         if self._pinned:
@@ -82,9 +85,23 @@ class StepPacker:
                                   itertools.chain.from_iterable(padded), total)
             for name, start, length in spans:
                 tensors[name] = flat[start:start + length]
+        for name, array in (arrays or {}).items():
+            tensors[name] = self._transfer_array(self._sets[turn], name, array)
         if self._pinned:
             self._copied[turn].record()
         return tensors
+
+    def _transfer_array(self, buffers: dict, name: str, array: torch.Tensor) -> torch.Tensor:
+        if not self._pinned:
+            return array.to(self.device)
+        host = buffers.get(name)
+        if host is None or host.numel() < array.numel() or host.dtype != array.dtype:
+            host = buffers[name] = torch.empty(max(array.numel(), 2 * (0 if host is None else
+                                                                       host.numel())),
+                                               dtype=array.dtype, pin_memory=True)
+        staged = host[:array.numel()].view(array.shape)
+        staged.copy_(array)
+        return staged.to(self.device, non_blocking=True)
 
     def _transfer(self, buffers: dict[torch.dtype, torch.Tensor], dtype: torch.dtype, values,
                   total: int) -> torch.Tensor:
@@ -215,7 +232,9 @@ def build_sampling_batch(seqs: list[Sequence], constraints: StepConstraints | No
     if penalized:
         _penalties(seqs, params, penalized, penalty_rows, previous, ints, floats)
     _token_entries(seqs, params, constraints, ints, floats)
-    t = packer.pack(ints, floats)
+    grammars = constraints is not None and constraints.grammar_rows
+    t = packer.pack(ints, floats,
+                    {"grammar_bitmask": constraints.grammar_bitmask} if grammars else None)
     batch = SamplingBatch(
         temperature=t["temperature"], greedy=t["greedy"].bool() if "greedy" in t else None,
         all_greedy=all_greedy, top_k=t.get("top_k"), top_p=t.get("top_p"),
@@ -236,7 +255,7 @@ def build_sampling_batch(seqs: list[Sequence], constraints: StepConstraints | No
         batch.banned = TokenEntries(t["banned_rows"], t["banned_tokens"])
     if "grammar_rows" in t:
         batch.grammar_rows = t["grammar_rows"]
-        batch.grammar_bitmask = constraints.grammar_bitmask.to(packer.device)
+        batch.grammar_bitmask = t["grammar_bitmask"]
     k = [p.logprobs for p in params if p.logprobs is not None]
     batch.logprobs_k = max(k) if k else None
     return batch

@@ -49,18 +49,18 @@ def test_n_completions_prefill_the_prompt_once(llm):
     prompt = list(range(100, 140))  # 40 tokens (none cached yet): two full blocks of 16, 8 more
     before = llm.stats()
     computed = []
-    launch = llm.engine.runner.launch
+    launch = llm.engine.runner.launch_forward
 
     def counting(out, *args):
         computed.extend(len(w.token_ids) for w in out.scheduled if w.start_pos < len(prompt))
         return launch(out, *args)
 
-    llm.engine.runner.launch = counting
+    llm.engine.runner.launch_forward = counting
     try:
         out = _gen(llm, prompt, n=4, seed=1, temperature=1.0, max_tokens=3, ignore_eos=True,
                    prompt_logprobs=1)
     finally:
-        llm.engine.runner.launch = launch
+        llm.engine.runner.launch_forward = launch
     after = llm.stats()
     # the first sequence computes the prompt; the other three share its two full blocks and
     # compute only the 8 tokens of the partial block

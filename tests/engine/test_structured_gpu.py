@@ -65,9 +65,9 @@ def test_structured_rows_hold_their_grammars_and_a_free_row_is_untouched(model_d
     assert outs[-1].outputs[0].token_ids == alone and len(alone) == 80
     stats = llm.stats()
     assert stats["graph_decode_steps"] > before["graph_decode_steps"]
-    # grammar steps wait for their tokens; once the grammars are done the free row overlaps
+    # each step applies the one before while its forward runs, then fills its masks
     steps, overlapped = (stats[k] - before[k] for k in ("steps", "overlapped_steps"))
-    assert 0 < overlapped < steps
+    assert overlapped >= steps - 1 > 0
     assert stats["gpu_blocks_free"] == stats["gpu_blocks_total"]
 
 
