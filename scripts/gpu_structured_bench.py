@@ -80,6 +80,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--kv-cache-gib", type=float, default=4.0, help="each engine's KV cache")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     convs = conversations(args.requests)
@@ -87,7 +88,8 @@ def main() -> None:
     for async_scheduling in (True, False):
         llm = LLM(args.model, device=args.device,
                   dtype="bfloat16" if args.device == "cuda" else "float32",
-                  max_num_seqs=max(args.requests, 8), async_scheduling=async_scheduling)
+                  max_num_seqs=max(args.requests, 8), async_scheduling=async_scheduling,
+                  kv_cache_gib=args.kv_cache_gib)
         for kind in ("json", "free"):  # warm-up: grammar compile, every batch size's path
             llm.chat(convs, params(kind, args.max_tokens), use_tqdm=False)
         runs: dict[str, list[dict]] = {"json": [], "free": []}
