@@ -66,8 +66,9 @@ class EngineConfig:
         None, "schedule and launch step N+1 while the device runs step N, and apply step N's "
         "tokens (stop checks, detokenizing, outputs) while step N+1 runs: the same outputs, "
         "host time hidden behind device time (default: on with CUDA, off on the CPU and with "
-        "tensor parallelism). A step after one that sampled for structured outputs or bad "
-        "words waits for its tokens")
+        "tensor parallelism). Where step N sampled for structured outputs or bad words, step "
+        "N is applied while step N+1's forward runs, before its sampling (the masks depend "
+        "on step N's tokens)")
     max_logprobs: int = option(
         20, "most log-probabilities a request may ask for per token (logprobs, prompt_logprobs)")
     enable_prefix_caching: bool = option(
