@@ -96,11 +96,13 @@ class LLM:
         as vLLM's ``LLM`` asks)."""
         prompt_list = _as_prompt_list(prompts)
         params = _params_list(sampling_params, len(prompt_list))
-        # Validate everything before queueing anything, so bad input loses nothing.
-        for p in params:
+        # Validate everything before queueing anything, so bad input loses nothing (each
+        # distinct object once: a list often repeats one).
+        distinct = {id(p): p for p in params}
+        for p in distinct.values():
             self.engine.check_sampling_params(p)
-        final_only = {id(p): dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY)
-                      for p in params}
+        final_only = {i: dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY)
+                      for i, p in distinct.items()}
         params = [final_only[id(p)] for p in params]
         token_prompts = [self.engine.tokenize_prompt(p) for p in prompt_list]
         order = []
