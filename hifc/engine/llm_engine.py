@@ -316,13 +316,11 @@ class LLMEngine:
         if previous is not None and not self.async_scheduling:
             return self._apply(previous)  # switched off since: end the step in flight first
         step, results = self._launch(self.swaps.schedule(wait=previous is None), previous)
-        if results is None and previous is not None:
-            results = self._apply(previous)
         if previous is not None:
+            if results is None:  # not needed before the new step's sampling: applied now
+                results = self._apply(previous)
             self.num_overlapped_steps += step is not None
-        if step is None:
-            return results or []
-        if self.async_scheduling:
+        if step is None or self.async_scheduling:
             self._in_flight = step
             return results or []
         return self._apply(step)

@@ -1,9 +1,10 @@
 """Runs one scheduled step on the device: inputs -> model -> logits -> sampled tokens.
 
 ``launch_forward`` then ``launch_sampling`` queue a step and return at once (``LaunchedStep``;
-its ``result()`` waits for the sampled ids on the host). A decode's ``PENDING_TOKEN`` is the id the previous launched step
-sampled for that sequence: it is copied into the step's input on the device, so the step can
-be launched before the host has seen the previous step's results (asynchronous scheduling).
+its ``result()`` waits for the sampled ids on the host). A decode's ``PENDING_TOKEN`` is the id
+the previous launched step sampled for that sequence: it is copied into the step's input on the
+device, so the step can be launched before the host has seen the previous step's results
+(asynchronous scheduling).
 
 With tensor parallelism the engine's runner (rank 0) announces each step to the other ranks'
 runners (``followers``) before computing it; they run the same forward pass and logits

@@ -1,11 +1,11 @@
 """A launched step: its work is queued on the device, its results are on their way to the host.
 
 ``ModelRunner.launch_forward`` and ``launch_sampling`` queue a step (inputs, forward, sampling)
-and return a :class:`LaunchedStep` at once. The sampled ids (with the logprobs, if asked for) and the prompt
-logprobs are copied to the host without blocking; :meth:`LaunchedStep.result` waits for those
-copies alone (an event after them), so the host may prepare and launch the next step first. The
-sampled ids also stay on the device (:class:`DeviceTokens`): the next step's decodes read their
-pending input tokens there.
+and return a :class:`LaunchedStep` at once. The sampled ids (with the logprobs, if asked for)
+and the prompt logprobs are copied to the host without blocking; :meth:`LaunchedStep.result`
+waits for those copies alone (an event after them), so the host may prepare and launch the next
+step first. The sampled ids also stay on the device (:class:`DeviceTokens`): the next step's
+decodes read their pending input tokens there.
 """
 from __future__ import annotations
 
