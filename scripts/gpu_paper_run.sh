@@ -17,6 +17,7 @@
 # The 8B preset serves every figure; ds-r1-qwen-32b is left out (Table 3 does not use it).
 # Each stage writes JSON/PNG under OUTDIR and its log to OUTDIR/STAGE.log; a failed stage does not
 # stop the others, and the exit status counts the failed stages.
+# The flash cache file goes in HIFC_FLASH_DIR (default: the current directory, the repo root).
 # HIFC_SMOKE=1 runs the same commands on the CPU with random:tiny-llama-sized settings
 # (tests/bench/test_bench_paper_script.py runs a stage that way;
 # tests/bench/test_bench_throughput.py runs the analysis stage's chain in-process).
@@ -31,7 +32,7 @@ for s in "${stages[@]}"; do
 done
 mkdir -p "$out"
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
-flash="$PWD/hifc-paper-$$.kv"
+flash="${HIFC_FLASH_DIR:-$PWD}/hifc-paper-$$.kv"  # the flash cache file, removed at exit
 trap 'rm -f "$flash"' EXIT
 
 if [ "${HIFC_SMOKE:-0}" = 1 ]; then  # CPU analogue: tiny model, tiny sizes, same commands

@@ -13,8 +13,10 @@ SCRIPT = ROOT / "scripts" / "gpu_paper_run.sh"
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 
 
-def run_script(*argv, smoke=True, timeout=120):
+def run_script(*argv, smoke=True, timeout=120, flash_dir=None):
     env = dict(os.environ, HIFC_SMOKE="1" if smoke else "0")
+    if flash_dir is not None:
+        env["HIFC_FLASH_DIR"] = str(flash_dir)
     # the script calls python3: make it this interpreter (the project's virtualenv)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     return subprocess.run(["bash", str(SCRIPT), *map(str, argv)], cwd=ROOT, env=env,
@@ -38,8 +40,9 @@ def test_missing_outdir_prints_usage():
 
 
 def test_fig6_stage_on_cpu_writes_json_png_and_log(tmp_path):
-    out = tmp_path / "out"
-    result = run_script(out, "fig6")
+    out, flash_dir = tmp_path / "out", tmp_path / "flash"
+    flash_dir.mkdir()
+    result = run_script(out, "fig6", flash_dir=flash_dir)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "=== fig6 ok" in result.stdout
     sweep = json.loads((out / "fig6_block_size.json").read_text())
@@ -47,4 +50,7 @@ def test_fig6_stage_on_cpu_writes_json_png_and_log(tmp_path):
     assert [p["block_size"] for p in sweep["points"]] == [16, 32]
     assert (out / "fig6_block_size.png").read_bytes()[:4] == b"\x89PNG"
     assert (out / "fig6.log").stat().st_size > 0
-    assert not list(ROOT.glob("hifc-paper-*.kv"))  # the flash cache file is removed
+    # the flash cache file went to HIFC_FLASH_DIR (the sweep records its path), and is removed
+    assert f'"{flash_dir}/hifc-paper-' in (out / "fig6_block_size.json").read_text()
+    assert not list(flash_dir.iterdir())
+    assert not list(ROOT.glob("hifc-paper-*.kv"))
