@@ -111,6 +111,8 @@ class _Tracked:
             if self.prompt_logprobs_sent:
                 prompt_logprobs = None
             self.prompt_logprobs_sent |= prompt_logprobs is not None
+        elif finished:  # no delta follows the last one: its completions are handed over
+            completions = self.completions
         else:
             completions = [CompletionOutput(c.index, c.text, list(c.token_ids),
                                             c.cumulative_logprob,
