@@ -26,13 +26,12 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import httpx
+from hifc.bench.serve import free_port, wait_healthy
 
 CLI = [sys.executable, "-m", "hifc.entrypoints.cli"]
 GPU = dict(model="random:ds-r1-llama-8b", timeout=420,
@@ -46,26 +45,6 @@ VARIANTS = {"engine process": [], "engine in the server": ["--no-engine-process"
 CLIENTS = {1: "0", 4: "1"}  # client processes: the workload's seed
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(url: str, server: subprocess.Popen, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"the server exited ({server.returncode}) before it was healthy")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"the server was not healthy after {timeout:.0f} s")
-
-
 def serve(name: str, flags: list[str], setup: dict, outdir: Path) -> dict[int, dict]:
     """bench serve's results from one server of this variant (``name``: its files' stem),
     by client processes."""
@@ -77,7 +56,7 @@ def serve(name: str, flags: list[str], setup: dict, outdir: Path) -> dict[int, d
                                          "--port", str(port)], stdout=out,
                                   stderr=subprocess.STDOUT)
     try:
-        wait_healthy(url, server, setup["timeout"])
+        wait_healthy(url, lambda: server.poll() is not None, setup["timeout"], poll_s=0.5)
         bench = CLI + ["bench", "serve", "--base-url", url, "--dataset", "random",
                        *setup["work"]]
         subprocess.run(bench + ["--num-prompts", "16", "--seed", "7"], check=True,

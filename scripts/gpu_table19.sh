@@ -66,22 +66,21 @@ fi
 # wait_healthy URL PID TIMEOUT: poll URL/health until 200; fail if PID exits or time runs out
 wait_healthy() {
   python3 - "$@" <<'EOF'
-import os, sys, time
-import httpx
+import os, sys
+from hifc.bench.serve import wait_healthy
 url, pid, timeout = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-deadline = time.monotonic() + timeout
-while time.monotonic() < deadline:
+
+def exited() -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        sys.exit("the server exited before it was healthy")
-    try:
-        if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-            sys.exit(0)
-    except httpx.TransportError:
-        pass
-    time.sleep(0.5)
-sys.exit(f"the server was not healthy after {timeout:.0f} s")
+        return True
+    return False
+
+try:
+    wait_healthy(url, exited, timeout, poll_s=0.5)
+except RuntimeError as exc:
+    sys.exit(str(exc))
 EOF
 }
 
@@ -108,7 +107,7 @@ for variant in none dram flash; do
     flash) tier=(--kv-offload flash --flash-path "$flash" --flash-size-gib "$tier_gib"
                  --prefix-store off) ;;
   esac
-  port=$(python3 -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
+  port=$(python3 -c "from hifc.bench.serve import free_port; print(free_port())")
   url=http://127.0.0.1:$port
   echo "=== $variant: hifc serve $model ${tier[*]} ($(date +%T))"
   started=$SECONDS

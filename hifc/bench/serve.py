@@ -27,7 +27,9 @@ import math
 import os
 import queue
 import random
+import socket
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from hifc.bench.workloads import (DEFAULT_OUTPUT_LEN, PROFILES, BenchRequest, fixed_requests,
@@ -211,6 +213,31 @@ def _httpx():
         raise ValueError("hifc bench serve needs httpx: pip install 'hifc[bench]'") from None
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
     return httpx
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now (for a server the caller starts)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, exited: Callable[[], bool], timeout_s: float,
+                 poll_s: float = 0.2) -> None:
+    """Wait until the server at ``url`` answers /health with 200. RuntimeError if ``exited()``
+    (the server's process has ended) comes true first, or after ``timeout_s``."""
+    httpx = _httpx()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if exited():
+            raise RuntimeError("the server exited before it was healthy")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(poll_s)
+    raise RuntimeError(f"the server was not healthy after {timeout_s:.0f} s")
 
 
 def run_load(args, model: str, requests: list[BenchRequest]) -> tuple[list, float, int]:

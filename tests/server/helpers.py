@@ -3,7 +3,6 @@ serve an engine in-process through a TestClient."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -12,6 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import httpx
+
+from hifc.bench.serve import free_port, wait_healthy
 
 if TYPE_CHECKING:
     from fastapi.testclient import TestClient
@@ -41,12 +42,6 @@ class Server:
         return httpx.Client(base_url=self.base_url, headers=self.headers, timeout=30, **kwargs)
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_server(model_dir: Path, log_path: Path, extra_args: list[str],
                  timeout_s: float = 90.0, new_session: bool = False
                  ) -> tuple[subprocess.Popen, str]:
@@ -61,18 +56,13 @@ def start_server(model_dir: Path, log_path: Path, extra_args: list[str],
                             start_new_session=new_session)
     log.close()
     base_url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{log_path.read_text()}")
-        try:
-            if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
-                return proc, base_url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    stop_server(proc)
-    raise RuntimeError(f"server not healthy after {timeout_s} s:\n{log_path.read_text()}")
+    try:
+        wait_healthy(base_url, lambda: proc.poll() is not None, timeout_s)
+    except RuntimeError as exc:
+        stop_server(proc)
+        raise RuntimeError(f"{exc} (exit status {proc.returncode}):\n{log_path.read_text()}"
+                           ) from None
+    return proc, base_url
 
 
 def stop_server(proc: subprocess.Popen) -> None:

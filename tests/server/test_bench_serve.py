@@ -9,8 +9,8 @@ import json
 import httpx
 import pytest
 
-from hifc.bench.serve import (RequestResult, StreamTimer, peak_in_flight, send_request,
-                              summarize)
+from hifc.bench.serve import (RequestResult, StreamTimer, free_port, peak_in_flight,
+                              send_request, summarize, wait_healthy)
 from hifc.bench.workloads import BenchRequest
 from hifc.engine.llm_engine import LLMEngine
 from hifc.entrypoints.cli import main
@@ -165,3 +165,11 @@ def test_model_without_tokenizer_is_timed_by_its_token_chunks():
     summary = summarize(results, duration_s=1.0, offered_rate=float("inf"), peak_in_flight=3)
     for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
         assert summary[key]["mean"] is not None and summary[key]["p99"] is not None, key
+
+
+def test_wait_healthy_fails_when_the_server_exits_or_never_answers():
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    with pytest.raises(RuntimeError, match="exited before it was healthy"):
+        wait_healthy(url, lambda: True, timeout_s=5)
+    with pytest.raises(RuntimeError, match="not healthy after 0 s"):
+        wait_healthy(url, lambda: False, timeout_s=0.3, poll_s=0.1)
