@@ -340,15 +340,16 @@ class LLMEngine:
                 metrics.first_scheduled_time = now
         sampling = [c for w, c in zip(out.scheduled, completions) if w.samples]
         forward = self.runner.launch_forward(out, [c.seq for c in completions])
-        constrained = any(c.grammar is not None or c.bad_words is not None for c in sampling)
+        constrained = [(row, c) for row, c in enumerate(sampling)
+                       if c.grammar is not None or c.bad_words is not None]
         results = None
         if constrained and previous is not None and previous.constrains_next:
             results = self._apply(previous)  # its tokens decide the masks
-        launched = self.runner.launch_sampling(forward, self._constraints(sampling))
+        launched = self.runner.launch_sampling(forward, self._constraints(constrained))
         if out.is_empty:
             return None, results
         self.num_steps += 1
-        return _InFlight(out, completions, launched, t0, constrained), results
+        return _InFlight(out, completions, launched, t0, bool(constrained)), results
 
     def _apply(self, step: _InFlight) -> list[RequestOutput]:
         """Wait for a launched step's tokens and apply them; its outputs."""
@@ -360,13 +361,13 @@ class LLMEngine:
         self._last_ready = ready
         return self._update(step.out, step.completions, sampled)
 
-    def _constraints(self, sampling: list[CompletionState]) -> StepConstraints | None:
+    def _constraints(self, constrained: list[tuple[int, CompletionState]]
+                     ) -> StepConstraints | None:
         """This step's bad-word bans and grammar bitmasks, by row of the sequences that
-        sample."""
+        sample (``constrained``: (row, completion) of those with a grammar or bad words)."""
         # a sequence that ended with the tokens applied since the step was scheduled samples a
         # token that is dropped: it needs no mask (a finished grammar has none)
-        constrained = [(row, c) for row, c in enumerate(sampling)
-                       if (c.grammar or c.bad_words) and not c.seq.status.is_finished]
+        constrained = [(row, c) for row, c in constrained if not c.seq.status.is_finished]
         if not constrained:
             return None
         step = StepConstraints()
@@ -375,10 +376,10 @@ class LLMEngine:
                 banned = c.bad_words.banned_next(c.seq.output_token_ids)
                 step.banned_rows.extend([row] * len(banned))
                 step.banned_tokens.extend(banned)
-        step.grammar_rows = [row for row, c in constrained if c.grammar is not None]
-        if step.grammar_rows:
-            step.grammar_bitmask = self._bitmasks.fill(
-                [sampling[row].grammar for row in step.grammar_rows])
+        grammars = [(row, c.grammar) for row, c in constrained if c.grammar is not None]
+        if grammars:
+            step.grammar_rows = [row for row, _ in grammars]
+            step.grammar_bitmask = self._bitmasks.fill([g for _, g in grammars])
         return step
 
     def _update(self, out: SchedulerOutput, completions: list[CompletionState],
