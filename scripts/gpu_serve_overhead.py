@@ -6,10 +6,12 @@ in the server's process (``--no-engine-process``).
     PYTHONPATH=$PWD python3 scripts/gpu_serve_overhead.py [OUTDIR]             # one H200, ~5 min
     PYTHONPATH=$PWD python3 scripts/gpu_serve_overhead.py --variant "engine process" [OUTDIR]
     PYTHONPATH=$PWD python3 scripts/gpu_serve_overhead.py --repeats 2 [OUTDIR]  # ~8 min
+    PYTHONPATH=$PWD python3 scripts/gpu_serve_overhead.py --workload 512,1024,256 [OUTDIR]
     PYTHONPATH=$PWD python3 scripts/gpu_serve_overhead.py --device cpu [OUTDIR]  # smoke run
 
 The workload (8B random preset, bf16): 512 requests of 512 random prompt tokens and 256 output
-tokens (greedy, EOS ignored), all sent at once, at most 256 running (``--max-num-seqs``). Each
+tokens (greedy, EOS ignored; ``--workload`` sets other lengths), all sent at once, at most 256
+running (``--max-num-seqs``). Each
 server variant starts on a free loopback port, is warmed up with other prompts (``--seed 7``),
 then runs the workload from one client process (``--seed 0``) and from four
 (``--client-processes 4``, ``--seed 1``: other prompts of the same lengths, since a second run
@@ -84,11 +86,23 @@ def main() -> int:
                         help="a server variant to run (repeat for more; default: both)")
     parser.add_argument("--repeats", type=int, default=1,
                         help="servers of each variant, started in turns (default 1)")
+    parser.add_argument("--workload", metavar="IN,OUT,N",
+                        help="prompt tokens, output tokens and requests instead of the "
+                             "device's default (e.g. 512,1024,256)")
     parser.add_argument("outdir", nargs="?", default=f"serve-overhead-{time.strftime('%H%M%S')}")
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
     setup = GPU if args.device == "cuda" else CPU
+    if args.workload:
+        try:
+            lengths = [int(v) for v in args.workload.split(",")]
+        except ValueError:
+            lengths = []
+        if len(lengths) != 3 or min(lengths) < 1:
+            parser.error("--workload takes three positive integers: IN,OUT,N")
+        setup = {**setup, "work": [f"--{name}={value}" for name, value in zip(
+            ("input-len", "output-len", "num-prompts"), lengths)]}
     outdir = Path(args.outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     offline_path = outdir / "offline.json"

@@ -85,6 +85,19 @@ class CompletionOutput:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    def extend(self, later: "CompletionOutput") -> None:
+        """Append the next ``DELTA`` of the same completion: the two read as one. Its lists
+        grow in place: they are its own (a ``DELTA``'s are fresh)."""
+        self.text += later.text
+        self.token_ids.extend(later.token_ids)
+        if later.logprobs is not None:
+            if self.logprobs is None:
+                self.logprobs = list(later.logprobs)
+            else:
+                self.logprobs.extend(later.logprobs)
+        self.cumulative_logprob = later.cumulative_logprob
+        self.finish_reason, self.stop_reason = later.finish_reason, later.stop_reason
+
 
 @dataclass
 class RequestMetrics:
@@ -128,12 +141,26 @@ class RequestOutput:
     def finish_reason(self) -> str | None:
         return self.outputs[0].finish_reason
 
+    def extend(self, later: "RequestOutput") -> None:
+        """Append the request's next ``DELTA`` output: the two read as one (what each
+        completion gained in both, the later state otherwise)."""
+        mine = {c.index: c for c in self.outputs}
+        for completion in later.outputs:
+            if completion.index in mine:
+                mine[completion.index].extend(completion)
+            else:
+                self.outputs.append(completion)
+        self.outputs.sort(key=lambda c: c.index)
+        if later.prompt_logprobs is not None:  # a DELTA output gives them once
+            self.prompt_logprobs = later.prompt_logprobs
+        self.finished, self.metrics = later.finished, later.metrics
+        self.num_cached_tokens = later.num_cached_tokens
+
 
 @dataclass
 class DeltaProgress:
     """How much of one completion its ``DELTA`` outputs have given; :meth:`next` makes the
-    next one. Shared by the engine (from a sequence's state) and a data-parallel front end
-    (from what its replica sent)."""
+    next one from the completion's state."""
 
     tokens: int = 0
     chars: int = 0

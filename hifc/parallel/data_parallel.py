@@ -37,8 +37,7 @@ import torch.multiprocessing as torch_mp
 from hifc.config import EngineConfig
 from hifc.engine.llm_engine import LLMEngine
 from hifc.engine.logprobs import LogprobsBuilder
-from hifc.engine.outputs import (CompletionOutput, DeltaProgress, RequestMetrics,
-                                 RequestOutput)
+from hifc.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from hifc.engine.prompts import check_sampling_params, resolve_max_tokens, tokenize_prompt
 from hifc.parallel.balance import LeastOutstandingTokens
 from hifc.parallel.config import replica_config
@@ -71,29 +70,25 @@ def build_engine(config: EngineConfig, engine_process: bool = False
 
 @dataclass
 class _Tracked:
-    """A request the front end has sent and not yet seen end: its completions as the deltas
-    built them (``CompletionOutput``'s fields, logprobs as a plain list), and what its
-    outputs are to be (its ``output_kind``; replicas send what is new each step, or the final
-    output alone)."""
+    """A request the front end has sent and not yet seen end, and what its outputs are to be
+    (its ``output_kind``; replicas send what is new each step, or the final output alone).
+    ``completions`` by index: for ``DELTA`` what came since its last output (the replica's
+    deltas joined), otherwise its whole completions (the deltas folded in)."""
 
     prompt: str | None
     prompt_ids: list[int]
-    completions: list[CompletionOutput]
     output_kind: RequestOutputKind
-    sent: list[DeltaProgress] | None  # output_kind DELTA: what its outputs have given
-    prompt_logprobs: list | None = None
-    prompt_logprobs_sent: bool = False  # output_kind DELTA: given with an earlier output
+    completions: dict[int, CompletionOutput]
+    prompt_logprobs: list | None = None  # a DELTA output gives them once
 
     def apply(self, delta: CompletionDelta) -> int:
-        """Fold one completion's delta in; returns the number of new tokens."""
+        """Take in one completion's delta; returns the number of new tokens."""
         index, new_ids, new_logprobs, new_text, cumulative, finish, stop = delta
-        c = self.completions[index]
-        c.token_ids += new_ids
-        if new_logprobs is not None:
-            c.logprobs = (c.logprobs or []) + new_logprobs
-        c.text += new_text
-        c.cumulative_logprob = cumulative
-        c.finish_reason, c.stop_reason = finish, stop
+        new = CompletionOutput(index, new_text, new_ids, cumulative, new_logprobs, finish, stop)
+        if index in self.completions:
+            self.completions[index].extend(new)
+        else:
+            self.completions[index] = new
         return len(new_ids)
 
     def output(self, request_id: str, finished: bool, num_cached_tokens: int | None,
@@ -103,22 +98,17 @@ class _Tracked:
         if self.output_kind is RequestOutputKind.FINAL_ONLY and not finished:
             return None
         prompt_logprobs = self.prompt_logprobs
-        if self.sent is not None:  # DELTA: what came since (its text only grows)
-            completions = [d for d in (
-                sent.next(c.index, c.text, len(c.text), c.token_ids, c.logprobs,
-                          c.cumulative_logprob, c.finish_reason, c.stop_reason)
-                for sent, c in zip(self.sent, self.completions)) if d is not None]
-            if self.prompt_logprobs_sent:
-                prompt_logprobs = None
-            self.prompt_logprobs_sent |= prompt_logprobs is not None
-        elif finished:  # no delta follows the last one: its completions are handed over
-            completions = self.completions
+        if self.output_kind is RequestOutputKind.DELTA or finished:
+            # what came since, or the last output (no delta follows): handed over
+            completions = [self.completions[i] for i in sorted(self.completions)]
+            if self.output_kind is RequestOutputKind.DELTA:
+                self.completions, self.prompt_logprobs = {}, None
         else:
             completions = [CompletionOutput(c.index, c.text, list(c.token_ids),
                                             c.cumulative_logprob,
                                             None if c.logprobs is None else list(c.logprobs),
                                             c.finish_reason, c.stop_reason)
-                           for c in self.completions]
+                           for c in self.completions.values()]
         return RequestOutput(request_id, self.prompt, self.prompt_ids, completions, finished,
                              prompt_logprobs, metrics, num_cached_tokens)
 
@@ -213,10 +203,10 @@ class DataParallelEngine:
         replica_params = (dataclasses.replace(params, output_kind=RequestOutputKind.DELTA)
                           if params.output_kind is RequestOutputKind.CUMULATIVE else params)
         self._commands[replica].put(AddRequest(request_id, text, ids, replica_params))
+        whole = params.output_kind is not RequestOutputKind.DELTA
         self._requests[request_id] = _Tracked(
-            text, ids, [CompletionOutput(i, "", []) for i in range(params.n)],
-            params.output_kind, [DeltaProgress() for _ in range(params.n)]
-            if params.output_kind is RequestOutputKind.DELTA else None)
+            text, ids, params.output_kind,
+            {i: CompletionOutput(i, "", []) for i in range(params.n)} if whole else {})
 
     def token_text(self, token_id: int) -> str | None:
         """A token's text, decoded alone (None without a tokenizer), as ``LLMEngine``'s."""

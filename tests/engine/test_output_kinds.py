@@ -82,6 +82,11 @@ def check_kinds(engine, params: list[SamplingParams], tag: str) -> None:
         want = [last.prompt_logprobs] if last.prompt_logprobs else []
         assert [[p and list(p) for p in g] for g in given] == \
             [[p and list(p) for p in w] for w in want]  # once, with the first output
+        merged = delta[i][0]  # RequestOutput.extend joins them the same way
+        for later in delta[i][1:]:
+            merged.extend(later)
+        assert merged.finished and merged.prompt_logprobs is (given[0] if given else None)
+        assert_same(plain(merged), plain(last))
 
 
 @pytest.fixture(scope="module")

@@ -34,3 +34,37 @@ def test_a_step_of_deltas_pickles_without_class_lookups():
     assert globals_ == []
     message = pickle.loads(pickle.dumps(Outputs(0, deltas, {"steps": 1})))
     assert message.deltas == deltas
+
+
+def _tracked(kind):
+    from hifc.parallel.data_parallel import _Tracked
+    from hifc.sampling_params import RequestOutputKind
+
+    kind = RequestOutputKind[kind]
+    whole = kind is not RequestOutputKind.DELTA
+    return _Tracked("p", [1, 2], kind, {0: CompletionOutput(0, "", [])} if whole else {})
+
+
+def test_the_front_end_joins_the_deltas_that_came_since_a_delta_request_s_last_output():
+    tracked = _tracked("DELTA")
+    metrics = RequestMetrics(10.0)
+    for tokens, text in (([5], "a"), ([6, 7], "bc")):
+        tracked.apply(_delta(delta_output(tokens, text))[1][0])
+    first = tracked.output("r", False, 0, metrics)
+    assert [(c.text, c.token_ids) for c in first.outputs] == [("abc", [5, 6, 7])]
+    assert tracked.output("r", False, 0, metrics).outputs == []  # nothing came since
+    tracked.apply(_delta(delta_output([8], "d", finished=True))[1][0])
+    last = tracked.output("r", True, 0, metrics)
+    assert [(c.text, c.token_ids, c.finish_reason) for c in last.outputs] == [("d", [8], "stop")]
+    assert first.outputs[0].token_ids == [5, 6, 7]  # an output given is not changed later
+
+
+def test_the_front_end_folds_deltas_into_snapshots_for_a_cumulative_request():
+    tracked = _tracked("CUMULATIVE")
+    metrics = RequestMetrics(10.0)
+    tracked.apply(_delta(delta_output([5], "a"))[1][0])
+    first = tracked.output("r", False, 0, metrics)
+    tracked.apply(_delta(delta_output([6], "b", finished=True))[1][0])
+    last = tracked.output("r", True, 0, metrics)
+    assert (first.text, first.token_ids) == ("a", [5])
+    assert (last.text, last.token_ids, last.finish_reason) == ("ab", [5, 6], "stop")

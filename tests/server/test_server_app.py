@@ -177,9 +177,9 @@ def test_serve_runs_with_the_engine_startup_heap_frozen(monkeypatch):
     assert len(frozen) == 1 and frozen[0] > 0 and gc.get_freeze_count() == 0
 
 
-def test_whole_responses_ask_for_the_final_output_only_and_streams_for_every_step():
+def test_whole_responses_ask_for_the_final_output_only_and_streams_for_what_each_step_adds():
     """A response sent whole needs one output per request (``output_kind`` FINAL_ONLY): the
-    engine builds no snapshot per step for it; a stream takes every step's."""
+    engine builds no snapshot per step for it; a stream takes what each step added (DELTA)."""
     from hifc.sampling_params import RequestOutputKind
 
     engine = LLMEngine.from_options("random:tiny-llama", device="cpu", block_size=16,
@@ -198,4 +198,4 @@ def test_whole_responses_ask_for_the_final_output_only_and_streams_for_every_ste
         assert whole.status_code == 200 and whole.json()["usage"]["completion_tokens"] == 4
         streamed = client.post("/v1/completions", json={**body, "stream": True})
         assert streamed.status_code == 200 and streamed.text.endswith("data: [DONE]\n\n")
-    assert kinds == [RequestOutputKind.FINAL_ONLY, RequestOutputKind.CUMULATIVE]
+    assert kinds == [RequestOutputKind.FINAL_ONLY, RequestOutputKind.DELTA]

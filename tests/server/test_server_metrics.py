@@ -1,6 +1,8 @@
 """/metrics parses with the Prometheus text parser and its counters move as requests complete."""
 from __future__ import annotations
 
+import json
+
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -61,3 +63,24 @@ def test_counters_move_as_requests_complete(server):
         count = f"{name}_count{LABELS}"
         assert after[count] - before.get(count, 0) == n, name
     assert after[f"vllm:kv_cache_usage_perc{LABELS}"] == 0
+
+
+def test_streamed_requests_count_every_completion_s_tokens(server):
+    """A stream's outputs are deltas: the request's histograms still count all its tokens
+    and completions, as its usage does."""
+    before = wait_until_idle(server)
+    n, max_tokens = 2, 5
+    with server.client() as http:
+        resp = http.post("/v1/completions", json={
+            "model": MODEL_NAME, "prompt": "Count me", "max_tokens": max_tokens, "n": n,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}})
+    assert resp.status_code == 200
+    events = [json.loads(line[len("data: "):]) for line in resp.text.splitlines()
+              if line.startswith("data: {")]
+    assert events[-1]["usage"]["completion_tokens"] == n * max_tokens
+    after = wait_until_idle(server)
+    for name, grew in (("vllm:request_generation_tokens_sum", n * max_tokens),
+                       ("vllm:request_params_n_sum", n), ("vllm:request_generation_tokens_count", 1)):
+        assert after[f"{name}{LABELS}"] - before[f"{name}{LABELS}"] == grew, name
+    key = f"vllm:request_success_total{{finished_reason=length,model_name={MODEL_NAME}}}"
+    assert after[key] - before.get(key, 0) == 1

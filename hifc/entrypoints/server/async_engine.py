@@ -17,13 +17,13 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from hifc.engine.llm_engine import LLMEngine
 from hifc.parallel.data_parallel import DataParallelEngine
-from hifc.engine.outputs import RequestOutput
-from hifc.sampling_params import SamplingParams
+from hifc.engine.outputs import RequestMetrics, RequestOutput
+from hifc.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -32,12 +32,21 @@ class EngineDeadError(RuntimeError):
     """The engine thread stopped (shut down or failed); no request can be served."""
 
 
+@dataclass(frozen=True)
+class FinishedRequest:
+    """A request at its end, whatever its outputs gave on the way."""
+    metrics: RequestMetrics
+    prompt_tokens: int
+    generated: list[int]  # tokens per completion
+    finish_reason: str | None  # its first completion's
+
+
 class RequestObserver(Protocol):
     """Told about requests by the engine thread (the server's metrics)."""
 
     def on_first_token(self, output: RequestOutput) -> None: ...
 
-    def on_finished(self, output: RequestOutput) -> None: ...
+    def on_finished(self, request: FinishedRequest) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -53,7 +62,12 @@ class _Stream:
     queue: asyncio.Queue
     loop: asyncio.AbstractEventLoop
     arrival_time: float  # time.time()
+    delta: bool = False  # its outputs are DELTA outputs
     first_token_seen: bool = False
+    # what its outputs gave so far, for the observer: tokens per completion (DELTA outputs
+    # add, others tell all) and its first completion's finish reason
+    generated: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -85,12 +99,16 @@ class _Failure:
 
 
 class RequestStream:
-    """Async iterator over one request's outputs (cumulative; stale ones are skipped)."""
+    """Async iterator over one request's outputs, of its ``output_kind``. Outputs that queued
+    up while the reader was busy come as one: ``DELTA`` outputs joined, otherwise the newest
+    (a snapshot makes the ones before it stale)."""
 
-    def __init__(self, engine: "AsyncEngine", request_id: str, outputs: asyncio.Queue):
+    def __init__(self, engine: "AsyncEngine", request_id: str, outputs: asyncio.Queue,
+                 delta: bool):  # delta: the request's outputs are DELTA outputs
         self.request_id = request_id
         self._engine = engine
         self._outputs = outputs
+        self._delta = delta
         self.finished = False
 
     def __aiter__(self) -> "RequestStream":
@@ -102,7 +120,11 @@ class RequestStream:
         item = await self._outputs.get()
         while not isinstance(item, BaseException) and not item.finished \
                 and not self._outputs.empty():
-            item = self._outputs.get_nowait()  # outputs are cumulative: keep the newest
+            later = self._outputs.get_nowait()
+            if self._delta and not isinstance(later, BaseException):
+                item.extend(later)
+            else:
+                item = later
         if isinstance(item, BaseException):
             self.finished = True
             raise item
@@ -166,7 +188,10 @@ class AsyncEngine:
             raise EngineDeadError("the engine is not running")
         loop = asyncio.get_running_loop()
         now = time.time()
-        streams = [_Stream(r.request_id, asyncio.Queue(), loop, now) for r in requests]
+        streams = [_Stream(r.request_id, asyncio.Queue(), loop, now,
+                           delta=r.params.output_kind is RequestOutputKind.DELTA,
+                           generated=[0] * r.params.n)
+                   for r in requests]
         self._commands.put(_Add(list(requests), streams))
         try:
             first = await self._accepted(streams[0])
@@ -177,7 +202,8 @@ class AsyncEngine:
         if isinstance(first, BaseException):
             raise first
         assert first is _ACCEPTED
-        return [RequestStream(self, r.request_id, s.queue) for r, s in zip(requests, streams)]
+        return [RequestStream(self, r.request_id, s.queue, s.delta)
+                for r, s in zip(requests, streams)]
 
     async def call(self, fn: Callable[[], Any]) -> Any:
         """``fn()`` run in the engine thread (which owns the tokenizer's encoder); its
@@ -303,8 +329,14 @@ class AsyncEngine:
         if not stream.first_token_seen and out.metrics.first_token_time is not None:
             stream.first_token_seen = True
             self._observer.on_first_token(out)
+        generated = stream.generated
+        for c in out.outputs:
+            generated[c.index] = len(c.token_ids) + (generated[c.index] if stream.delta else 0)
+            if c.index == 0 and c.finish_reason is not None:
+                stream.finish_reason = c.finish_reason
         if out.finished:
-            self._observer.on_finished(out)
+            self._observer.on_finished(FinishedRequest(
+                out.metrics, len(out.prompt_token_ids), generated, stream.finish_reason))
 
     @staticmethod
     def _deliver(items: list[tuple[_Stream, object]]) -> None:

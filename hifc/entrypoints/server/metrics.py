@@ -19,6 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from hifc.engine.outputs import RequestOutput
+from hifc.entrypoints.server.async_engine import FinishedRequest
 
 VLLM = "vllm:"
 HIFC = "hifc_"
@@ -197,21 +198,20 @@ class ServerMetrics:
         m = output.metrics
         self._ttft.observe(m.first_token_time - m.arrival_time)
 
-    def on_finished(self, output: RequestOutput) -> None:
-        m = output.metrics
+    def on_finished(self, request: FinishedRequest) -> None:
+        m = request.metrics
         if m.finished_time is not None:
             self._e2e.observe(m.finished_time - m.arrival_time)
         if m.time_in_queue is not None:
             self._queue.observe(m.time_in_queue)
-        num_tokens = [len(c.token_ids) for c in output.outputs]
-        longest = max(num_tokens)
+        longest = max(request.generated)
         if longest > 1 and m.first_token_time is not None and m.last_token_time is not None:
             self._tpot.observe((m.last_token_time - m.first_token_time) / (longest - 1))
-        self._prompt_tokens.observe(len(output.prompt_token_ids))
-        self._generation_tokens.observe(sum(num_tokens))
-        self._n.observe(len(output.outputs))
+        self._prompt_tokens.observe(request.prompt_tokens)
+        self._generation_tokens.observe(sum(request.generated))
+        self._n.observe(len(request.generated))
         self._finished.labels(model_name=self._model_name,
-                              finished_reason=output.finish_reason or "unknown").inc()
+                              finished_reason=request.finish_reason or "unknown").inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

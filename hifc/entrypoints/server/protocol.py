@@ -135,8 +135,8 @@ class _GenerationRequest(_Strict):
     def sampling_params(self, max_tokens: int | None, logprobs: int | None,
                         prompt_logprobs: int | None = None) -> SamplingParams:
         """The engine's parameters (``logprobs``: top log-probabilities per generated token,
-        None for none; a response sent whole needs only the final output, a stream every
-        step's); ValueError (-> 400) for out-of-range values."""
+        None for none; a response sent whole needs only the final output, a stream what
+        each step added); ValueError (-> 400) for out-of-range values."""
         optional = {name: getattr(self, name) for name in (
             "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
             "repetition_penalty") if getattr(self, name) is not None}
@@ -150,7 +150,7 @@ class _GenerationRequest(_Strict):
             prompt_logprobs=(self.prompt_logprobs if self.prompt_logprobs is not None
                              else prompt_logprobs),
             structured_outputs=self.structured_output_params(),
-            output_kind=(RequestOutputKind.CUMULATIVE if self.stream
+            output_kind=(RequestOutputKind.DELTA if self.stream
                          else RequestOutputKind.FINAL_ONLY), **optional)
 
 

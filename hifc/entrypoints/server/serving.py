@@ -106,7 +106,8 @@ async def _respond(engine: AsyncEngine, streams: list[RequestStream], call: _Cal
         return JSONResponse(error_body(499, "client disconnected"), status_code=499)
     choices = [_final_choice(engine, call, out, completion, i * call.n + completion.index)
                for i, out in enumerate(finals) for completion in out.outputs]
-    body = {**_envelope(call, choices, chunk=False), "usage": _usage(finals)}
+    generated = sum(len(c.token_ids) for out in finals for c in out.outputs)
+    body = {**_envelope(call, choices, chunk=False), "usage": _usage(finals, generated)}
     if call.chat and finals[0].prompt_logprobs is not None:  # vLLM's extra, when asked for
         body["prompt_logprobs"] = responses.prompt_logprobs(finals[0].prompt_logprobs)
     if call.chat and call.return_token_ids:
@@ -151,9 +152,9 @@ def _prompt_text(engine: AsyncEngine, out: RequestOutput) -> str:
     return "".join(map(engine.token_text, out.prompt_token_ids))
 
 
-def _usage(finals: list[RequestOutput]) -> dict:
-    return responses.usage(sum(len(o.prompt_token_ids) for o in finals),
-                           sum(len(c.token_ids) for o in finals for c in o.outputs),
+def _usage(finals: list[RequestOutput], generated: int) -> dict:
+    """``finals``: each prompt's last output; ``generated``: tokens of all its choices."""
+    return responses.usage(sum(len(o.prompt_token_ids) for o in finals), generated,
                            sum(o.num_cached_tokens or 0 for o in finals))
 
 
@@ -219,7 +220,7 @@ class _AbortingStreamingResponse(StreamingResponse):
 class _Sent:
     """How much of one choice has been streamed."""
     chars: int = 0
-    tokens: int = 0  # token ids (and their logprobs) sent
+    tokens: int = 0  # tokens generated so far (the usage counts them)
     started: bool = False
     finished: bool = False
 
@@ -258,17 +259,20 @@ async def _merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, Requ
 
 async def _sse(engine: AsyncEngine, streams: list[RequestStream],
                call: _Call) -> AsyncIterator[str]:
-    """Server-sent events (wrapped in :class:`_AbortingStreamingResponse`, which aborts the
-    requests however the stream ends)."""
+    """Server-sent events from the requests' ``DELTA`` outputs (wrapped in
+    :class:`_AbortingStreamingResponse`, which aborts the requests however the stream ends)."""
     sent: dict[int, _Sent] = {}
     finals: dict[int, RequestOutput] = {}
+    prompt_logprobs: dict[int, list] = {}  # by stream: a DELTA output gives them once
     try:
         async for stream_index, out in _merged(streams):
             finals[stream_index] = out
+            if out.prompt_logprobs is not None:
+                prompt_logprobs[stream_index] = out.prompt_logprobs
             for completion in out.outputs:
                 index = stream_index * call.n + completion.index
-                for payload in _deltas(engine, call, out, completion, index,
-                                       sent.setdefault(index, _Sent())):
+                for payload in _deltas(engine, call, out, prompt_logprobs.get(stream_index),
+                                       completion, index, sent.setdefault(index, _Sent())):
                     yield _event(payload)
     except EngineDeadError as exc:
         yield _event(error_body(503, str(exc)))
@@ -276,7 +280,8 @@ async def _sse(engine: AsyncEngine, streams: list[RequestStream],
         return
     if call.include_usage:
         ordered = [finals[i] for i in sorted(finals)]
-        yield _event({**_envelope(call, [], chunk=True), "usage": _usage(ordered)})
+        usage = _usage(ordered, sum(s.tokens for s in sent.values()))
+        yield _event({**_envelope(call, [], chunk=True), "usage": usage})
     yield "data: [DONE]\n\n"
 
 
@@ -284,9 +289,9 @@ def _event(payload: dict) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
-def _deltas(engine: AsyncEngine, call: _Call, out: RequestOutput, completion: CompletionOutput,
-            index: int, sent: _Sent) -> list[dict]:
-    """The chunks that bring one choice's stream up to date with ``completion``. With
+def _deltas(engine: AsyncEngine, call: _Call, out: RequestOutput, prompt_logprobs: list | None,
+            completion: CompletionOutput, index: int, sent: _Sent) -> list[dict]:
+    """The chunks of one choice's ``DELTA`` (``completion``: what is new in it). With
     ``return_token_ids`` new tokens make a chunk even while their text is empty (a model
     without a tokenizer, text a stop string may still cut, an incomplete character)."""
     if sent.finished:
@@ -295,20 +300,18 @@ def _deltas(engine: AsyncEngine, call: _Call, out: RequestOutput, completion: Co
     first_of_choice = not sent.started
     if not sent.started:
         sent.started = True
-        first = _first_chunk(engine, call, out, index)
+        first = _first_chunk(engine, call, out, prompt_logprobs, index)
         if first is not None:
             chunks.append(first)
     # the engine's outputs leave out what a stop string may still cut: text only grows
-    text, finished = completion.text, completion.finish_reason is not None
-    new_ids = completion.token_ids[sent.tokens:]
-    new_positions = (completion.logprobs or [])[sent.tokens:] if call.logprobs is not None \
-        else []
-    if len(text) > sent.chars or new_positions or (call.return_token_ids and new_ids):
-        chunks.append(_chunk(call, index, text[sent.chars:],
+    text, new_ids, finished = completion.text, completion.token_ids, completion.finished()
+    new_positions = (completion.logprobs or []) if call.logprobs is not None else []
+    if text or new_positions or (call.return_token_ids and new_ids):
+        chunks.append(_chunk(call, index, text,
                              _logprobs(engine, call, new_ids, new_positions, sent.chars),
                              token_ids=new_ids))
-        sent.chars = len(text)
-        sent.tokens = len(completion.token_ids)
+        sent.chars += len(text)
+    sent.tokens += len(new_ids)
     if finished:
         sent.finished = True
         chunks.append(_chunk(call, index, None if call.chat else "", None,
@@ -324,7 +327,8 @@ def _add_prompt_token_ids(call: _Call, chunk: dict, prompt_token_ids: list[int])
     (chunk if call.chat else chunk["choices"][0])["prompt_token_ids"] = list(prompt_token_ids)
 
 
-def _first_chunk(engine: AsyncEngine, call: _Call, out: RequestOutput, index: int) -> dict | None:
+def _first_chunk(engine: AsyncEngine, call: _Call, out: RequestOutput,
+                 prompt_logprobs: list | None, index: int) -> dict | None:
     """Chat: the role; completions with echo: the prompt (and its logprobs)."""
     if call.chat:
         return _chunk(call, index, "", None, role=True)
@@ -332,7 +336,7 @@ def _first_chunk(engine: AsyncEngine, call: _Call, out: RequestOutput, index: in
         return None
     logprobs = None
     if call.logprobs is not None:
-        positions = out.prompt_logprobs or [None] * len(out.prompt_token_ids)
+        positions = prompt_logprobs or [None] * len(out.prompt_token_ids)
         logprobs = responses.completion_logprobs(out.prompt_token_ids, positions,
                                                  engine.token_text)
     return _chunk(call, index, _prompt_text(engine, out), logprobs)
