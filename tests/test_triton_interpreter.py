@@ -29,6 +29,7 @@ import torch
 FILES = ["tests/layers/test_triton_attention.py", "tests/layers/test_triton_fused.py",
          "tests/layers/test_triton_gemv.py",
          "tests/layers/test_triton_penalties.py", "tests/layers/test_triton_argmax.py",
+         "tests/layers/test_triton_bitmask.py",
          "tests/runtime/test_decode_graphs_triton.py"]
 SELECTION = ("not split_kv_on_mixed_batch and not (mixed_batch_8b_shape and not 8b_shape[16-) "
              "and not (head_shapes and -256-) "

@@ -109,8 +109,9 @@ class Sampler:
     @staticmethod
     def warm_up(logits: torch.Tensor) -> None:
         """Run each device pass a step's sampling may take (the greedy argmax of the logits as
-        they come and in float32; the penalties over every row and over listed rows) on
-        ``logits`` ([B, V], a warm-up step's own), so that those that compile do so now."""
+        they come and in float32; the penalties over every row and over listed rows; a grammar
+        bitmask) on ``logits`` ([B, V], a warm-up step's own), so that those that compile do
+        so now."""
         ops.argmax(logits)
         logits = logits.to(torch.float32)
         ops.argmax(logits)
@@ -121,6 +122,8 @@ class Sampler:
         ones = torch.ones(1, dtype=torch.float32, device=device)
         for rows in (None, first):
             ops.apply_penalties(logits[:1], rows, first, counts, seen, ones, ones, ones)
+        allow_all = torch.full((1, -(-vocab // 32)), -1, dtype=torch.int32, device=device)
+        ops.apply_token_bitmask(logits, first, allow_all)
 
     @staticmethod
     def process(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from hifc.layers import triton_argmax
+from hifc.layers.triton_bitmask import triton_apply_token_bitmask
 from hifc.layers.triton_jit import triton
 from hifc.layers.triton_penalties import triton_apply_penalties
 
@@ -57,7 +58,11 @@ def apply_penalties(logits: torch.Tensor, rows: torch.Tensor | None, pool_rows: 
 
 def apply_token_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> None:
     """Forbid, in ``logits[rows]``, the tokens whose bit is 0 in ``bitmask`` ([G, ceil(V/32)]
-    int32; bit j of word w is token 32 w + j, the layout of xgrammar's token bitmasks)."""
+    int32; bit j of word w is token 32 w + j, the layout of xgrammar's token bitmasks). On CUDA
+    one Triton pass (``triton_bitmask``)."""
+    if logits.is_cuda and triton is not None:
+        triton_apply_token_bitmask(logits, rows, bitmask)
+        return
     vocab = logits.shape[-1]
     shifts = torch.arange(32, device=bitmask.device, dtype=torch.int32)
     bits = (bitmask.unsqueeze(-1) >> shifts) & 1  # [G, W, 32]
