@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
+import torch
 
 from hifc import LLM, SamplingParams
 from hifc.sampling_params import GuidedDecodingParams, StructuredOutputsParams
@@ -300,6 +301,32 @@ def test_a_front_end_refuses_what_the_compiler_refuses_without_compiling(llm):
         params = StructuredOutputsParams(**constraint)
         compiler.compile(params)
         check_grammar(params)
+
+
+def test_bitmasks_are_the_matchers_own_in_the_calling_thread_or_in_xgrammar_s(llm):
+    """A step's bitmasks, filled in the calling thread (few rows) or shared out among
+    xgrammar's threads (``ROWS_PER_THREAD`` rows each), are each matcher's own mask."""
+    xgr = pytest.importorskip("xgrammar")
+    from hifc.structured.grammar import ROWS_PER_THREAD, BitmaskFiller, GrammarCompiler
+
+    compiler = GrammarCompiler(llm.get_tokenizer(), 384, {EOS})
+    grammars = [compiler.compile(StructuredOutputsParams(**c)) for c in GOOD_CONSTRAINTS]
+    filler = BitmaskFiller(xgr, 384, max_threads=3)
+    for rows in (5, 2 * ROWS_PER_THREAD + 1):
+        states = [compiler.matcher(grammars[i % len(grammars)]) for i in range(rows)]
+        for i, state in enumerate(states[::7]):  # some a few tokens into their grammar
+            tokens = []
+            for _ in range(i % 3):
+                allowed = filler.fill([state])[0]
+                token = next((t for t in range(384) if allowed[t // 32] >> (t % 32) & 1
+                              and t != EOS), None)
+                if token is None:  # the grammar can only end here
+                    break
+                tokens.append(token)
+                state.advance(tokens)
+        want = torch.cat([filler.fill([state]) for state in states])
+        assert torch.equal(filler.fill(states), want)
+    assert sorted(filler._batches) == [1, 2]  # one thread, then two for 129 rows
 
 
 def test_structured_outputs_without_xgrammar_say_what_to_install(llm, monkeypatch):
