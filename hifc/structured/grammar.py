@@ -120,8 +120,9 @@ class GrammarState:
 
 
 # guided sequences per xgrammar thread in a step's bitmask fill: fewer rows per thread cost
-# more in handing out the work than they save (64 rows of a JSON schema on the H200's host: 0.26
-# ms in the calling thread, 1.2-1.4 ms with xgrammar's default 8 threads; docs/RESULTS.md)
+# more in handing out the work than they save (64 rows of a JSON schema on the GPU machine's
+# host, median per step: 0.26-0.45 ms in the calling thread, 1.2-3.7 ms with xgrammar's default
+# 8 threads; docs/RESULTS.md)
 ROWS_PER_THREAD = 64
 
 
