@@ -94,12 +94,8 @@ class StepPacker:
     def _transfer_array(self, buffers: dict, name: str, array: torch.Tensor) -> torch.Tensor:
         if not self._pinned:
             return array.to(self.device)
-        host = buffers.get(name)
-        if host is None or host.numel() < array.numel() or host.dtype != array.dtype:
-            host = buffers[name] = torch.empty(max(array.numel(), 2 * (0 if host is None else
-                                                                       host.numel())),
-                                               dtype=array.dtype, pin_memory=True)
-        staged = host[:array.numel()].view(array.shape)
+        staged = _pinned_buffer(buffers, name, array.numel(), array.dtype)[:array.numel()]
+        staged = staged.view(array.shape)
         staged.copy_(array)
         return staged.to(self.device, non_blocking=True)
 
@@ -107,12 +103,19 @@ class StepPacker:
                   total: int) -> torch.Tensor:
         if not self._pinned:
             return torch.tensor(list(values), dtype=dtype, device=self.device)
-        host = buffers.get(dtype)
-        if host is None or host.numel() < total:
-            size = max(total, 1024, 2 * (0 if host is None else host.numel()))
-            host = buffers[dtype] = torch.empty(size, dtype=dtype, pin_memory=True)
+        host = _pinned_buffer(buffers, dtype, total, dtype)
         host.numpy()[:total] = np.fromiter(values, self._DTYPES[dtype], count=total)
         return host[:total].to(self.device, non_blocking=True)
+
+
+def _pinned_buffer(buffers: dict, key, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """``buffers[key]``, a pinned host buffer of ``dtype`` with room for ``numel`` values (made
+    or grown, at least doubling, when it has not)."""
+    host = buffers.get(key)
+    if host is None or host.numel() < numel or host.dtype != dtype:
+        size = max(numel, 1024, 2 * (0 if host is None else host.numel()))
+        host = buffers[key] = torch.empty(size, dtype=dtype, pin_memory=True)
+    return host
 
 
 @dataclass

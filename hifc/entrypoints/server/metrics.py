@@ -12,14 +12,16 @@ engine in the server's process does.
 """
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from hifc.engine.outputs import RequestOutput
-from hifc.entrypoints.server.async_engine import FinishedRequest
+
+if TYPE_CHECKING:  # the observer's argument type; the engine thread's module imports torch
+    from hifc.entrypoints.server.async_engine import FinishedRequest
 
 VLLM = "vllm:"
 HIFC = "hifc_"
