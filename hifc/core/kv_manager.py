@@ -69,6 +69,13 @@ class KVCacheManager:
         holes = self._num_holes.get(seq_id, 0)
         return holes + max(0, self.num_blocks_for(num_tokens) - len(self.block_table(seq_id)))
 
+    def holds(self, seq_id: str, num_tokens: int) -> bool:
+        """The sequence's blocks already hold ``num_tokens`` tokens (a decode with room in its
+        last block): allocating for them takes nothing."""
+        table = self._block_tables.get(seq_id)
+        return (table is not None and len(table) * self.block_size >= num_tokens
+                and seq_id not in self._num_holes)
+
     # ---- prefix cache ---------------------------------------------------------------------
     def block_hashes(self, seq: Sequence) -> list[bytes]:
         """The hashes of the sequence's full blocks (kept on the sequence; each block is

@@ -209,25 +209,29 @@ class Scheduler(SwapMixin):
         """Schedule the running sequences (decodes first), taking from ``budget``. Returns
         whether a sequence sat out the step for lack of blocks."""
         max_len = self.limits.max_model_len
-        ending = {s.request_id for s in self.running if s.ends_by_length_with_pending(max_len)}
-        ready = [s for s in self.running if s.request_id not in ending]
-        queue = ([s for s in ready if s.num_tokens_to_compute == 1]
-                 + [s for s in ready if s.num_tokens_to_compute > 1])
-        kept: set[str] = set(ending)  # they finish when their pending tokens arrive
+        kept: set[str] = set()  # ending by length: they finish when their pending tokens arrive
+        decodes, prompts = [], []
+        for s in self.running:
+            if s.ends_by_length_with_pending(max_len):
+                kept.add(s.request_id)
+            else:
+                (decodes if s.num_tokens_to_compute == 1 else prompts).append(s)
+        queue = deque(decodes + prompts)
         releasing = self._num_releasing()
         releasing += self.store.num_releasing if self.store is not None else 0
         promised = 0
         starved = False
         while queue:
-            seq = queue.pop(0)
+            seq = queue.popleft()
             num_new = self._chunk(seq.num_computed_tokens, seq.num_tokens_to_compute, budget)
             if num_new == 0:  # no budget left this step
                 kept.add(seq.request_id)
                 continue
             target = seq.num_computed_tokens + num_new
-            while self.kv.can_allocate(seq.request_id, target) is not AllocStatus.OK:
+            holds = self.kv.holds(seq.request_id, target)  # most decodes: nothing to allocate
+            while not holds and self.kv.can_allocate(seq.request_id, target) is not AllocStatus.OK:
                 deficit = self.kv.num_new_blocks(seq.request_id, target) - self.kv.num_free_blocks
-                victim = max(queue + [seq], key=lambda s: s.arrival)
+                victim = max([*queue, seq], key=lambda s: s.arrival)
                 on_their_way = releasing - promised >= deficit
                 if on_their_way or (victim is seq and seq.num_tokens_to_compute > 1):
                     promised += deficit if on_their_way else 0
@@ -240,7 +244,10 @@ class Scheduler(SwapMixin):
                 if victim is seq:
                     break
             else:
-                self._allocate(seq, target)
+                if holds:
+                    self.kv.cache_blocks(seq, target)
+                else:
+                    self._allocate(seq, target)
                 budget.take(seq.num_computed_tokens, num_new, seq.num_tokens_to_compute)
                 out.scheduled.append(self._schedule_work(seq, num_new))
                 kept.add(seq.request_id)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from hifc.sampling_params import SamplingParams
 
@@ -20,11 +20,12 @@ class TierBlocks(Protocol):
     def free(self, ids: list[int]) -> None: ...
 
 
-@dataclass(frozen=True)
-class ScheduledSeq:
+class ScheduledSeq(NamedTuple):
     """One sequence's work in a step: compute K/V for ``token_ids`` at positions
     ``start_pos..start_pos+len-1``; if ``samples`` (the chunk ends at the sequence's last
-    token), sample the next token from the last one. A decode's token may be ``PENDING_TOKEN``."""
+    token), sample the next token from the last one. A decode's token may be ``PENDING_TOKEN``.
+    (A named tuple: one is built per sequence and step, three times faster than a frozen
+    dataclass.)"""
 
     request_id: str
     token_ids: list[int]

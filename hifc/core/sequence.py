@@ -19,11 +19,14 @@ class SequenceStatus(enum.Enum):
 
     @property
     def is_finished(self) -> bool:
-        return self in _FINISHED  # checked several times per sequence and step: a set lookup
+        # checked several times per sequence and step: a lookup of the value's string, whose
+        # hash is cached (an enum member's own hash is a Python call)
+        return self._value_ in _FINISHED
 
 
-_FINISHED = frozenset({SequenceStatus.FINISHED_STOPPED, SequenceStatus.FINISHED_LENGTH,
-                       SequenceStatus.FINISHED_ABORTED})
+_FINISHED = frozenset(s.value for s in (SequenceStatus.FINISHED_STOPPED,
+                                        SequenceStatus.FINISHED_LENGTH,
+                                        SequenceStatus.FINISHED_ABORTED))
 
 
 class Sequence:

@@ -7,8 +7,9 @@ from hifc.loader.tokenizer import Tokenizer
 class IncrementalDetokenizer:
     """Turns a growing list of token ids into text, emitting only complete characters.
 
-    Decodes a small window (from ``prefix_offset``) so the cost per token stays constant and
-    tokenizers that change a word's leading space in context stay correct.
+    Through the tokenizer's decode stream where it has one (``Tokenizer.decode_stream``), else
+    by decoding a small window (from ``prefix_offset``) twice per token, so the cost per token
+    stays constant and tokenizers that change a word's leading space in context stay correct.
     """
 
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool, stop: tuple[str, ...],
@@ -21,22 +22,53 @@ class IncrementalDetokenizer:
         self._prefix_offset = 0
         self._read_offset = 0
         self._max_stop_len = max((len(s) for s in stop), default=0)
+        self._stream = tokenizer.decode_stream(skip_special_tokens)
+        self._num_streamed = 0  # tokens fed to the stream
 
     def update(self, token_ids: list[int], check_stop: bool = True) -> str | None:
         """Extend ``text`` with the new tokens of ``token_ids``; returns the stop string that
         ended the text (cut before it, or after it with ``include_stop_str_in_output``), if
         any. ``check_stop`` False (before ``min_tokens``): the new text is not searched."""
+        delta = self._streamed(token_ids) if self._stream else self._window_delta(token_ids)
+        if not delta:
+            return None  # no complete new character yet
+        search_from = max(0, len(self.text) - self._max_stop_len + 1)
+        self.text += delta
+        return self._cut_at_stop(search_from) if check_stop and self.stop else None
+
+    def _streamed(self, token_ids: list[int]) -> str:
+        parts = []
+        for i in range(self._num_streamed, len(token_ids)):
+            try:
+                part = self._stream(token_ids[i])
+            except Exception as exc:  # tokenizers raises a bare Exception
+                if "Invalid prefix" not in str(exc):
+                    raise
+                # the stream's state broke on a text that does not grow monotonically (byte
+                # fallback): go on by windows, from where they would be after these tokens
+                return "".join(parts) + self._leave_stream(token_ids, i)
+            if part:
+                parts.append(part)
+        self._num_streamed = len(token_ids)
+        return "".join(parts)
+
+    def _leave_stream(self, token_ids: list[int], num_streamed: int) -> str:
+        """Window decoding from now on; the windows are replayed over the ``num_streamed``
+        tokens the stream took, whose text it gave."""
+        self._stream = None
+        for end in range(1, num_streamed + 1):
+            self._window_delta(token_ids[:end])
+        return self._window_delta(token_ids)
+
+    def _window_delta(self, token_ids: list[int]) -> str:
         decode = self.tokenizer.decode
         prefix = decode(token_ids[self._prefix_offset:self._read_offset], self.skip_special_tokens)
         full = decode(token_ids[self._prefix_offset:], self.skip_special_tokens)
         if len(full) <= len(prefix) or full.endswith("\ufffd"):
-            return None  # no complete new character yet
-        delta = full[len(prefix):]
+            return ""
         self._prefix_offset = self._read_offset
         self._read_offset = len(token_ids)
-        search_from = max(0, len(self.text) - self._max_stop_len + 1)
-        self.text += delta
-        return self._cut_at_stop(search_from) if check_stop and self.stop else None
+        return full[len(prefix):]
 
     def _cut_at_stop(self, search_from: int) -> str | None:
         hits = [(i, s) for i, s in ((self.text.find(s, search_from), s) for s in self.stop)

@@ -102,7 +102,10 @@ class RequestState:
 
     @property
     def finished(self) -> bool:
-        return all(c.seq.status.is_finished for c in self.completions)
+        completions = self.completions  # checked three times per request and step
+        if len(completions) == 1:
+            return completions[0].seq.status.is_finished
+        return all(c.seq.status.is_finished for c in completions)
 
     def add_prompt_logprobs(self, part: PromptLogprobs, builder: LogprobsBuilder) -> None:
         """Append the positions of ``part`` not yet recorded (a recomputed prefill repeats

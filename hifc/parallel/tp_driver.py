@@ -8,7 +8,6 @@ polls or waits while a job is out on the workers. ``close`` stops the workers an
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections import Counter
 
@@ -80,7 +79,7 @@ class TPDriver:
     def announce(self, scheduled: list[ScheduledSeq],
                  logprob_spans: list[tuple[int, int, int]]) -> None:
         """Send a step's work (with the orders queued before it); rank 0 runs its part next."""
-        work = [dataclasses.replace(w, sampling_params=None) for w in scheduled]
+        work = [w._replace(sampling_params=None) for w in scheduled]
         self._send(Command(orders=self._take_orders(), step=StepWork(work, logprob_spans)))
 
     # -- TierPeers -----------------------------------------------------------------------------
