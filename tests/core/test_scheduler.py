@@ -20,6 +20,19 @@ def test_check_never_changes_state():
     assert kv.num_free_blocks == 4
 
 
+def test_holds_means_allocating_takes_nothing():
+    """``holds``, the scheduler's shortcut for decodes, is true exactly where ``allocate``
+    would add no block: the table has room and no hole."""
+    kv = KVCacheManager(4, 16)
+    assert not kv.holds("a", 1)  # no table yet
+    kv.allocate("a", 17)
+    assert kv.holds("a", 32) and not kv.holds("a", 33)
+    kv.release("a", [0])  # swapped out: a hole to fill first
+    assert not kv.holds("a", 17) and kv.num_new_blocks("a", 17) == 1
+    kv.fill_holes("a", {})
+    assert kv.holds("a", 32) and kv.allocate("a", 32) == []
+
+
 def test_prefill_then_decode_batches_all():
     sched, kv = make_scheduler()
     seqs = {f"r{i}": make_seq(f"r{i}", 10, arrival=i) for i in range(3)}
