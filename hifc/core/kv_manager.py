@@ -9,6 +9,9 @@ least recently freed first to be evicted (``hifc.core.block_pool``).
 A swapped-out sequence's table keeps its length, with ``HOLE`` where a block was given up;
 ``fill_holes`` gives them blocks again when it swaps in. Checks (``can_*``, ``cached_prefix``,
 ``cached_block``) never change state.
+
+A table object (``block_table``, which the scheduler hands the runner without copying) only
+ever grows: giving up or refilling blocks replaces the sequence's table with a new object.
 """
 from __future__ import annotations
 
@@ -173,10 +176,11 @@ class KVCacheManager:
         """Give up the blocks at ``positions`` (the sequence is swapped out), leaving holes."""
         if not positions:
             return
-        table = self._block_tables[seq_id]
+        table = list(self._block_tables[seq_id])  # a new object: tables only grow in place
         self.pool.release([table[pos] for pos in reversed(positions)])
         for pos in positions:
             table[pos] = HOLE
+        self._block_tables[seq_id] = table
         self._num_holes[seq_id] = self._num_holes.get(seq_id, 0) + len(positions)
         self._num_cached[seq_id] = min(self._num_cached.get(seq_id, 0), min(positions))
 
@@ -190,7 +194,8 @@ class KVCacheManager:
     def fill_holes(self, seq_id: str, reused: dict[int, int]) -> list[int]:
         """Put the cached block ``reused[pos]`` at each of those positions and a new block in
         every other hole; returns the new blocks in table order."""
-        table = self._block_tables[seq_id]
+        table = list(self._block_tables[seq_id])  # a new object: tables only grow in place
+        self._block_tables[seq_id] = table
         self.pool.take(list(reused.values()))
         for pos, block in reused.items():
             table[pos] = block

@@ -347,9 +347,8 @@ class Scheduler(SwapMixin):
         samples = end == seq.num_tokens + seq.num_pending_tokens
         seq.num_computed_tokens = end
         seq.num_pending_tokens += samples
-        return ScheduledSeq(seq.request_id, token_ids, start,
-                            list(self.kv.block_table(seq.request_id)), seq.sampling_params,
-                            samples=samples)
+        return ScheduledSeq(seq.request_id, token_ids, start, self.kv.block_table(seq.request_id),
+                            seq.sampling_params, samples=samples)
 
     def prefix_read_done(self, request_id: str, blocks_ok: int) -> None:
         """A prefix read ended: its first ``blocks_ok`` blocks hold verified K/V."""

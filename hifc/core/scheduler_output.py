@@ -25,7 +25,12 @@ class ScheduledSeq(NamedTuple):
     ``start_pos..start_pos+len-1``; if ``samples`` (the chunk ends at the sequence's last
     token), sample the next token from the last one. A decode's token may be ``PENDING_TOKEN``.
     (A named tuple: one is built per sequence and step, three times faster than a frozen
-    dataclass.)"""
+    dataclass.)
+
+    ``block_table`` is the scheduler's own table of the sequence, not a copy: read it when the
+    step is launched (later steps append to it). A table object only ever grows; any other
+    change makes a new object (``KVCacheManager``), so what a runner read of one object stays
+    true of its first entries (``hifc.runtime.inputs.TableRows``)."""
 
     request_id: str
     token_ids: list[int]

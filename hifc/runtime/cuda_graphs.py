@@ -48,7 +48,7 @@ import torch
 from hifc.core.scheduler import ScheduledSeq
 from hifc.layers.attention import AttentionBackend, AttentionContext, AttentionMetadata
 from hifc.layers.triton_jit import meet_kernels
-from hifc.runtime.inputs import (ChunkInputLayout, DecodeInputLayout, PendingInputs,
+from hifc.runtime.inputs import (ChunkInputLayout, DecodeInputLayout, PendingInputs, TableRows,
                                  chunk_input_views, decode_input_views, fits_chunk_layout,
                                  fits_decode_layout, write_chunk_inputs, write_decode_inputs)
 
@@ -111,6 +111,7 @@ class _InputBuffers:
         self.host_array = self.host.numpy()  # the same memory, filled row by row
         self.device = (torch.zeros(layout.numel, dtype=torch.int32, device=device) if pin
                        else self.host)
+        self.rows = TableRows((layout.numel - layout.block_tables_offset) // layout.max_blocks)
 
 
 class DecodeGraphs:
@@ -204,7 +205,8 @@ class DecodeGraphs:
         buffers = self.chunk_inputs if chunk else self.inputs
         if self._copied is not None:
             self._copied.synchronize()  # the previous step's copy has read the host buffers
-        seq_lens = buffers.write(work, batch, self.block_size, buffers.layout, buffers.host_array)
+        seq_lens = buffers.write(work, batch, self.block_size, buffers.layout, buffers.host_array,
+                                 buffers.rows)
         if self._copied is not None:
             n = buffers.layout.prefix_len(batch)
             buffers.device[:n].copy_(buffers.host[:n], non_blocking=True)

@@ -168,6 +168,35 @@ def decode_input_views(buffer: torch.Tensor, layout: DecodeInputLayout,
     )
 
 
+class TableRows:
+    """Which block table each row of a packed buffer's block tables holds, so that a step
+    writes only the entries appended since the last step wrote the same table into the same
+    row: a table object only grows (``ScheduledSeq.block_table``), so the entries written
+    before still hold. A decode step of 64 rows at 8,192 tokens packs in 0.03 ms so, against
+    0.55 ms writing whole rows (2-core CPU machine, docs/RESULTS.md)."""
+
+    def __init__(self, num_rows: int):
+        self._tables: list[list[int] | None] = [None] * num_rows
+        self._written = [0] * num_rows
+
+    def write(self, tables: np.ndarray, row: int, table: list[int]) -> None:
+        """Bring ``tables[row]``'s first ``len(table)`` entries to ``table``."""
+        n = len(table)
+        if self._tables[row] is table:
+            start = self._written[row]
+            if start < n:
+                tables[row, start:n] = table[start:]
+        else:
+            tables[row, :n] = table
+            self._tables[row] = table
+        self._written[row] = n
+
+    def forget(self, start: int, end: int) -> None:
+        """Rows ``start..end-1`` were written otherwise (padding)."""
+        for row in range(start, end):
+            self._tables[row] = None
+
+
 def fits_decode_layout(work: list[ScheduledSeq], layout: DecodeInputLayout) -> bool:
     """True for a decode-only step (one new token per sequence) that the layout holds."""
     return (0 < len(work) <= layout.max_batch
@@ -195,9 +224,11 @@ def fill_decode_inputs(work: list[ScheduledSeq], batch: int, block_size: int,
 
 
 def write_decode_inputs(work: list[ScheduledSeq], batch: int, block_size: int,
-                        layout: DecodeInputLayout, buffer: np.ndarray) -> list[int]:
+                        layout: DecodeInputLayout, buffer: np.ndarray,
+                        rows: TableRows | None = None) -> list[int]:
     """:func:`fill_decode_inputs` for a step already known to fit (the decode hot path, whose
-    batch size came from :func:`fits_decode_layout`): the same writes, without checking."""
+    batch size came from :func:`fits_decode_layout`): the same writes, without checking.
+    ``rows``: what the buffer's block table rows hold (only what changed is written)."""
     n = len(work)
     m, pad = layout.max_batch, batch - n
     positions = [w.start_pos for w in work]
@@ -211,9 +242,11 @@ def write_decode_inputs(work: list[ScheduledSeq], batch: int, block_size: int,
     buffer[4 * m:4 * m + batch + 1] = np.arange(batch + 1, dtype=np.int32)
     bt = layout.block_tables_offset
     tables = buffer[bt:bt + batch * layout.max_blocks].reshape(batch, layout.max_blocks)
-    for row, w in zip(tables, work):
-        row[:len(w.block_table)] = w.block_table
+    rows = rows or TableRows(batch)
+    for row, w in enumerate(work):
+        rows.write(tables, row, w.block_table)
     tables[n:, 0] = 0
+    rows.forget(n, batch)
     return seq_lens
 
 
@@ -302,7 +335,8 @@ def fits_chunk_layout(work: list[ScheduledSeq], layout: ChunkInputLayout) -> boo
 
 
 def write_chunk_inputs(work: list[ScheduledSeq], batch: int, block_size: int,
-                       layout: ChunkInputLayout, buffer: np.ndarray) -> list[int]:
+                       layout: ChunkInputLayout, buffer: np.ndarray,
+                       rows: TableRows | None = None) -> list[int]:
     """Write a step that ``fits_chunk_layout`` (decodes, then the chunk) with its decodes padded
     to ``batch`` rows into ``buffer`` ([layout.numel] int32, host memory); an empty ``work``
     writes padding only (a one-token chunk at position 0). Returns the sequence lengths of the
@@ -310,7 +344,8 @@ def write_chunk_inputs(work: list[ScheduledSeq], batch: int, block_size: int,
 
     Padding decode rows are those of :func:`write_decode_inputs`. The padding sequence after
     the chunk holds its remaining tokens: token 0 at positions 0.., slot PAD_SLOT, its keys in
-    block 0 (finite, never garbage memory); its logits are never read.
+    block 0 (finite, never garbage memory); its logits are never read. ``rows``: as for
+    :func:`write_decode_inputs`.
     """
     decodes, chunk = (work[:-1], work[-1]) if work else ([], None)
     n = len(decodes)
@@ -339,9 +374,12 @@ def write_chunk_inputs(work: list[ScheduledSeq], batch: int, block_size: int,
                                                + [0] * pad)
     bt = layout.block_tables_offset
     tables = buffer[bt:bt + (batch + 2) * layout.max_blocks].reshape(batch + 2, layout.max_blocks)
-    for row, w in zip(tables, decodes):
-        row[:len(w.block_table)] = w.block_table
+    rows = rows or TableRows(batch + 2)
+    for row, w in enumerate(decodes):
+        rows.write(tables, row, w.block_table)
     tables[n:batch, 0] = 0
-    tables[batch, :len(table)] = table
+    rows.forget(n, batch)
+    rows.write(tables, batch, table)
     tables[batch + 1, :-(-tail // block_size)] = 0
+    rows.forget(batch + 1, batch + 2)
     return seq_lens

@@ -1,7 +1,7 @@
 """Scheduler and KV manager behaviour, without a model."""
 import pytest
 
-from hifc.core.kv_manager import AllocStatus, KVCacheManager
+from hifc.core.kv_manager import HOLE, AllocStatus, KVCacheManager
 from hifc.core.outputs import SamplerOutput
 from hifc.core.preemption import PreemptionMode, PreemptionPolicy
 from hifc.core.sequence import SequenceStatus
@@ -27,10 +27,17 @@ def test_holds_means_allocating_takes_nothing():
     assert not kv.holds("a", 1)  # no table yet
     kv.allocate("a", 17)
     assert kv.holds("a", 32) and not kv.holds("a", 33)
+    table = kv.block_table("a")
     kv.release("a", [0])  # swapped out: a hole to fill first
     assert not kv.holds("a", 17) and kv.num_new_blocks("a", 17) == 1
+    holed = kv.block_table("a")
     kv.fill_holes("a", {})
     assert kv.holds("a", 32) and kv.allocate("a", 32) == []
+    # a table object only grows: what the runner read of it stays true (TableRows)
+    assert table == [0, 1] and holed == [HOLE, 1] and kv.block_table("a") is not holed
+    filled = kv.block_table("a")
+    kv.allocate("a", 40)  # growing keeps the object
+    assert kv.block_table("a") is filled and len(filled) == 3 and filled[1] == 1
 
 
 def test_prefill_then_decode_batches_all():

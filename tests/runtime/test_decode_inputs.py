@@ -1,5 +1,6 @@
 """Padded decode batches: capture sizes, bucketing, and the packed input buffer (CPU)."""
 import argparse
+import dataclasses
 
 import numpy as np
 import pytest
@@ -217,3 +218,63 @@ def test_chunk_layout_takes_decodes_then_one_short_known_chunk():
                                last.start_pos, last.block_table, SamplingParams())
     assert not inputs.fits_chunk_layout(pending, layout)
     assert not inputs.fits_chunk_layout(_chunk_step([5], 70, 4), layout)  # 5 blocks
+
+
+@pytest.mark.parametrize("kind", ["decode", "chunk"])
+def test_rows_rewrite_only_what_grew_and_match_whole_writes(kind):
+    """Steps through one persistent buffer with ``TableRows``: tables that grow in place, are
+    replaced (a new object, as a swap or a readmission makes), change rows, or leave a row to
+    padding; after every step the rows attention reads equal those a fresh buffer gets."""
+    rng = np.random.default_rng(7)
+    block = 4
+    if kind == "decode":
+        layout = DecodeInputLayout(max_batch=8, max_blocks=16)
+        write, views = inputs.write_decode_inputs, inputs.decode_input_views
+    else:
+        layout = inputs.ChunkInputLayout(max_batch=8, max_blocks=16, chunk=6)
+        write, views = inputs.write_chunk_inputs, inputs.chunk_input_views
+    host = np.full(layout.numel, -7, dtype=np.int32)
+    rows = inputs.TableRows((layout.numel - layout.block_tables_offset) // layout.max_blocks)
+    tables = {i: [int(b) for b in rng.integers(0, 500, 2)] for i in range(10)}
+    lens = {i: len(t) * block - 1 for i, t in tables.items()}
+    partial = 0
+    for step in range(60):
+        for i in tables:
+            lens[i] += 1
+            if lens[i] > len(tables[i]) * block:
+                tables[i].append(int(rng.integers(0, 500)))  # grows in place
+            if len(tables[i]) > 14:  # finished: a new sequence in its place
+                tables[i] = [int(rng.integers(0, 500))]
+                lens[i] = 2
+            elif rng.random() < 0.05:  # swapped and back: a new table object
+                tables[i] = [int(rng.integers(0, 500)) for _ in tables[i]]
+        ids = list(rng.permutation(10)[:int(rng.integers(1 + (kind == "chunk"), 8))])
+        if step % 7 == 0:
+            ids.sort()  # mostly the same rows as the step before
+        work = [ScheduledSeq(f"r{i}", [1], lens[i] - 1, tables[i], SamplingParams()) for i in ids]
+        if kind == "chunk":
+            chunk_table = tables[ids[-1]]
+            c = min(int(rng.integers(2, 7)), len(chunk_table) * block)
+            start = max(0, min(lens[ids[-1]], len(chunk_table) * block) - c)
+            work[-1] = ScheduledSeq("c", [5] * c, start, chunk_table, SamplingParams())
+            batch = len(work) - 1 + int(rng.integers(0, 2))
+        else:
+            batch = len(work) + int(rng.integers(0, 2))
+        write(work, batch, block, layout, host, rows)
+        fresh = np.full(layout.numel, -7, dtype=np.int32)
+        write(work, batch, block, layout, fresh)
+        bt, width = layout.block_tables_offset, layout.max_blocks
+        for row, w in enumerate(work[:-1] if kind == "chunk" else work):
+            n = len(w.block_table)
+            got = host[bt + row * width:bt + row * width + n]
+            assert got.tolist() == fresh[bt + row * width:bt + row * width + n].tolist() \
+                == w.block_table
+        if kind == "chunk":
+            at = bt + batch * width
+            assert host[at:at + len(work[-1].block_table)].tolist() == work[-1].block_table
+        got, want = (views(torch.from_numpy(a), layout, batch) for a in (host, fresh))
+        for field in dataclasses.fields(got):
+            if field.name != "block_tables":
+                assert torch.equal(getattr(got, field.name), getattr(want, field.name))
+        partial += any(rows._tables[r] is w.block_table for r, w in enumerate(work))
+    assert partial > 10  # rows did carry over from step to step
