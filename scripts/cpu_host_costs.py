@@ -1,0 +1,137 @@
+"""The host's time per decode step, apart from the model: the engine's phases on a tiny
+random-weight model (whose forward costs next to nothing on a GPU, so these phases set its
+step rate there), and the packing of a padded decode step's inputs.
+
+    PYTHONPATH=$PWD python3 scripts/cpu_host_costs.py [--batch-sizes 64,256] [--no-packing]
+        [--json OUT]
+
+1. Phases: ``random:tiny-llama`` on the CPU (one torch thread) with SmolLM2's tokenizer for
+   detokenizing, ``--batch-sizes`` requests of 20 prompt tokens and ``--max-tokens`` greedy
+   tokens each (EOS ignored), asynchronous scheduling; one warm-up generate, then
+   ``--repeats`` timed ones. Medians in ms per step of the scheduler's ``schedule``, the
+   engine's ``_update`` (its ``scheduler.update`` inside), ``launch_sampling`` and ``step``,
+   and a digest of the texts (to compare code versions: run the script with another ``hifc``
+   first on ``PYTHONPATH``).
+2. Packing: ``write_decode_inputs`` for decodes of several (rows, context) shapes, writing
+   every block table whole (with the copies of the tables the scheduler made before) against
+   keeping the rows (``TableRows``), timed in the same run; the ratio (``--no-packing``: not
+   run, for code before ``TableRows``).
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import hashlib
+import json
+import statistics
+import time
+import timeit
+
+import numpy as np
+import torch
+
+from hifc import LLM, SamplingParams
+from hifc.core.scheduler_output import ScheduledSeq
+from hifc.loader import Tokenizer, smollm2_gguf_path
+from hifc.runtime import inputs
+
+PHASES = ("schedule", "update", "scheduler.update", "launch_sampling", "step")
+PACK_SHAPES = ((64, 1024), (256, 1024), (64, 8192), (128, 4096))  # (rows, context tokens)
+
+
+def step_phases(batch: int, max_tokens: int, repeats: int) -> dict:
+    llm = LLM("random:tiny-llama", device="cpu", dtype="float32", max_num_seqs=batch,
+              async_scheduling=True, kv_cache_gib=0.5)
+    engine = llm.engine
+    engine.tokenizer = Tokenizer.from_gguf(smollm2_gguf_path())
+    times: dict[str, list[float]] = {name: [] for name in PHASES}
+    on = [False]
+
+    def timed(name, fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                if on[0]:
+                    times[name].append((time.perf_counter() - start) * 1e3)
+        return wrapper
+
+    engine.swaps.schedule = timed("schedule", engine.swaps.schedule)
+    engine._update = timed("update", engine._update)
+    engine.scheduler.update = timed("scheduler.update", engine.scheduler.update)
+    engine.runner.launch_sampling = timed("launch_sampling", engine.runner.launch_sampling)
+    engine.step = timed("step", engine.step)
+    prompts = [{"prompt_token_ids": [(7 * i + j) % 500 + 3 for j in range(20)]}
+               for i in range(batch)]
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    llm.generate(prompts, params, use_tqdm=False)
+    on[0] = True
+    for _ in range(repeats):
+        outs = llm.generate(prompts, params, use_tqdm=False)
+    on[0] = False
+    llm.close()
+    text = "\x00".join(o.outputs[0].text for o in outs)
+    return {"median_ms": {name: statistics.median(v) for name, v in times.items()},
+            "texts": hashlib.sha256(text.encode()).hexdigest()[:12], "chars": len(text)}
+
+
+def packing(rows: int, context: int, number: int = 200, block_size: int = 16) -> dict:
+    layout = inputs.DecodeInputLayout(max(rows, 256), 8192 // block_size)
+    num_blocks = context // block_size
+    tables = [list(range(i * num_blocks, (i + 1) * num_blocks)) for i in range(rows)]
+    params = SamplingParams()
+    work = [ScheduledSeq(f"r{i}", [5], context - 1, tables[i], params) for i in range(rows)]
+    buffer = np.zeros(layout.numel, dtype=np.int32)
+
+    def whole():
+        copies = [list(t) for t in tables]  # what the scheduler handed the runner before
+        inputs.write_decode_inputs(work, rows, block_size, layout, buffer)
+        return copies
+
+    kept = inputs.TableRows(layout.max_batch)
+    inputs.write_decode_inputs(work, rows, block_size, layout, buffer, kept)
+    whole_ms = timeit.timeit(whole, number=number) / number * 1e3
+    kept_ms = timeit.timeit(lambda: inputs.write_decode_inputs(work, rows, block_size, layout,
+                                                               buffer, kept),
+                            number=number) / number * 1e3
+    return {"rows": rows, "context": context, "whole_ms": whole_ms, "kept_ms": kept_ms,
+            "ratio": whole_ms / kept_ms}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch-sizes", default="64,256")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--packing", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--json", help="write the figures here")
+    args = ap.parse_args()
+    try:
+        batches = [int(b) for b in args.batch_sizes.split(",")]
+    except ValueError:
+        ap.error("--batch-sizes must be comma-separated integers")
+    if min(batches) < 1 or args.max_tokens < 1 or args.repeats < 1:
+        ap.error("--batch-sizes, --max-tokens and --repeats must be positive")
+    torch.set_num_threads(1)
+    report = {"phases": {}, "packing": []}
+    for batch in batches:
+        result = report["phases"][batch] = step_phases(batch, args.max_tokens, args.repeats)
+        print(f"{batch} requests x {args.max_tokens} tokens: texts {result['texts']}")
+        for name, ms in result["median_ms"].items():
+            print(f"  {name:16} median {ms:7.3f} ms per step")
+    if args.packing:
+        print("packing a decode step (ms): rows x context, whole tables, kept rows, ratio")
+    for rows, context in PACK_SHAPES if args.packing else ():
+        p = packing(rows, context)
+        report["packing"].append(p)
+        print(f"  {rows:4d} x {context:5d}  {p['whole_ms']:.3f}  {p['kept_ms']:.3f}  "
+              f"{p['ratio']:.1f}x")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
