@@ -223,7 +223,8 @@ class Scheduler(SwapMixin):
         starved = False
         while queue:
             seq = queue.popleft()
-            num_new = self._chunk(seq.num_computed_tokens, seq.num_tokens_to_compute, budget)
+            to_compute = seq.num_tokens_to_compute
+            num_new = self._chunk(seq.num_computed_tokens, to_compute, budget)
             if num_new == 0:  # no budget left this step
                 kept.add(seq.request_id)
                 continue
@@ -233,7 +234,7 @@ class Scheduler(SwapMixin):
                 deficit = self.kv.num_new_blocks(seq.request_id, target) - self.kv.num_free_blocks
                 victim = max([*queue, seq], key=lambda s: s.arrival)
                 on_their_way = releasing - promised >= deficit
-                if on_their_way or (victim is seq and seq.num_tokens_to_compute > 1):
+                if on_their_way or (victim is seq and to_compute > 1):
                     promised += deficit if on_their_way else 0
                     starved = True
                     kept.add(seq.request_id)
@@ -248,7 +249,7 @@ class Scheduler(SwapMixin):
                     self.kv.cache_blocks(seq, target)
                 else:
                     self._allocate(seq, target)
-                budget.take(seq.num_computed_tokens, num_new, seq.num_tokens_to_compute)
+                budget.take(seq.num_computed_tokens, num_new, to_compute)
                 out.scheduled.append(self._schedule_work(seq, num_new))
                 kept.add(seq.request_id)
         self.running = [s for s in self.running if s.request_id in kept]
@@ -339,12 +340,12 @@ class Scheduler(SwapMixin):
     def _schedule_work(self, seq: Sequence, num_new: int) -> ScheduledSeq:
         """The sequence's work in this step: its next ``num_new`` tokens (the pending one as
         ``PENDING_TOKEN``). Counts them as computed, and the token it samples as pending."""
-        start = seq.num_computed_tokens
+        start, num_tokens = seq.num_computed_tokens, seq.num_tokens
         end = start + num_new
-        known_end = min(end, seq.num_tokens)
+        known_end = min(end, num_tokens)
         token_ids = seq.token_ids(start, known_end) if start < known_end else []
         token_ids += [PENDING_TOKEN] * (end - max(start, known_end))
-        samples = end == seq.num_tokens + seq.num_pending_tokens
+        samples = end == num_tokens + seq.num_pending_tokens
         seq.num_computed_tokens = end
         seq.num_pending_tokens += samples
         return ScheduledSeq(seq.request_id, token_ids, start, self.kv.block_table(seq.request_id),
