@@ -209,7 +209,9 @@ class Scheduler(SwapMixin):
         """Schedule the running sequences (decodes first), taking from ``budget``. Returns
         whether a sequence sat out the step for lack of blocks."""
         max_len = self.limits.max_model_len
-        kept: set[str] = set()  # ending by length: they finish when their pending tokens arrive
+        # those that stay running: the scheduled, those left out of this step, and those
+        # ending by length (they finish when their pending tokens arrive)
+        kept: set[str] = set()
         decodes, prompts = [], []
         for s in self.running:
             if s.ends_by_length_with_pending(max_len):
