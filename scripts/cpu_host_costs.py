@@ -20,20 +20,23 @@ step rate there), and the packing of a padded decode step's inputs.
 from __future__ import annotations
 
 import argparse
-import functools
 import hashlib
 import json
 import statistics
-import time
+import sys
 import timeit
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from hifc import LLM, SamplingParams
-from hifc.core.scheduler_output import ScheduledSeq
-from hifc.loader import Tokenizer, smollm2_gguf_path
-from hifc.runtime import inputs
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_step_phases import Recorder  # noqa: E402
+
+from hifc import LLM, SamplingParams  # noqa: E402
+from hifc.core.scheduler_output import ScheduledSeq  # noqa: E402
+from hifc.loader import Tokenizer, smollm2_gguf_path  # noqa: E402
+from hifc.runtime import inputs  # noqa: E402
 
 PHASES = ("schedule", "update", "scheduler.update", "launch_sampling", "step")
 PACK_SHAPES = ((64, 1024), (256, 1024), (64, 8192), (128, 4096))  # (rows, context tokens)
@@ -44,36 +47,23 @@ def step_phases(batch: int, max_tokens: int, repeats: int) -> dict:
               async_scheduling=True, kv_cache_gib=0.5)
     engine = llm.engine
     engine.tokenizer = Tokenizer.from_gguf(smollm2_gguf_path())
-    times: dict[str, list[float]] = {name: [] for name in PHASES}
-    on = [False]
-
-    def timed(name, fn):
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                if on[0]:
-                    times[name].append((time.perf_counter() - start) * 1e3)
-        return wrapper
-
-    engine.swaps.schedule = timed("schedule", engine.swaps.schedule)
-    engine._update = timed("update", engine._update)
-    engine.scheduler.update = timed("scheduler.update", engine.scheduler.update)
-    engine.runner.launch_sampling = timed("launch_sampling", engine.runner.launch_sampling)
-    engine.step = timed("step", engine.step)
+    rec = Recorder(cuda=False)
+    engine.swaps.schedule = rec.timed("schedule", engine.swaps.schedule)
+    engine._update = rec.timed("update", engine._update)
+    engine.scheduler.update = rec.timed("scheduler.update", engine.scheduler.update)
+    engine.runner.launch_sampling = rec.timed("launch_sampling", engine.runner.launch_sampling)
+    engine.step = rec.timed("step", engine.step)
     prompts = [{"prompt_token_ids": [(7 * i + j) % 500 + 3 for j in range(20)]}
                for i in range(batch)]
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     llm.generate(prompts, params, use_tqdm=False)
-    on[0] = True
+    rec.on = True
     for _ in range(repeats):
         outs = llm.generate(prompts, params, use_tqdm=False)
-    on[0] = False
+    rec.on = False
     llm.close()
     text = "\x00".join(o.outputs[0].text for o in outs)
-    return {"median_ms": {name: statistics.median(v) for name, v in times.items()},
+    return {"median_ms": {name: statistics.median(rec.host[name]) for name in PHASES},
             "texts": hashlib.sha256(text.encode()).hexdigest()[:12], "chars": len(text)}
 
 
