@@ -8,7 +8,7 @@ from jinja2 import TemplateError
 
 try:  # tokenizers >= 0.21
     from tokenizers.decoders import DecodeStream
-except ImportError:  # pragma: no cover - older tokenizers: window decoding only
+except ImportError:  # older tokenizers: window decoding only
     DecodeStream = None
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
