@@ -37,8 +37,8 @@ class IncrementalDetokenizer:
         return self._cut_at_stop(search_from) if check_stop and self.stop else None
 
     def _streamed(self, token_ids: list[int]) -> str:
-        parts = []
-        for i in range(self._num_streamed, len(token_ids)):
+        text = ""
+        for i in range(self._num_streamed, len(token_ids)):  # one token, but at a catch-up
             try:
                 part = self._stream(token_ids[i])
             except Exception as exc:  # tokenizers raises a bare Exception
@@ -46,11 +46,11 @@ class IncrementalDetokenizer:
                     raise
                 # the stream's state broke on a text that does not grow monotonically (byte
                 # fallback): go on by windows, from where they would be after these tokens
-                return "".join(parts) + self._leave_stream(token_ids, i)
+                return text + self._leave_stream(token_ids, i)
             if part:
-                parts.append(part)
+                text += part
         self._num_streamed = len(token_ids)
-        return "".join(parts)
+        return text
 
     def _leave_stream(self, token_ids: list[int], num_streamed: int) -> str:
         """Window decoding from now on; the windows are replayed over the ``num_streamed``
