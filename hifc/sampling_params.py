@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from enum import IntEnum
 from typing import Any
 
@@ -187,6 +188,15 @@ class SamplingParams:
     def has_penalties(self) -> bool:
         return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
                 or self.repetition_penalty != 1.0)
+
+    @cached_property
+    def plain_greedy(self) -> bool:
+        """Greedy with nothing else for the sampler to apply: no penalties, logit bias,
+        allowed tokens, min_tokens bans or logprobs (bad words and grammars come with the
+        step's constraints). Asked of every row at every step: computed once."""
+        return (self.greedy and not self.has_penalties and not self.logit_bias
+                and self.allowed_token_ids is None and not self.min_tokens
+                and self.logprobs is None)
 
     def check_vocab(self, vocab_size: int) -> None:
         """ValueError unless every token id named here, and top_k, fit a vocabulary of this

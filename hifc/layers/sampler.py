@@ -47,7 +47,7 @@ class SamplingBatch:
     """Everything the sampler needs for one step, as device tensors over its B rows. Features no
     row uses are None (and cost nothing)."""
 
-    temperature: torch.Tensor  # [B] float32; 1.0 on greedy rows
+    temperature: torch.Tensor | None  # [B] float32, 1.0 on greedy rows; None: all plain greedy
     greedy: torch.Tensor | None  # [B] bool; None: no row is greedy
     all_greedy: bool
     top_k: torch.Tensor | None = None  # [B] long; V where off

@@ -221,6 +221,8 @@ def build_sampling_batch(seqs: list[Sequence], constraints: StepConstraints | No
     """The sampler's input for one step over ``seqs`` (the scheduled order); ``previous``: the
     ids the step launched before sampled (the pending tokens of the penalized sequences)."""
     params = [s.sampling_params for s in seqs]
+    if constraints is None and all(p.plain_greedy for p in params):
+        return SamplingBatch(temperature=None, greedy=None, all_greedy=True)  # argmax alone
     greedy = [p.greedy for p in params]
     ints: dict[str, list[int]] = {}
     floats: dict[str, list[float]] = {

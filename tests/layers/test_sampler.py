@@ -275,3 +275,26 @@ def test_warm_up_runs_every_pass_and_leaves_16_bit_logits_as_they_are():
         before = logits.clone()
         Sampler.warm_up(logits)
         assert torch.equal(logits, before)
+
+
+@pytest.mark.parametrize("extra", [dict(), dict(top_k=1, temperature=0.7), dict(min_tokens=2),
+                                   dict(logprobs=0), dict(logit_bias={3: 1.0}),
+                                   dict(allowed_token_ids=[1, 2]),
+                                   dict(repetition_penalty=1.2), dict(temperature=0.5)])
+def test_a_step_of_plain_greedy_rows_packs_nothing_and_takes_the_argmax(extra):
+    """Rows that are greedy with nothing else to apply give a batch of no tensors, whose sample
+    is the argmax; any feature on one row (or a step's constraints) takes the full batch, and
+    the greedy rows' tokens stay the argmax either way."""
+    logits = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(1))
+    plain = SamplingParams(temperature=0.0, max_tokens=8)
+    seqs = [_seq(0, [4, 5], [], plain), _seq(1, [6], [7], plain),
+            _seq(2, [8], [], SamplingParams(max_tokens=8, **{"temperature": 0.0, **extra}))]
+    packed = bool(extra) and "top_k" not in extra  # top_k=1 is greedy, with nothing else
+    batch = _batch(seqs)
+    assert (batch.temperature is not None) == packed
+    assert batch.all_greedy == (extra.get("temperature", 0.0) == 0.0 or "top_k" in extra)
+    tokens = Sampler().sample(logits.clone(), batch, torch.Generator().manual_seed(0)).token_ids
+    assert tokens[:2].tolist() == logits[:2].argmax(-1).tolist()
+    if not packed:
+        assert tokens.tolist() == logits.argmax(-1).tolist()
+        assert _batch(seqs, StepConstraints()).temperature is not None  # a step's constraints
