@@ -242,7 +242,8 @@ def write_decode_inputs(work: list[ScheduledSeq], batch: int, block_size: int,
     buffer[4 * m:4 * m + batch + 1] = np.arange(batch + 1, dtype=np.int32)
     bt = layout.block_tables_offset
     tables = buffer[bt:bt + batch * layout.max_blocks].reshape(batch, layout.max_blocks)
-    rows = rows or TableRows(batch)
+    if rows is None:  # a buffer of its own: every row written whole
+        rows = TableRows(batch)
     for row, w in enumerate(work):
         rows.write(tables, row, w.block_table)
     tables[n:, 0] = 0
@@ -374,7 +375,8 @@ def write_chunk_inputs(work: list[ScheduledSeq], batch: int, block_size: int,
                                                + [0] * pad)
     bt = layout.block_tables_offset
     tables = buffer[bt:bt + (batch + 2) * layout.max_blocks].reshape(batch + 2, layout.max_blocks)
-    rows = rows or TableRows(batch + 2)
+    if rows is None:  # a buffer of its own: every row written whole
+        rows = TableRows(batch + 2)
     for row, w in enumerate(decodes):
         rows.write(tables, row, w.block_table)
     tables[n:batch, 0] = 0
