@@ -226,7 +226,10 @@ class Scheduler(SwapMixin):
         while queue:
             seq = queue.popleft()
             to_compute = seq.num_tokens_to_compute
-            num_new = self._chunk(seq.num_computed_tokens, to_compute, budget)
+            if to_compute == 1 and budget.tokens > 0:
+                num_new = 1  # a decode: what _chunk gives it
+            else:
+                num_new = self._chunk(seq.num_computed_tokens, to_compute, budget)
             if num_new == 0:  # no budget left this step
                 kept.add(seq.request_id)
                 continue
@@ -344,9 +347,12 @@ class Scheduler(SwapMixin):
         ``PENDING_TOKEN``). Counts them as computed, and the token it samples as pending."""
         start, num_tokens = seq.num_computed_tokens, seq.num_tokens
         end = start + num_new
-        known_end = min(end, num_tokens)
-        token_ids = seq.token_ids(start, known_end) if start < known_end else []
-        token_ids += [PENDING_TOKEN] * (end - max(start, known_end))
+        if num_new == 1 and start >= num_tokens - 1:  # a decode (most rows): the last token
+            token_ids = [seq.token_ids(start, end)[0] if end == num_tokens else PENDING_TOKEN]
+        else:
+            known_end = min(end, num_tokens)
+            token_ids = seq.token_ids(start, known_end) if start < known_end else []
+            token_ids += [PENDING_TOKEN] * (end - max(start, known_end))
         samples = end == num_tokens + seq.num_pending_tokens
         seq.num_computed_tokens = end
         seq.num_pending_tokens += samples
@@ -396,6 +402,9 @@ class Scheduler(SwapMixin):
                                "that sample in this step")
         tokens = iter(sampled.token_ids)
         updated = []
+        # looked up once: the loop runs for every scheduled sequence
+        running, cache_blocks, store = SequenceStatus.RUNNING, self.kv.cache_blocks, self.store
+        max_len = self.limits.max_model_len
         for work in out.scheduled:
             token_id = next(tokens) if work.samples else None
             seq = seqs[work.request_id]
@@ -405,13 +414,13 @@ class Scheduler(SwapMixin):
                 continue
             if token_id is not None:
                 seq.append_token(token_id)
-            if seq.status is SequenceStatus.RUNNING:
-                self.kv.cache_blocks(seq, work.seq_len)  # its last block's tokens are known now
-                if self.store is not None:
+            if seq.status is running:
+                cache_blocks(seq, work.seq_len)  # its last block's tokens are known now
+                if store is not None:
                     self._note_computed(seq, work)
             if token_id is None:
                 continue  # a prompt chunk before the last
-            stop = seq.stop_reason_after_append(self.limits.max_model_len)
+            stop = seq.stop_reason_after_append(max_len)
             if stop is not None:
                 self.finish(seq, stop)
             updated.append(seq)

@@ -36,7 +36,10 @@ class Sequence:
                  sampling_params: SamplingParams, eos_token_ids: frozenset[int], arrival: int):
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
+        # grows only through append_token, which keeps num_tokens (read several times per
+        # sequence and step) with it
         self.output_token_ids: list[int] = []
+        self.num_tokens = len(self.prompt_token_ids)  # prompt + output
         self.sampling_params = sampling_params
         self.eos_token_ids = eos_token_ids
         self.arrival = arrival
@@ -51,10 +54,6 @@ class Sequence:
         self.generation = 0  # bumped at every preemption; tags the sequence's stored KV
         self.num_preemptions = 0
         self.stop_reason: int | str | None = None  # the stop token id or string that ended it
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     @property
     def num_tokens_to_compute(self) -> int:
@@ -99,6 +98,7 @@ class Sequence:
 
     def append_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
+        self.num_tokens += 1
 
     def stop_token_ids_before_min_tokens(self) -> tuple[int, ...]:
         """The tokens that would end the sequence (EOS unless ignored, stop_token_ids): the

@@ -400,8 +400,7 @@ class LLMEngine:
         now = time.time()
         results = []
         for request in advanced.values():
-            request.mark_token(now)
-            output = request.output()
+            output = request.advance(now)
             if output is not None:
                 results.append(output)
             if request.finished:

@@ -118,16 +118,17 @@ class RequestState:
         self.prompt_logprobs.extend(builder.position(part.values, row, k, self.params.detokenize)
                                     for row in rows)
 
-    def mark_token(self, now: float) -> None:
-        if self.metrics.first_token_time is None:
-            self.metrics.first_token_time = now
-        self.metrics.last_token_time = now
-        if self.finished:
-            self.metrics.finished_time = now
-
-    def output(self) -> RequestOutput | None:
-        """What ``step`` returns for it now (its ``output_kind``; None: nothing yet)."""
-        finished, kind = self.finished, self.params.output_kind
+    def advance(self, now: float) -> RequestOutput | None:
+        """Record that the step applied at ``now`` gave its completions tokens; what ``step``
+        returns for the request now (its ``output_kind``; None: nothing yet)."""
+        finished = self.finished
+        metrics = self.metrics
+        if metrics.first_token_time is None:
+            metrics.first_token_time = now
+        metrics.last_token_time = now
+        if finished:
+            metrics.finished_time = now
+        kind = self.params.output_kind
         if kind is RequestOutputKind.FINAL_ONLY and not finished:
             return None
         delta = kind is RequestOutputKind.DELTA

@@ -1,6 +1,7 @@
 """Tokenizer: a thin wrapper around a transformers fast tokenizer, with the model's eos ids."""
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -83,7 +84,7 @@ class Tokenizer:
             return None
         stream = DecodeStream(skip_special_tokens=skip_special_tokens)
         backend = self.hf_tokenizer.backend_tokenizer
-        return lambda token_id: stream.step(backend, token_id)
+        return partial(stream.step, backend)  # no Python frame per token, as a lambda has
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             continue_final_message: bool = False,
