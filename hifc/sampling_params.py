@@ -184,8 +184,8 @@ class SamplingParams:
             return 0
         return max(map(len, self.stop), default=1) - 1
 
-    @property
-    def has_penalties(self) -> bool:
+    @cached_property
+    def has_penalties(self) -> bool:  # asked of every row while no row had penalties
         return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
                 or self.repetition_penalty != 1.0)
 

@@ -8,9 +8,10 @@ step rate there), and the packing of a padded decode step's inputs.
 1. Phases: ``random:tiny-llama`` on the CPU (one torch thread) with SmolLM2's tokenizer for
    detokenizing, ``--batch-sizes`` requests of 20 prompt tokens and ``--max-tokens`` greedy
    tokens each (EOS ignored), asynchronous scheduling; one warm-up generate, then
-   ``--repeats`` timed ones. Medians in ms per step of the scheduler's ``schedule``, the
-   engine's ``_update`` (its ``scheduler.update`` inside), ``launch_sampling`` and ``step``,
-   and a digest of the texts (to compare code versions: run the script with another ``hifc``
+   ``--repeats`` timed ones. Medians and means in ms per step (the mean counts work done in
+   a request's last step, such as a text decoded at the end) of the scheduler's ``schedule``,
+   the engine's ``_update`` (its ``scheduler.update`` inside), ``launch_sampling`` and
+   ``step``, and a digest of the texts (to compare code versions: run the script with another ``hifc``
    first on ``PYTHONPATH``).
 2. Packing: ``write_decode_inputs`` for decodes of several (rows, context) shapes, writing
    every block table whole (with the copies of the tables the scheduler made before) against
@@ -64,6 +65,7 @@ def step_phases(batch: int, max_tokens: int, repeats: int) -> dict:
     llm.close()
     text = "\x00".join(o.outputs[0].text for o in outs)
     return {"median_ms": {name: statistics.median(rec.host[name]) for name in PHASES},
+            "mean_ms": {name: statistics.fmean(rec.host[name]) for name in PHASES},
             "texts": hashlib.sha256(text.encode()).hexdigest()[:12], "chars": len(text)}
 
 
@@ -110,7 +112,7 @@ def main() -> None:
         result = report["phases"][batch] = step_phases(batch, args.max_tokens, args.repeats)
         print(f"{batch} requests x {args.max_tokens} tokens: texts {result['texts']}")
         for name, ms in result["median_ms"].items():
-            print(f"  {name:16} median {ms:7.3f} ms per step")
+            print(f"  {name:16} median {ms:7.3f}  mean {result['mean_ms'][name]:7.3f} ms per step")
     if args.packing:
         print("packing a decode step (ms): rows x context, whole tables, kept rows, ratio")
     for rows, context in PACK_SHAPES if args.packing else ():

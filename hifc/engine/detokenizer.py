@@ -23,13 +23,15 @@ class IncrementalDetokenizer:
         self._read_offset = 0
         self._max_stop_len = max((len(s) for s in stop), default=0)
         self._stream = tokenizer.decode_stream(skip_special_tokens)
-        self._num_streamed = 0  # tokens fed to the stream
+        self._num_seen = 0  # tokens taken (into the stream, or past the windows)
 
     def update(self, token_ids: list[int], check_stop: bool = True) -> str | None:
-        """Extend ``text`` with the new tokens of ``token_ids``; returns the stop string that
-        ended the text (cut before it, or after it with ``include_stop_str_in_output``), if
-        any. ``check_stop`` False (before ``min_tokens``): the new text is not searched."""
-        delta = self._streamed(token_ids) if self._stream else self._window_delta(token_ids)
+        """Extend ``text`` with the new tokens of ``token_ids`` (usually one; several are
+        taken one at a time, with the text they would have given one per call); returns the
+        stop string that ended the text (cut before it, or after it with
+        ``include_stop_str_in_output``), if any. ``check_stop`` False (before ``min_tokens``):
+        the new text is not searched."""
+        delta = self._streamed(token_ids) if self._stream else self._windows(token_ids)
         if not delta:
             return None  # no complete new character yet
         search_from = max(0, len(self.text) - self._max_stop_len + 1)
@@ -38,7 +40,7 @@ class IncrementalDetokenizer:
 
     def _streamed(self, token_ids: list[int]) -> str:
         text = ""
-        for i in range(self._num_streamed, len(token_ids)):  # one token, but at a catch-up
+        for i in range(self._num_seen, len(token_ids)):
             try:
                 part = self._stream(token_ids[i])
             except Exception as exc:  # tokenizers raises a bare Exception
@@ -49,7 +51,7 @@ class IncrementalDetokenizer:
                 return text + self._leave_stream(token_ids, i)
             if part:
                 text += part
-        self._num_streamed = len(token_ids)
+        self._num_seen = len(token_ids)
         return text
 
     def _leave_stream(self, token_ids: list[int], num_streamed: int) -> str:
@@ -57,17 +59,25 @@ class IncrementalDetokenizer:
         tokens the stream took, whose text it gave."""
         self._stream = None
         for end in range(1, num_streamed + 1):
-            self._window_delta(token_ids[:end])
-        return self._window_delta(token_ids)
+            self._window_delta(token_ids, end)
+        self._num_seen = num_streamed
+        return self._windows(token_ids)
 
-    def _window_delta(self, token_ids: list[int]) -> str:
+    def _windows(self, token_ids: list[int]) -> str:
+        text = "".join(self._window_delta(token_ids, end)
+                       for end in range(self._num_seen + 1, len(token_ids) + 1))
+        self._num_seen = len(token_ids)
+        return text
+
+    def _window_delta(self, token_ids: list[int], end: int) -> str:
+        """The text token ``end - 1`` completes, decoding the window before it and with it."""
         decode = self.tokenizer.decode
         prefix = decode(token_ids[self._prefix_offset:self._read_offset], self.skip_special_tokens)
-        full = decode(token_ids[self._prefix_offset:], self.skip_special_tokens)
+        full = decode(token_ids[self._prefix_offset:end], self.skip_special_tokens)
         if len(full) <= len(prefix) or full.endswith("\ufffd"):
             return ""
         self._prefix_offset = self._read_offset
-        self._read_offset = len(token_ids)
+        self._read_offset = end
         return full[len(prefix):]
 
     def _cut_at_stop(self, search_from: int) -> str | None:

@@ -31,9 +31,15 @@ class CompletionState:
     # characters at the end of the text that a stop string may still cut: outputs leave them
     # out until the sequence finishes (as vLLM's do)
     holdback: int = field(init=False)
+    # the text is only read at the end (FINAL_ONLY) and no stop string is searched in it: it is
+    # decoded then, in one catch-up, not token by token at every step
+    text_at_end: bool = field(init=False)
 
     def __post_init__(self) -> None:
-        self.holdback = self.seq.sampling_params.stop_holdback
+        params = self.seq.sampling_params
+        self.holdback = params.stop_holdback
+        self.text_at_end = (self.detokenizer is not None and not params.stop
+                            and params.output_kind is RequestOutputKind.FINAL_ONLY)
 
     def start_logprobs(self, builder: LogprobsBuilder) -> None:
         """Collect logprobs (the request asked for them)."""
@@ -54,14 +60,18 @@ class CompletionState:
             self.cumulative_logprob += values.logprobs[row]
         if self.grammar is not None:
             self.grammar.advance(seq.output_token_ids)
-        if self.detokenizer is None:
+        if self.detokenizer is None or self.text_at_end:
             return None
         check_stop = len(seq.output_token_ids) >= params.min_tokens
         return self.detokenizer.update(seq.output_token_ids, check_stop)
 
     def _shown_text(self) -> tuple[str, int]:
         """The text, and how much of it outputs may show now (all once finished)."""
-        text = self.detokenizer.text if self.detokenizer else ""
+        if self.detokenizer is None:
+            return "", 0
+        if self.text_at_end:
+            self.detokenizer.update(self.seq.output_token_ids, check_stop=False)
+        text = self.detokenizer.text
         if self.seq.finish_reason is None and self.holdback:
             return text, max(0, len(text) - self.holdback)
         return text, len(text)

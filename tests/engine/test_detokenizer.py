@@ -149,3 +149,25 @@ def test_a_tokenizer_that_decodes_through_transformers_has_no_stream():
     for i in range(1, len(ids) + 1):
         detok.update(ids[:i])
     assert detok.text == TEXT
+
+
+@pytest.mark.parametrize("name", list(TOKENIZERS))
+@pytest.mark.parametrize("streamed", [True, False])
+def test_a_catch_up_gives_the_text_of_one_token_at_a_time(name, streamed, monkeypatch):
+    """Tokens taken in one call (a final-only text decoded at the end) give the text they give
+    one per call, through the stream and through windows: over random ids that split
+    characters, too, where one window over all of them would hold back a text ending in an
+    incomplete character."""
+    tok = TOKENIZERS[name]()
+    if not streamed:
+        _windowed(tok, monkeypatch)
+    elif DecodeStream is None:
+        pytest.skip("this tokenizers has no DecodeStream")
+    for ids in _sequences(tok):
+        for skip in (True, False):
+            whole = IncrementalDetokenizer(tok, skip, ())
+            assert whole.update(ids, check_stop=False) is None
+            halves = IncrementalDetokenizer(tok, skip, ())
+            halves.update(ids[:len(ids) // 2])
+            halves.update(ids)
+            assert whole.text == halves.text == _texts(tok, ids, skip)[0][-1], (ids, skip)

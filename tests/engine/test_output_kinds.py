@@ -114,6 +114,31 @@ def test_outputs_never_show_text_a_stop_string_cuts_later(engine):
     check_kinds(engine, params, "stop")
 
 
+def test_a_final_only_text_is_decoded_at_the_end(engine):
+    """A final-only completion without stop strings decodes its text once, when its output is
+    built (its equality with the cumulative text is checked above); one with a stop string, or
+    of another kind, decodes token by token."""
+    kinds = {"final": (RequestOutputKind.FINAL_ONLY, []),
+             "final-stop": (RequestOutputKind.FINAL_ONLY, ["never"]),
+             "cumulative": (RequestOutputKind.CUMULATIVE, [])}
+    for rid, (kind, stop) in kinds.items():
+        engine.add_request(f"at-end-{rid}", PROMPTS[0],
+                           dataclasses.replace(GREEDY, output_kind=kind, stop=stop))
+    completions = {rid: engine._completions[f"at-end-{rid}"] for rid in kinds}
+    assert [c.text_at_end for c in completions.values()] == [True, False, False]
+    texts = {rid: [] for rid in kinds}
+    final = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            final[out.request_id] = out.outputs[0].text
+        for rid, c in completions.items():
+            texts[rid].append(c.detokenizer.text)
+    assert set(texts["final"][:-1]) == {""} and texts["final"][-1] == final["at-end-final"]
+    for rid in ("final-stop", "cumulative"):
+        assert len(set(texts[rid])) > 10 and texts[rid][-1] == final[f"at-end-{rid}"]
+    assert len(set(final.values())) == 1
+
+
 @pytest.mark.slow
 def test_an_engine_process_gives_the_same_kinds():
     from hifc.config import EngineConfig
