@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import statistics
 import sys
@@ -36,14 +37,38 @@ from gpu_step_phases import Recorder  # noqa: E402
 
 from hifc import LLM, SamplingParams  # noqa: E402
 from hifc.core.scheduler_output import ScheduledSeq  # noqa: E402
+from hifc.engine.gc_heap import frozen_heap  # noqa: E402
 from hifc.loader import Tokenizer, smollm2_gguf_path  # noqa: E402
 from hifc.runtime import inputs  # noqa: E402
+from hifc.sampling_params import RequestOutputKind  # noqa: E402
 
 PHASES = ("schedule", "update", "scheduler.update", "launch_sampling", "step")
+REQUEST_IDS = itertools.count()
 PACK_SHAPES = ((64, 1024), (256, 1024), (64, 8192), (128, 4096))  # (rows, context tokens)
 
 
-def step_phases(batch: int, max_tokens: int, repeats: int) -> dict:
+def generate(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> list[str]:
+    """The texts, through ``LLM.generate`` (final-only outputs) or, for streamed kinds, by
+    stepping the engine and joining each request's deltas (as a server does)."""
+    if params.output_kind is RequestOutputKind.FINAL_ONLY:
+        return [o.outputs[0].text for o in llm.generate(
+            [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)]
+    engine, texts = llm.engine, {}
+    delta = params.output_kind is RequestOutputKind.DELTA
+    for prompt in prompts:
+        request_id = f"host-{next(REQUEST_IDS)}"
+        texts[request_id] = ""
+        engine.add_request(request_id, prompt, params)
+    with frozen_heap(collect=False):  # as in LLM.generate and the server
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                text = out.outputs[0].text if out.outputs else ""
+                texts[out.request_id] = texts[out.request_id] + text if delta else text
+    return list(texts.values())
+
+
+def step_phases(batch: int, max_tokens: int, repeats: int,
+                kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY) -> dict:
     llm = LLM("random:tiny-llama", device="cpu", dtype="float32", max_num_seqs=batch,
               async_scheduling=True, kv_cache_gib=0.5)
     engine = llm.engine
@@ -54,16 +79,16 @@ def step_phases(batch: int, max_tokens: int, repeats: int) -> dict:
     engine.scheduler.update = rec.timed("scheduler.update", engine.scheduler.update)
     engine.runner.launch_sampling = rec.timed("launch_sampling", engine.runner.launch_sampling)
     engine.step = rec.timed("step", engine.step)
-    prompts = [{"prompt_token_ids": [(7 * i + j) % 500 + 3 for j in range(20)]}
-               for i in range(batch)]
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    llm.generate(prompts, params, use_tqdm=False)
+    prompts = [[(7 * i + j) % 500 + 3 for j in range(20)] for i in range(batch)]
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
+                            output_kind=kind)
+    generate(llm, prompts, params)
     rec.on = True
     for _ in range(repeats):
-        outs = llm.generate(prompts, params, use_tqdm=False)
+        texts = generate(llm, prompts, params)
     rec.on = False
     llm.close()
-    text = "\x00".join(o.outputs[0].text for o in outs)
+    text = "\x00".join(texts)
     return {"median_ms": {name: statistics.median(rec.host[name]) for name in PHASES},
             "mean_ms": {name: statistics.fmean(rec.host[name]) for name in PHASES},
             "texts": hashlib.sha256(text.encode()).hexdigest()[:12], "chars": len(text)}
@@ -97,6 +122,10 @@ def main() -> None:
     ap.add_argument("--batch-sizes", default="64,256")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--output-kind", default="final_only",
+                    choices=[k.name.lower() for k in RequestOutputKind],
+                    help="final_only: LLM.generate; delta or cumulative: the engine stepped "
+                         "as a server steps it")
     ap.add_argument("--packing", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
@@ -109,8 +138,10 @@ def main() -> None:
     torch.set_num_threads(1)
     report = {"phases": {}, "packing": []}
     for batch in batches:
-        result = report["phases"][batch] = step_phases(batch, args.max_tokens, args.repeats)
-        print(f"{batch} requests x {args.max_tokens} tokens: texts {result['texts']}")
+        result = report["phases"][batch] = step_phases(
+            batch, args.max_tokens, args.repeats, RequestOutputKind[args.output_kind.upper()])
+        print(f"{batch} requests x {args.max_tokens} tokens, {args.output_kind}: "
+              f"texts {result['texts']}")
         for name, ms in result["median_ms"].items():
             print(f"  {name:16} median {ms:7.3f}  mean {result['mean_ms'][name]:7.3f} ms per step")
     if args.packing:

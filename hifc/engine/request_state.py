@@ -65,32 +65,34 @@ class CompletionState:
         check_stop = len(seq.output_token_ids) >= params.min_tokens
         return self.detokenizer.update(seq.output_token_ids, check_stop)
 
-    def _shown_text(self) -> tuple[str, int]:
-        """The text, and how much of it outputs may show now (all once finished)."""
+    def _shown_text(self, finished: bool) -> tuple[str, int]:
+        """The text, and how much of it outputs may show now (all once ``finished``)."""
         if self.detokenizer is None:
             return "", 0
         if self.text_at_end:
             self.detokenizer.update(self.seq.output_token_ids, check_stop=False)
         text = self.detokenizer.text
-        if self.seq.finish_reason is None and self.holdback:
+        if not finished and self.holdback:
             return text, max(0, len(text) - self.holdback)
         return text, len(text)
 
     def output(self) -> CompletionOutput:
         """Everything so far (``CUMULATIVE``, ``FINAL_ONLY``)."""
         seq = self.seq
-        text, shown = self._shown_text()
+        finish_reason = seq.finish_reason
+        text, shown = self._shown_text(finish_reason is not None)
         return CompletionOutput(
             self.index, text[:shown], list(seq.output_token_ids), self.cumulative_logprob,
-            None if self.logprobs is None else self.logprobs.view(), seq.finish_reason,
+            None if self.logprobs is None else self.logprobs.view(), finish_reason,
             seq.stop_reason)
 
     def delta(self) -> CompletionOutput | None:
         """What is new since its last delta (``DELTA``); None: nothing."""
         seq = self.seq
-        text, shown = self._shown_text()
+        finish_reason = seq.finish_reason
+        text, shown = self._shown_text(finish_reason is not None)
         return self.sent.next(self.index, text, shown, seq.output_token_ids, self.logprobs,
-                              self.cumulative_logprob, seq.finish_reason, seq.stop_reason)
+                              self.cumulative_logprob, finish_reason, seq.stop_reason)
 
 
 @dataclass
@@ -147,7 +149,8 @@ class RequestState:
                     and not (delta and self.prompt_logprobs_sent))
         prompt_logprobs = list(self.prompt_logprobs) if complete else None
         if delta:
-            completions = [d for d in (c.delta() for c in self.completions) if d is not None]
+            completions = [d for d in map(CompletionState.delta, self.completions)
+                           if d is not None]
             self.prompt_logprobs_sent |= complete
         else:
             completions = [c.output() for c in self.completions]
