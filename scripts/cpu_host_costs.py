@@ -3,16 +3,17 @@ random-weight model (whose forward costs next to nothing on a GPU, so these phas
 step rate there), and the packing of a padded decode step's inputs.
 
     PYTHONPATH=$PWD python3 scripts/cpu_host_costs.py [--batch-sizes 64,256] [--no-packing]
-        [--json OUT]
+        [--output-kind final_only|delta|cumulative] [--json OUT]
 
 1. Phases: ``random:tiny-llama`` on the CPU (one torch thread) with SmolLM2's tokenizer for
    detokenizing, ``--batch-sizes`` requests of 20 prompt tokens and ``--max-tokens`` greedy
-   tokens each (EOS ignored), asynchronous scheduling; one warm-up generate, then
+   tokens each (EOS ignored), asynchronous scheduling, through ``LLM.generate`` or (streamed
+   kinds) the engine stepped as a server steps it; one warm-up generate, then
    ``--repeats`` timed ones. Medians and means in ms per step (the mean counts work done in
    a request's last step, such as a text decoded at the end) of the scheduler's ``schedule``,
    the engine's ``_update`` (its ``scheduler.update`` inside), ``launch_sampling`` and
-   ``step``, and a digest of the texts (to compare code versions: run the script with another ``hifc``
-   first on ``PYTHONPATH``).
+   ``step``, and a digest of the texts (to compare code versions: run the script with another
+   ``hifc`` first on ``PYTHONPATH``).
 2. Packing: ``write_decode_inputs`` for decodes of several (rows, context) shapes, writing
    every block table whole (with the copies of the tables the scheduler made before) against
    keeping the rows (``TableRows``), timed in the same run; the ratio (``--no-packing``: not
