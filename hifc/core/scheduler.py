@@ -196,12 +196,14 @@ class Scheduler(SwapMixin):
     def _chunk(self, context: int, num_to_compute: int, budget: _StepBudget) -> int:
         """Tokens to compute in this step out of ``num_to_compute`` after ``context`` computed
         ones (0: none this step)."""
+        if num_to_compute == 1:  # a decode (most calls): its token, whatever the limits
+            return 1 if budget.tokens > 0 else 0
         if not self.limits.chunked_prefill:
             return num_to_compute if num_to_compute <= budget.tokens else 0
         num_new = min(num_to_compute, budget.tokens)
         if self.limits.long_prefill_token_threshold > 0:
             num_new = min(num_new, self.limits.long_prefill_token_threshold)
-        if budget.pairs is not None and num_to_compute > 1:
+        if budget.pairs is not None:
             num_new = min(num_new, longest_chunk_within(context, budget.pairs))
         return num_new
 
@@ -226,10 +228,7 @@ class Scheduler(SwapMixin):
         while queue:
             seq = queue.popleft()
             to_compute = seq.num_tokens_to_compute
-            if to_compute == 1 and budget.tokens > 0:
-                num_new = 1  # a decode: what _chunk gives it
-            else:
-                num_new = self._chunk(seq.num_computed_tokens, to_compute, budget)
+            num_new = self._chunk(seq.num_computed_tokens, to_compute, budget)
             if num_new == 0:  # no budget left this step
                 kept.add(seq.request_id)
                 continue

@@ -58,9 +58,8 @@ class IncrementalDetokenizer:
         """Window decoding from now on; the windows are replayed over the ``num_streamed``
         tokens the stream took, whose text it gave."""
         self._stream = None
-        for end in range(1, num_streamed + 1):
-            self._window_delta(token_ids, end)
-        self._num_seen = num_streamed
+        self._num_seen = 0
+        self._windows(token_ids[:num_streamed])  # their text is the stream's
         return self._windows(token_ids)
 
     def _windows(self, token_ids: list[int]) -> str:

@@ -114,7 +114,7 @@ class RequestState:
 
     @property
     def finished(self) -> bool:
-        completions = self.completions  # checked three times per request and step
+        completions = self.completions  # checked twice per request and step
         if len(completions) == 1:
             return completions[0].seq.status.is_finished
         return all(c.seq.status.is_finished for c in completions)
