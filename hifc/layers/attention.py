@@ -119,39 +119,141 @@ def gather_context(kv_cache: torch.Tensor, block_table: torch.Tensor, seq_len: i
     return k, v
 
 
+# the context a group of single-query rows gathers at once: at most this many floats of K (and
+# as many of V), so that a batch of long contexts is attended in several groups
+SINGLE_QUERY_GROUP_FLOATS = 1 << 24
+
+
+class SingleQueryGroup(NamedTuple):
+    """Rows of one new token each (decodes, one-token chunks), attended in one batched call:
+    their contexts are gathered slot by slot, padded to the group's longest."""
+    tokens: torch.Tensor  # [n] int64: each row's token index in q
+    slots: torch.Tensor  # [n * S] int64: cache slot of each context position; past a row's
+    # end, its first slot again (real data that the mask hides)
+    positions: torch.Tensor  # [1, S] int64: 0 .. S-1
+    last: torch.Tensor  # [n, 1] int64: each row's query position (its context length - 1)
+
+
+def single_query_groups(meta: AttentionMetadata, row_floats: int
+                        ) -> tuple[list[int], list[SingleQueryGroup]]:
+    """The step's rows of more than one new token (attended one at a time), and its rows of one
+    new token in groups (shortest contexts first) of at most ``SINGLE_QUERY_GROUP_FLOATS``
+    gathered floats, ``row_floats`` (num_kv_heads * head_dim) per context position."""
+    qsl, seq_lens = meta.query_start_loc_cpu, meta.seq_lens_cpu
+    multi, single = [], []
+    for i, seq_len in enumerate(seq_lens):
+        (single if qsl[i + 1] - qsl[i] == 1 else multi).append(i)
+    single.sort(key=seq_lens.__getitem__)
+    budget = max(SINGLE_QUERY_GROUP_FLOATS // row_floats, 1)
+    groups, start = [], 0
+    while start < len(single):
+        end = start + 1  # a group ends before the row whose padded context would exceed budget
+        while end < len(single) and (end - start + 1) * seq_lens[single[end]] <= budget:
+            end += 1
+        groups.append(_single_query_group(meta, single[start:end]))
+        start = end
+    return multi, groups
+
+
+def _single_query_group(meta: AttentionMetadata, rows: list[int]) -> SingleQueryGroup:
+    device = meta.block_tables.device
+    lens = [meta.seq_lens_cpu[i] for i in rows]
+    span = max(lens)
+    lens = torch.tensor(lens, device=device)[:, None]
+    positions = torch.arange(span, device=device)[None, :]
+    index = torch.tensor(rows, device=device)
+    tables = meta.block_tables[index, :-(-span // meta.block_size)].long()
+    slots = (tables.gather(1, (positions // meta.block_size).expand(len(rows), span))
+             * meta.block_size + positions % meta.block_size)
+    slots = torch.where(positions < lens, slots, slots[:, :1])
+    tokens = torch.tensor([meta.query_start_loc_cpu[i] for i in rows], device=device)
+    return SingleQueryGroup(tokens, slots.reshape(-1), positions, lens - 1)
+
+
+def _gathered(cache: torch.Tensor, slots: torch.Tensor, scale: torch.Tensor | None
+              ) -> torch.Tensor:
+    """Keys or values of one layer's K or V cache ([num_blocks, block_size, Hkv, D]) at slots,
+    as float32 [len(slots), Hkv, D] (a float8 cache dequantised with scale ([Hkv]))."""
+    flat = cache.view(-1, *cache.shape[-2:])
+    if cache.dtype == FP8:  # torch has no float8 index_select on the CPU: gather the bytes
+        return dequantize_kv(flat.view(torch.uint8).index_select(0, slots).view(FP8), scale)
+    return flat.index_select(0, slots).float()
+
+
+def _attend_single_queries(q: torch.Tensor, kv_cache: torch.Tensor, group: SingleQueryGroup,
+                           out: torch.Tensor, scale: float, sliding_window: int | None,
+                           logit_softcap: float | None, kv_scale: torch.Tensor | None) -> None:
+    """Attention of a group's rows in one call, written into out. A KV head's query heads are
+    its queries' rows: [n, Hkv, group, D] against [n, Hkv, S, D], no repeated K/V."""
+    n, span = group.last.shape[0], group.positions.shape[1]
+    num_q_heads, head_dim = q.shape[1:]
+    num_kv_heads = kv_cache.shape[-2]
+    k_scale, v_scale = (None, None) if kv_scale is None else kv_scale
+    k = _gathered(kv_cache[0], group.slots, k_scale).view(n, span, num_kv_heads, head_dim)
+    v = _gathered(kv_cache[1], group.slots, v_scale).view(n, span, num_kv_heads, head_dim)
+    k, v = k.transpose(1, 2), v.transpose(1, 2)  # [n, Hkv, S, D]
+    qg = q[group.tokens].float().view(n, num_kv_heads, num_q_heads // num_kv_heads, head_dim)
+    visible = group.positions <= group.last  # [n, S]
+    if sliding_window is not None:
+        visible &= group.positions > group.last - sliding_window
+    visible = visible[:, None, None, :]
+    if logit_softcap is None:
+        o = F.scaled_dot_product_attention(qg, k, v, attn_mask=visible, scale=scale)
+    else:  # scaled_dot_product_attention has no soft-capping
+        scores = (qg @ k.transpose(2, 3)) * scale  # [n, Hkv, group, S]
+        scores = torch.tanh(scores / logit_softcap) * logit_softcap
+        o = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1) @ v
+    out[group.tokens] = o.reshape(n, num_q_heads, head_dim).to(q.dtype)
+
+
+def _attend_sequence(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, i: int,
+                     out: torch.Tensor, scale: float, sliding_window: int | None,
+                     logit_softcap: float | None, kv_scale: torch.Tensor | None) -> None:
+    """Attention of sequence i's new tokens over its context, written into out. Inputs are 4-D
+    ([1, heads, tokens, D]): with fewer dimensions torch takes its slower math path."""
+    start, end = meta.query_start_loc_cpu[i], meta.query_start_loc_cpu[i + 1]
+    seq_len = meta.seq_lens_cpu[i]
+    k, v = gather_context(kv_cache, meta.block_tables[i], seq_len, meta.block_size, kv_scale)
+    k = k.transpose(0, 1).float()[None]  # [1, Hkv, S, D]
+    v = v.transpose(0, 1).float()[None]
+    q_pos = torch.arange(seq_len - (end - start), seq_len, device=q.device)
+    k_pos = torch.arange(seq_len, device=q.device)
+    visible = k_pos[None, :] <= q_pos[:, None]  # [num_q, S]
+    if sliding_window is not None:
+        visible &= k_pos[None, :] > q_pos[:, None] - sliding_window
+    qi = q[start:end].transpose(0, 1).float()[None]  # [1, Hq, num_q, D]
+    if logit_softcap is None:
+        o = F.scaled_dot_product_attention(qi, k, v, attn_mask=visible, scale=scale,
+                                           enable_gqa=True)
+    else:  # scaled_dot_product_attention has no soft-capping
+        group = q.shape[1] // kv_cache.shape[-2]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        scores = (qi @ k.transpose(2, 3)) * scale  # [1, Hq, num_q, S]
+        scores = torch.tanh(scores / logit_softcap) * logit_softcap
+        o = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1) @ v
+    out[start:end] = o[0].transpose(0, 1).to(q.dtype)  # [num_q, Hq, D]
+
+
 def reference_paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
                               scale: float, sliding_window: int | None = None,
                               logit_softcap: float | None = None,
-                              kv_scale: torch.Tensor | None = None) -> torch.Tensor:
+                              kv_scale: torch.Tensor | None = None,
+                              groups: tuple[list[int], list[SingleQueryGroup]] | None = None
+                              ) -> torch.Tensor:
     """Causal attention of q ([T, Hq, D]) over each sequence's cached context, in float32, as
     ``LayerAttention`` describes it (window, soft-capping); a float8 cache is read with
-    kv_scale ([2, Hkv]). Returns [T, Hq, D]."""
+    kv_scale ([2, Hkv]). Rows of one new token are attended in batched groups, the others one
+    at a time; groups: ``single_query_groups(meta, ...)`` if the caller keeps them for every
+    layer of the step. Returns [T, Hq, D]."""
     check_kv_scale(kv_cache, kv_scale)
     out = torch.empty_like(q)
-    num_q_heads = q.shape[1]
-    num_kv_heads = kv_cache.shape[-2]
-    group = num_q_heads // num_kv_heads
-    qsl = meta.query_start_loc_cpu
-    for i, seq_len in enumerate(meta.seq_lens_cpu):
-        start, end = qsl[i], qsl[i + 1]
-        num_q = end - start
-        k, v = gather_context(kv_cache, meta.block_tables[i], seq_len, meta.block_size,
-                              kv_scale)
-        k = k.repeat_interleave(group, dim=1).transpose(0, 1).float()  # [Hq, S, D]
-        v = v.repeat_interleave(group, dim=1).transpose(0, 1).float()
-        q_pos = torch.arange(seq_len - num_q, seq_len, device=q.device)
-        k_pos = torch.arange(seq_len, device=q.device)
-        visible = k_pos[None, :] <= q_pos[:, None]  # [num_q, S]
-        if sliding_window is not None:
-            visible &= k_pos[None, :] > q_pos[:, None] - sliding_window
-        qi = q[start:end].transpose(0, 1).float()  # [Hq, num_q, D]
-        if logit_softcap is None:
-            o = F.scaled_dot_product_attention(qi, k, v, attn_mask=visible, scale=scale)
-        else:  # scaled_dot_product_attention has no soft-capping
-            scores = (qi @ k.transpose(1, 2)) * scale  # [Hq, num_q, S]
-            scores = torch.tanh(scores / logit_softcap) * logit_softcap
-            o = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1) @ v
-        out[start:end] = o.transpose(0, 1).to(q.dtype)  # [num_q, Hq, D]
+    multi, single = groups or single_query_groups(meta, kv_cache.shape[-2] * kv_cache.shape[-1])
+    for group in single:
+        _attend_single_queries(q, kv_cache, group, out, scale, sliding_window, logit_softcap,
+                               kv_scale)
+    for i in multi:
+        _attend_sequence(q, kv_cache, meta, i, out, scale, sliding_window, logit_softcap,
+                         kv_scale)
     return out
 
 
@@ -198,6 +300,10 @@ class AttentionBackend(Protocol):
 class TorchAttentionBackend:
     """Runs anywhere; the reference the Triton kernels are checked against."""
 
+    def __init__(self) -> None:
+        # the step whose metadata the groups were made from, and its single_query_groups
+        self._groups: tuple[AttentionMetadata, int, tuple] | None = None
+
     def graph_context_caps(self, max_model_len: int) -> list[int]:
         return [max_model_len]  # it plans nothing
 
@@ -216,8 +322,11 @@ class TorchAttentionBackend:
             q, k = rope.rotary(rope.positions, q, k)
         check_kv_scale(kv_cache, kv_scale)
         write_kv_cache(k, v, kv_cache, meta.slot_mapping, kv_scale)
+        row_floats = kv_cache.shape[-2] * kv_cache.shape[-1]
+        if self._groups is None or self._groups[0] is not meta or self._groups[1] != row_floats:
+            self._groups = meta, row_floats, single_query_groups(meta, row_floats)
         return reference_paged_attention(q, kv_cache, meta, scale, sliding_window, logit_softcap,
-                                         kv_scale)
+                                         kv_scale, self._groups[2])
 
 
 class AttentionContext:

@@ -1,0 +1,103 @@
+"""The torch reference attention: its batched rows of one new token against attending each
+sequence alone."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from hifc.layers import attention
+from hifc.layers.attention import (FP8, AttentionMetadata, TorchAttentionBackend, quantize_kv,
+                                   reference_paged_attention, single_query_groups)
+
+BLOCK = 4
+# (new tokens, cached tokens) per sequence, out of length order: decodes of several lengths,
+# a one-token prompt chunk after a cached prefix, a fresh prompt and a later chunk
+ROWS = [(1, 37), (5, 0), (1, 0), (1, 90), (1, 6), (7, 22), (1, 63), (1, 1)]
+
+
+def step(num_q_heads: int, num_kv_heads: int, dtype: torch.dtype, seed: int):
+    """q, a cache whose slots past every context hold NaN, its K/V scales (float8) and the
+    step's metadata (shuffled blocks; table padding points at unused blocks)."""
+    gen = torch.Generator().manual_seed(seed)
+    rng = random.Random(seed)
+    seq_lens = [new + cached for new, cached in ROWS]
+    counts = [-(-n // BLOCK) for n in seq_lens]
+    num_blocks = sum(counts) + 3
+    free = list(range(num_blocks))
+    rng.shuffle(free)
+    tables = [[free.pop() for _ in range(n)] for n in counts]
+    width = max(counts) + 2
+    cache = torch.full((2, num_blocks, BLOCK, num_kv_heads, 16), float("nan"))
+    for table, n in zip(tables, seq_lens):
+        for p in range(n):
+            cache[:, table[p // BLOCK], p % BLOCK] = torch.randn(2, num_kv_heads, 16,
+                                                                 generator=gen)
+    scales = None
+    if dtype == FP8:
+        scales = torch.rand(2, num_kv_heads, generator=gen) + 0.5
+        cache = torch.stack([quantize_kv(cache[i].view(-1, num_kv_heads, 16), scales[i])
+                             .view(cache.shape[1:]) for i in (0, 1)])
+    qsl = [0]
+    for new, _ in ROWS:
+        qsl.append(qsl[-1] + new)
+    meta = AttentionMetadata(
+        slot_mapping=torch.zeros(qsl[-1], dtype=torch.int64),  # unused: nothing is written
+        query_start_loc=torch.tensor(qsl, dtype=torch.int32),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        block_tables=torch.tensor([t + [free[0]] * (width - len(t)) for t in tables],
+                                  dtype=torch.int32),
+        query_start_loc_cpu=qsl, seq_lens_cpu=seq_lens, max_query_len=max(n for n, _ in ROWS),
+        max_seq_len=max(seq_lens), block_size=BLOCK)
+    q = torch.randn(qsl[-1], num_q_heads, 16, generator=gen) * 2
+    return q, cache, scales, meta
+
+
+def one_at_a_time(q, cache, meta, scale, window, softcap, scales):
+    """Every sequence attended alone, through _attend_sequence."""
+    out = torch.empty_like(q)
+    for i in range(meta.num_seqs):
+        attention._attend_sequence(q, cache, meta, i, out, scale, window, softcap, scales)
+    return out
+
+
+@pytest.mark.parametrize("heads", [(4, 1), (6, 2), (3, 3)])
+@pytest.mark.parametrize("window,softcap", [(None, None), (9, None), (None, 1.5), (30, 2.0)])
+@pytest.mark.parametrize("dtype", [torch.float32, FP8], ids=str)
+def test_single_query_rows_match_attending_each_sequence(heads, window, softcap, dtype):
+    q, cache, scales, meta = step(*heads, dtype, seed=sum(heads))
+    multi, groups = single_query_groups(meta, heads[1] * 16)
+    assert multi == [1, 5] and len(groups) == 1
+    got = reference_paged_attention(q, cache, meta, 0.25, window, softcap, scales)
+    assert torch.isfinite(got).all()  # NaN past every context is never read
+    torch.testing.assert_close(got, one_at_a_time(q, cache, meta, 0.25, window, softcap, scales),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_groups_split_by_gathered_size(monkeypatch):
+    q, cache, _, meta = step(4, 2, torch.float32, seed=5)
+    whole = reference_paged_attention(q, cache, meta, 0.25, 9)
+    # 64 positions of 32 floats (2 KV heads of 16) per group; contexts 1, 2, 7, 38, 64 and 91
+    monkeypatch.setattr(attention, "SINGLE_QUERY_GROUP_FLOATS", 64 * 32)
+    _, groups = single_query_groups(meta, 32)
+    assert [[int(x) + 1 for x in g.last] for g in groups] == [[1, 2, 7], [38], [64], [91]]
+    assert groups[0].positions.shape[1] == 7  # a group pads to its longest context
+    torch.testing.assert_close(reference_paged_attention(q, cache, meta, 0.25, 9), whole,
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_backend_keeps_a_steps_groups_for_its_layers():
+    q, cache, _, meta = step(4, 2, torch.float32, seed=6)
+    backend = TorchAttentionBackend()
+    k = torch.randn(q.shape[0], 2, 16)
+    meta.slot_mapping = torch.tensor(
+        [int(meta.block_tables[i, p // BLOCK]) * BLOCK + p % BLOCK
+         for i, (new, cached) in enumerate(ROWS) for p in range(cached, cached + new)])
+    first = backend.forward(q, k, k, cache, meta, 0.25)
+    kept = backend._groups
+    second = backend.forward(q, k, k, cache.clone(), meta, 0.25)
+    assert backend._groups is kept
+    torch.testing.assert_close(first, second, rtol=0, atol=0)
+    torch.testing.assert_close(first, one_at_a_time(q, cache, meta, 0.25, None, None, None),
+                               rtol=1e-5, atol=1e-5)
