@@ -119,9 +119,13 @@ def gather_context(kv_cache: torch.Tensor, block_table: torch.Tensor, seq_len: i
     return k, v
 
 
-# the context a group of single-query rows gathers at once: at most this many floats of K (and
-# as many of V), so that a batch of long contexts is attended in several groups
-SINGLE_QUERY_GROUP_FLOATS = 1 << 24
+# A group of rows of one new token gathers at most this many floats of K (and as many of V), so
+# that a batch of long contexts is attended in several groups through a workspace of this size.
+SINGLE_QUERY_GROUP_FLOATS = 1 << 22
+# A row joins a group (of longer contexts) when the padding it brings is at most this many
+# positions or a quarter of the group's span. One group's call costs about as much as gathering
+# and attending ~500 positions on a 2-core CPU: fewer groups of more padding would cost more.
+SINGLE_QUERY_PAD = 512
 
 
 class SingleQueryGroup(NamedTuple):
@@ -134,32 +138,44 @@ class SingleQueryGroup(NamedTuple):
     last: torch.Tensor  # [n, 1] int64: each row's query position (its context length - 1)
 
 
-def single_query_groups(meta: AttentionMetadata, row_floats: int
-                        ) -> tuple[list[int], list[SingleQueryGroup]]:
-    """The step's rows of more than one new token (attended one at a time), and its rows of one
-    new token in groups (shortest contexts first) of at most ``SINGLE_QUERY_GROUP_FLOATS``
-    gathered floats, ``row_floats`` (num_kv_heads * head_dim) per context position."""
+class StepRows(NamedTuple):
+    """How the torch reference attends one step's rows, the same in every layer."""
+    multi: list[int]  # rows of more than one new token, attended one at a time
+    groups: list[SingleQueryGroup]  # rows of one new token, longest contexts first
+    # float32 [2, floats]: the K and V that a group gathers, reused by every group and step
+    workspace: torch.Tensor
+
+
+def step_rows(meta: AttentionMetadata, row_floats: int,
+              workspace: torch.Tensor | None = None) -> StepRows:
+    """A step's rows, its rows of one new token grouped by context length (``row_floats``:
+    num_kv_heads * head_dim floats per context position); workspace: one to reuse, replaced by
+    a larger one if a group needs more."""
     qsl, seq_lens = meta.query_start_loc_cpu, meta.seq_lens_cpu
     multi, single = [], []
-    for i, seq_len in enumerate(seq_lens):
+    for i in range(len(seq_lens)):
         (single if qsl[i + 1] - qsl[i] == 1 else multi).append(i)
-    single.sort(key=seq_lens.__getitem__)
+    single.sort(key=seq_lens.__getitem__, reverse=True)
     budget = max(SINGLE_QUERY_GROUP_FLOATS // row_floats, 1)
-    groups, start = [], 0
+    groups, start, most = [], 0, 0
     while start < len(single):
-        end = start + 1  # a group ends before the row whose padded context would exceed budget
-        while end < len(single) and (end - start + 1) * seq_lens[single[end]] <= budget:
+        span = seq_lens[single[start]]
+        end, slack = start + 1, max(SINGLE_QUERY_PAD, span // 4)
+        while (end < len(single) and (end - start + 1) * span <= budget
+               and span - seq_lens[single[end]] <= slack):
             end += 1
-        groups.append(_single_query_group(meta, single[start:end]))
+        groups.append(_single_query_group(meta, single[start:end], span))
+        most = max(most, (end - start) * span * row_floats)
         start = end
-    return multi, groups
+    if workspace is None or workspace.shape[1] < most:
+        workspace = torch.empty(2, most, device=meta.block_tables.device)
+    return StepRows(multi, groups, workspace)
 
 
-def _single_query_group(meta: AttentionMetadata, rows: list[int]) -> SingleQueryGroup:
+def _single_query_group(meta: AttentionMetadata, rows: list[int], span: int
+                        ) -> SingleQueryGroup:
     device = meta.block_tables.device
-    lens = [meta.seq_lens_cpu[i] for i in rows]
-    span = max(lens)
-    lens = torch.tensor(lens, device=device)[:, None]
+    lens = torch.tensor([meta.seq_lens_cpu[i] for i in rows], device=device)[:, None]
     positions = torch.arange(span, device=device)[None, :]
     index = torch.tensor(rows, device=device)
     tables = meta.block_tables[index, :-(-span // meta.block_size)].long()
@@ -170,27 +186,34 @@ def _single_query_group(meta: AttentionMetadata, rows: list[int]) -> SingleQuery
     return SingleQueryGroup(tokens, slots.reshape(-1), positions, lens - 1)
 
 
-def _gathered(cache: torch.Tensor, slots: torch.Tensor, scale: torch.Tensor | None
-              ) -> torch.Tensor:
+def _gather_into(out: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor,
+                 scale: torch.Tensor | None) -> None:
     """Keys or values of one layer's K or V cache ([num_blocks, block_size, Hkv, D]) at slots,
-    as float32 [len(slots), Hkv, D] (a float8 cache dequantised with scale ([Hkv]))."""
+    into out (float32 [len(slots), Hkv, D]; a float8 cache dequantised with scale ([Hkv]))."""
     flat = cache.view(-1, *cache.shape[-2:])
-    if cache.dtype == FP8:  # torch has no float8 index_select on the CPU: gather the bytes
-        return dequantize_kv(flat.view(torch.uint8).index_select(0, slots).view(FP8), scale)
-    return flat.index_select(0, slots).float()
+    if cache.dtype == torch.float32:
+        torch.index_select(flat, 0, slots, out=out)
+    elif cache.dtype == FP8:  # torch has no float8 index_select on the CPU: gather the bytes
+        out.copy_(flat.view(torch.uint8).index_select(0, slots).view(FP8))
+        out.mul_(scale[:, None])
+    else:
+        out.copy_(flat.index_select(0, slots))
 
 
 def _attend_single_queries(q: torch.Tensor, kv_cache: torch.Tensor, group: SingleQueryGroup,
-                           out: torch.Tensor, scale: float, sliding_window: int | None,
-                           logit_softcap: float | None, kv_scale: torch.Tensor | None) -> None:
+                           workspace: torch.Tensor, out: torch.Tensor, scale: float,
+                           sliding_window: int | None, logit_softcap: float | None,
+                           kv_scale: torch.Tensor | None) -> None:
     """Attention of a group's rows in one call, written into out. A KV head's query heads are
     its queries' rows: [n, Hkv, group, D] against [n, Hkv, S, D], no repeated K/V."""
     n, span = group.last.shape[0], group.positions.shape[1]
     num_q_heads, head_dim = q.shape[1:]
     num_kv_heads = kv_cache.shape[-2]
-    k_scale, v_scale = (None, None) if kv_scale is None else kv_scale
-    k = _gathered(kv_cache[0], group.slots, k_scale).view(n, span, num_kv_heads, head_dim)
-    v = _gathered(kv_cache[1], group.slots, v_scale).view(n, span, num_kv_heads, head_dim)
+    shape = (n, span, num_kv_heads, head_dim)
+    k, v = workspace[:, :n * span * num_kv_heads * head_dim].view(2, *shape)
+    for i, gathered in enumerate((k, v)):
+        _gather_into(gathered.view(-1, num_kv_heads, head_dim), kv_cache[i], group.slots,
+                     None if kv_scale is None else kv_scale[i])
     k, v = k.transpose(1, 2), v.transpose(1, 2)  # [n, Hkv, S, D]
     qg = q[group.tokens].float().view(n, num_kv_heads, num_q_heads // num_kv_heads, head_dim)
     visible = group.positions <= group.last  # [n, S]
@@ -238,20 +261,20 @@ def reference_paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: Att
                               scale: float, sliding_window: int | None = None,
                               logit_softcap: float | None = None,
                               kv_scale: torch.Tensor | None = None,
-                              groups: tuple[list[int], list[SingleQueryGroup]] | None = None
-                              ) -> torch.Tensor:
+                              rows: StepRows | None = None) -> torch.Tensor:
     """Causal attention of q ([T, Hq, D]) over each sequence's cached context, in float32, as
     ``LayerAttention`` describes it (window, soft-capping); a float8 cache is read with
     kv_scale ([2, Hkv]). Rows of one new token are attended in batched groups, the others one
-    at a time; groups: ``single_query_groups(meta, ...)`` if the caller keeps them for every
-    layer of the step. Returns [T, Hq, D]."""
+    at a time; rows: the step's ``step_rows``, if the caller keeps them for its layers.
+    Returns [T, Hq, D]."""
     check_kv_scale(kv_cache, kv_scale)
     out = torch.empty_like(q)
-    multi, single = groups or single_query_groups(meta, kv_cache.shape[-2] * kv_cache.shape[-1])
-    for group in single:
-        _attend_single_queries(q, kv_cache, group, out, scale, sliding_window, logit_softcap,
-                               kv_scale)
-    for i in multi:
+    if rows is None:
+        rows = step_rows(meta, kv_cache.shape[-2] * kv_cache.shape[-1])
+    for group in rows.groups:
+        _attend_single_queries(q, kv_cache, group, rows.workspace, out, scale, sliding_window,
+                               logit_softcap, kv_scale)
+    for i in rows.multi:
         _attend_sequence(q, kv_cache, meta, i, out, scale, sliding_window, logit_softcap,
                          kv_scale)
     return out
@@ -301,8 +324,8 @@ class TorchAttentionBackend:
     """Runs anywhere; the reference the Triton kernels are checked against."""
 
     def __init__(self) -> None:
-        # the step whose metadata the groups were made from, and its single_query_groups
-        self._groups: tuple[AttentionMetadata, int, tuple] | None = None
+        # the step whose metadata the rows were made from, its row_floats and step_rows
+        self._rows: tuple[AttentionMetadata, int, StepRows] | None = None
 
     def graph_context_caps(self, max_model_len: int) -> list[int]:
         return [max_model_len]  # it plans nothing
@@ -323,10 +346,11 @@ class TorchAttentionBackend:
         check_kv_scale(kv_cache, kv_scale)
         write_kv_cache(k, v, kv_cache, meta.slot_mapping, kv_scale)
         row_floats = kv_cache.shape[-2] * kv_cache.shape[-1]
-        if self._groups is None or self._groups[0] is not meta or self._groups[1] != row_floats:
-            self._groups = meta, row_floats, single_query_groups(meta, row_floats)
+        if self._rows is None or self._rows[0] is not meta or self._rows[1] != row_floats:
+            workspace = None if self._rows is None else self._rows[2].workspace
+            self._rows = meta, row_floats, step_rows(meta, row_floats, workspace)
         return reference_paged_attention(q, kv_cache, meta, scale, sliding_window, logit_softcap,
-                                         kv_scale, self._groups[2])
+                                         kv_scale, self._rows[2])
 
 
 class AttentionContext:

@@ -2,6 +2,7 @@
 sequence alone."""
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -9,7 +10,7 @@ import torch
 
 from hifc.layers import attention
 from hifc.layers.attention import (FP8, AttentionMetadata, TorchAttentionBackend, quantize_kv,
-                                   reference_paged_attention, single_query_groups)
+                                   reference_paged_attention, step_rows)
 
 BLOCK = 4
 # (new tokens, cached tokens) per sequence, out of length order: decodes of several lengths,
@@ -67,24 +68,31 @@ def one_at_a_time(q, cache, meta, scale, window, softcap, scales):
 @pytest.mark.parametrize("dtype", [torch.float32, FP8], ids=str)
 def test_single_query_rows_match_attending_each_sequence(heads, window, softcap, dtype):
     q, cache, scales, meta = step(*heads, dtype, seed=sum(heads))
-    multi, groups = single_query_groups(meta, heads[1] * 16)
-    assert multi == [1, 5] and len(groups) == 1
+    rows = step_rows(meta, heads[1] * 16)
+    assert rows.multi == [1, 5] and len(rows.groups) == 1
     got = reference_paged_attention(q, cache, meta, 0.25, window, softcap, scales)
     assert torch.isfinite(got).all()  # NaN past every context is never read
     torch.testing.assert_close(got, one_at_a_time(q, cache, meta, 0.25, window, softcap, scales),
                                rtol=1e-5, atol=1e-5)
 
 
-def test_groups_split_by_gathered_size(monkeypatch):
+@pytest.mark.parametrize("floats,pad,spans", [
+    # 64 positions of 32 floats (2 KV heads of 16) per group
+    (64 * 32, attention.SINGLE_QUERY_PAD, [[91], [64], [38], [7, 2, 1]]),
+    # at most 30 positions of padding per row (91 // 4 = 22 < 30)
+    (attention.SINGLE_QUERY_GROUP_FLOATS, 30, [[91, 64], [38], [7, 2, 1]]),
+])
+def test_groups_split_by_gathered_size_and_padding(monkeypatch, floats, pad, spans):
     q, cache, _, meta = step(4, 2, torch.float32, seed=5)
     whole = reference_paged_attention(q, cache, meta, 0.25, 9)
-    # 64 positions of 32 floats (2 KV heads of 16) per group; contexts 1, 2, 7, 38, 64 and 91
-    monkeypatch.setattr(attention, "SINGLE_QUERY_GROUP_FLOATS", 64 * 32)
-    _, groups = single_query_groups(meta, 32)
-    assert [[int(x) + 1 for x in g.last] for g in groups] == [[1, 2, 7], [38], [64], [91]]
-    assert groups[0].positions.shape[1] == 7  # a group pads to its longest context
-    torch.testing.assert_close(reference_paged_attention(q, cache, meta, 0.25, 9), whole,
-                               rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(attention, "SINGLE_QUERY_GROUP_FLOATS", floats)
+    monkeypatch.setattr(attention, "SINGLE_QUERY_PAD", pad)
+    rows = step_rows(meta, 32)  # contexts 91, 64, 38, 7, 2 and 1
+    assert [[int(x) + 1 for x in g.last] for g in rows.groups] == spans
+    assert [g.positions.shape[1] for g in rows.groups] == [s[0] for s in spans]  # padded
+    assert rows.workspace.shape == (2, max(len(s) * s[0] * 32 for s in spans))
+    torch.testing.assert_close(reference_paged_attention(q, cache, meta, 0.25, 9, rows=rows),
+                               whole, rtol=1e-5, atol=1e-5)
 
 
 def test_backend_keeps_a_steps_groups_for_its_layers():
@@ -95,9 +103,12 @@ def test_backend_keeps_a_steps_groups_for_its_layers():
         [int(meta.block_tables[i, p // BLOCK]) * BLOCK + p % BLOCK
          for i, (new, cached) in enumerate(ROWS) for p in range(cached, cached + new)])
     first = backend.forward(q, k, k, cache, meta, 0.25)
-    kept = backend._groups
+    kept = backend._rows
     second = backend.forward(q, k, k, cache.clone(), meta, 0.25)
-    assert backend._groups is kept
+    assert backend._rows is kept  # the same step: the same rows
+    next_step = dataclasses.replace(meta)
+    backend.forward(q, k, k, cache.clone(), next_step, 0.25)
+    assert backend._rows[0] is next_step and backend._rows[2].workspace is kept[2].workspace
     torch.testing.assert_close(first, second, rtol=0, atol=0)
     torch.testing.assert_close(first, one_at_a_time(q, cache, meta, 0.25, None, None, None),
                                rtol=1e-5, atol=1e-5)
