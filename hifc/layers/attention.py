@@ -5,6 +5,10 @@ KV cache of one layer: ``[2, num_blocks, block_size, num_kv_heads, head_dim]`` (
 new tokens into their slots first, then each query attends causally over its sequence's context
 through the block table, so prefill, recompute-prefill and decode are one operation.
 
+The torch reference (``reference_paged_attention``, the CPU's path) attends the rows of one
+new token (decodes) in batched groups of similar context length, their contexts gathered slot by
+slot into a reused workspace, and each prompt chunk on its own.
+
 Each layer attends in its own way (``LayerAttention``: scale, sliding window, logit soft-capping),
 fixed when the model is built; ``AttentionContext`` looks it up by layer index.
 
@@ -321,7 +325,9 @@ class AttentionBackend(Protocol):
 
 
 class TorchAttentionBackend:
-    """Runs anywhere; the reference the Triton kernels are checked against."""
+    """Runs anywhere; the reference the Triton kernels are checked against. It makes a step's
+    ``step_rows`` at its first layer, for all of them, and keeps the gather workspace from step
+    to step."""
 
     def __init__(self) -> None:
         # the step whose metadata the rows were made from, its row_floats and step_rows
