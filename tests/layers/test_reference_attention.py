@@ -112,3 +112,15 @@ def test_backend_keeps_a_steps_groups_for_its_layers():
     torch.testing.assert_close(first, second, rtol=0, atol=0)
     torch.testing.assert_close(first, one_at_a_time(q, cache, meta, 0.25, None, None, None),
                                rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("heads", [(4, 1), (3, 3)])
+def test_a_whole_prompt_through_the_causal_flag_matches_the_mask(heads):
+    # row 1 is a whole prompt (no cached context): without a window it takes torch's causal
+    # flag; a window wider than every context changes nothing but takes the explicit mask
+    q, cache, _, meta = step(*heads, torch.float32, seed=7)
+    flag = reference_paged_attention(q, cache, meta, 0.25)
+    mask = reference_paged_attention(q, cache, meta, 0.25, sliding_window=1000)
+    torch.testing.assert_close(flag, mask, rtol=1e-5, atol=1e-5)
+    first = meta.query_start_loc_cpu[1]
+    assert not torch.allclose(flag[first], flag[first + 1])  # each token sees its own prefix
