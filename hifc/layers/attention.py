@@ -204,6 +204,16 @@ def _gather_into(out: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor,
         out.copy_(flat.index_select(0, slots))
 
 
+def _softcapped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          visible: torch.Tensor, scale: float, cap: float) -> torch.Tensor:
+    """Attention whose scores become cap * tanh(scores / cap) before the softmax (Gemma 2),
+    which torch's scaled_dot_product_attention does not do: q [..., L, D] against k, v
+    [..., S, D], visible broadcasting to [..., L, S]."""
+    scores = (q @ k.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / cap) * cap
+    return scores.masked_fill(~visible, float("-inf")).softmax(dim=-1) @ v
+
+
 def _attend_single_queries(q: torch.Tensor, kv_cache: torch.Tensor, group: SingleQueryGroup,
                            workspace: torch.Tensor, out: torch.Tensor, scale: float,
                            sliding_window: int | None, logit_softcap: float | None,
@@ -226,10 +236,8 @@ def _attend_single_queries(q: torch.Tensor, kv_cache: torch.Tensor, group: Singl
     visible = visible[:, None, None, :]
     if logit_softcap is None:
         o = F.scaled_dot_product_attention(qg, k, v, attn_mask=visible, scale=scale)
-    else:  # scaled_dot_product_attention has no soft-capping
-        scores = (qg @ k.transpose(2, 3)) * scale  # [n, Hkv, group, S]
-        scores = torch.tanh(scores / logit_softcap) * logit_softcap
-        o = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1) @ v
+    else:
+        o = _softcapped_attention(qg, k, v, visible, scale, logit_softcap)
     out[group.tokens] = o.reshape(n, num_q_heads, head_dim).to(q.dtype)
 
 
@@ -257,12 +265,11 @@ def _attend_sequence(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMet
     if logit_softcap is None:
         o = F.scaled_dot_product_attention(qi, k, v, attn_mask=visible, is_causal=causal,
                                            scale=scale, enable_gqa=True)
-    else:  # scaled_dot_product_attention has no soft-capping
+    else:
         group = q.shape[1] // kv_cache.shape[-2]
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        scores = (qi @ k.transpose(2, 3)) * scale  # [1, Hq, num_q, S]
-        scores = torch.tanh(scores / logit_softcap) * logit_softcap
-        o = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1) @ v
+        o = _softcapped_attention(qi, k.repeat_interleave(group, dim=1),
+                                  v.repeat_interleave(group, dim=1), visible, scale,
+                                  logit_softcap)
     out[start:end] = o[0].transpose(0, 1).to(q.dtype)  # [num_q, Hq, D]
 
 
