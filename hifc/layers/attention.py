@@ -172,7 +172,7 @@ def step_rows(meta: AttentionMetadata, row_floats: int,
         most = max(most, (end - start) * span * row_floats)
         start = end
     if workspace is None or workspace.shape[1] < most:
-        workspace = torch.empty(2, most, device=meta.block_tables.device)
+        workspace = torch.empty(2, most, dtype=torch.float32, device=meta.block_tables.device)
     return StepRows(multi, groups, workspace)
 
 

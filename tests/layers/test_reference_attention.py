@@ -19,8 +19,9 @@ ROWS = [(1, 37), (5, 0), (1, 0), (1, 90), (1, 6), (7, 22), (1, 63), (1, 1)]
 
 
 def step(num_q_heads: int, num_kv_heads: int, dtype: torch.dtype, seed: int):
-    """q, a cache whose slots past every context hold NaN, its K/V scales (float8) and the
-    step's metadata (shuffled blocks; table padding points at unused blocks)."""
+    """q, a cache (float32, bfloat16 or float8) whose slots past every context hold NaN, its K/V
+    scales (float8) and the step's metadata (shuffled blocks; table padding points at unused
+    blocks)."""
     gen = torch.Generator().manual_seed(seed)
     rng = random.Random(seed)
     seq_lens = [new + cached for new, cached in ROWS]
@@ -36,7 +37,9 @@ def step(num_q_heads: int, num_kv_heads: int, dtype: torch.dtype, seed: int):
             cache[:, table[p // BLOCK], p % BLOCK] = torch.randn(2, num_kv_heads, 16,
                                                                  generator=gen)
     scales = None
-    if dtype == FP8:
+    if dtype == torch.bfloat16:
+        cache = cache.to(dtype)
+    elif dtype == FP8:
         scales = torch.rand(2, num_kv_heads, generator=gen) + 0.5
         cache = torch.stack([quantize_kv(cache[i].view(-1, num_kv_heads, 16), scales[i])
                              .view(cache.shape[1:]) for i in (0, 1)])
@@ -65,7 +68,7 @@ def one_at_a_time(q, cache, meta, scale, window, softcap, scales):
 
 @pytest.mark.parametrize("heads", [(4, 1), (6, 2), (3, 3)])
 @pytest.mark.parametrize("window,softcap", [(None, None), (9, None), (None, 1.5), (30, 2.0)])
-@pytest.mark.parametrize("dtype", [torch.float32, FP8], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, FP8], ids=str)
 def test_single_query_rows_match_attending_each_sequence(heads, window, softcap, dtype):
     q, cache, scales, meta = step(*heads, dtype, seed=sum(heads))
     rows = step_rows(meta, heads[1] * 16)
