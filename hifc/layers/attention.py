@@ -77,9 +77,13 @@ def quantize_kv(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return scaled.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(FP8)
 
 
-def dequantize_kv(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Float8 keys or values x ([S, Hkv, D]) read back in float32: x * scale ([Hkv])."""
-    return x.float() * scale[:, None]
+def dequantize_kv(x: torch.Tensor, scale: torch.Tensor, out: torch.Tensor | None = None
+                  ) -> torch.Tensor:
+    """Float8 keys or values x ([S, Hkv, D]) read back in float32: x * scale ([Hkv]), into out
+    (float32, x's shape) if given."""
+    if out is None:
+        return x.float() * scale[:, None]
+    return out.copy_(x).mul_(scale[:, None])
 
 
 def check_kv_scale(kv_cache: torch.Tensor, kv_scale: torch.Tensor | None) -> None:
@@ -198,8 +202,7 @@ def _gather_into(out: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor,
     if cache.dtype == torch.float32:
         torch.index_select(flat, 0, slots, out=out)
     elif cache.dtype == FP8:  # torch has no float8 index_select on the CPU: gather the bytes
-        out.copy_(flat.view(torch.uint8).index_select(0, slots).view(FP8))
-        out.mul_(scale[:, None])
+        dequantize_kv(flat.view(torch.uint8).index_select(0, slots).view(FP8), scale, out)
     else:
         out.copy_(flat.index_select(0, slots))
 
