@@ -9,10 +9,17 @@ steady-state speed; the benchmarks report them (one took 2.1-2.4 s on the H200).
 
 ``deferred_compiles()`` lets start-up compile many variants at once: a pass run inside it only
 meets the kernels (a launch whose variant is neither compiled nor in Triton's disk cache is
-skipped and noted), and on leaving it every noted variant compiles in a pool of threads
-(Triton's compiler and ptxas run outside the GIL), so that the pass run again for real finds
-them compiled. A variant in the disk cache loads and launches where it is met. Start-up work
-of the GPU's own (timing the GEMMs) can run on the calling thread while the pool compiles."""
+skipped and noted), and on leaving it every noted variant compiles side by side, so that the
+pass run again for real finds them compiled. A variant in the disk cache loads and launches
+where it is met. Start-up work of the GPU's own (timing the GEMMs) can run on the calling
+thread while they compile.
+
+Variants of kernels defined at a module's top level compile in processes of their own
+(``hifc.layers.triton_compile_process``) into Triton's file cache, from which a pool of threads
+then loads them into the kernels' caches: a compilation's Python part (the kernel's code
+generation) holds its process's GIL, which in threads kept the calling thread's own start-up
+work waiting. Other variants, or all of them where processes cannot start, compile in the
+threads themselves."""
 from __future__ import annotations
 
 import hashlib
@@ -21,7 +28,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -82,14 +89,20 @@ class _DiskCacheProbe:
         self.cached = False
 
     def submit(self, key: str, compile_fn, finalize_fn) -> None:
-        knobs = triton.knobs
-        if knobs.cache.manager_class is not None or knobs.compilation.always_compile:
-            return None  # another cache than Triton's files, or every variant compiles
+        if not _file_cache_serves():
+            return None
         from triton.runtime.cache import get_cache_manager
         manager = get_cache_manager(hashlib.sha256(key.encode("utf-8")).hexdigest())
         # a compilation's last write is its group file, naming the files it stored
         self.cached = any(name.startswith("__grp__") for name in os.listdir(manager.cache_dir))
         return None
+
+
+def _file_cache_serves() -> bool:
+    """Whether a compilation finds its variant in Triton's file cache when one is there (not
+    with another cache manager, nor where Triton compiles every variant)."""
+    knobs = triton.knobs
+    return knobs.cache.manager_class is None and not knobs.compilation.always_compile
 
 
 def _in_disk_cache(function, specialization_data: str) -> bool:
@@ -224,43 +237,78 @@ def meet_kernels(parts: Iterable[Callable[[], object]], every: bool = False,
 
 def _compile_all(variants: list[tuple[object, str]], workers: int,
                  meanwhile: Callable[[], object] | None = None) -> None:
-    """Compile each (JITFunction, specialisation data) in ``workers`` threads at once, running
-    ``meanwhile`` on this thread as they compile; they join their kernels' caches at the end."""
+    """Compile each (JITFunction, specialisation data) side by side, ``workers`` at a time,
+    running ``meanwhile`` on this thread as they compile; they join their kernels' caches at
+    the end. Variants a process of their own can compile (``importable``) compile in
+    ``workers`` such processes into Triton's file cache, and a pool of threads loads each from
+    there once its process is done; the others compile in those threads."""
     from triton.runtime import _async_compile
+
+    from hifc.layers.triton_compile_process import CompileProcesses, importable
     started = time.perf_counter()
     threads = min(workers, len(variants))
     ended: list[float] = []  # each compilation's end, in the pool
-    with ThreadPoolExecutor(threads) as pool, _TimedCompileMode(pool, ended):
-        for function, data in variants:
-            function.preload(data)  # submitted to the pool; joined when the mode closes
-        if meanwhile is not None:
-            other = time.perf_counter()
-            token = _async_compile.active_mode.set(None)  # this thread compiles as it launches
-            try:
-                meanwhile()
-            finally:
-                _async_compile.active_mode.reset(token)
-            other = time.perf_counter() - other
-    log.info("compiled %d deferred kernel variants in %.1f s (%d threads)%s", len(variants),
-             max(ended, default=started) - started, threads,
+    sources = [importable(function) for function, _ in variants]
+    processes = None
+    if any(sources) and _file_cache_serves():
+        processes = CompileProcesses.start(threads, sorted({found[0] for found in sources
+                                                            if found}))
+    try:
+        jobs = [processes.submit(found, function.cache_key, data)
+                if processes is not None and found else None
+                for (function, data), found in zip(variants, sources)]
+        with ThreadPoolExecutor(threads) as pool, _TimedCompileMode(pool, ended) as mode:
+            for (function, data), job in zip(variants, jobs):
+                mode.process_job = job  # the compilation this preload submits waits for it
+                function.preload(data)  # submitted to the pool; joined when the mode closes
+                mode.process_job = None
+            if meanwhile is not None:
+                other = time.perf_counter()
+                token = _async_compile.active_mode.set(None)  # this thread compiles as it goes
+                try:
+                    meanwhile()
+                finally:
+                    _async_compile.active_mode.reset(token)
+                other = time.perf_counter() - other
+    finally:
+        if processes is not None:
+            processes.close()
+    log.info("compiled %d deferred kernel variants in %.1f s (%d in %d processes, %d threads)%s",
+             len(variants), max(ended, default=started) - started,
+             sum(job is not None for job in jobs), processes.count if processes else 0, threads,
              f", beside {other:.1f} s of other start-up work" if meanwhile is not None else "")
+
+
+def _wait_for(job: Future) -> None:
+    """Wait for a compile process's job; whatever went wrong there, this process compiles the
+    variant itself (and raises a compilation's own error as it would have)."""
+    try:
+        job.result()
+    except Exception as exc:  # noqa: BLE001 (a compile error is raised again here)
+        log.info("a compile process did not compile a variant (%s); compiling it here", exc)
 
 
 if triton is not None:
     class _TimedCompileMode(triton.AsyncCompileMode):
         """Triton's ``AsyncCompileMode``, noting when each compilation in the pool ends (in
         ``ended``, and as ``_compiled_at`` while it joins its kernel's cache, so that its
-        recorded duration is the compilation's, not the wait for the pool's end)."""
+        recorded duration is the compilation's, not the wait for the pool's end). A compilation
+        submitted while ``process_job`` is set waits for that job (a compile process's) first,
+        and then mostly loads from Triton's file cache."""
 
         def __init__(self, executor, ended: list[float]):
             super().__init__(executor)
             self.ended = ended
+            self.process_job: Future | None = None
 
         def submit(self, key, compile_fn, finalize_fn):
             at: list[float] = []
+            job = self.process_job
 
             def timed():
                 try:
+                    if job is not None:
+                        _wait_for(job)
                     return compile_fn()
                 finally:
                     at.append(time.perf_counter())
@@ -275,5 +323,12 @@ if triton is not None:
                     _compiled_at = None
 
             return super().submit(key, timed, finalize)
+
+        def __exit__(self, exc_type, exc_value, traceback):
+            from triton.runtime import _async_compile
+            try:
+                return super().__exit__(exc_type, exc_value, traceback)
+            finally:  # Triton's leaves the mode active when a compilation raised
+                _async_compile.active_mode.set(None)
 
     _install_hooks()
