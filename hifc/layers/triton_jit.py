@@ -32,6 +32,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from hifc.layers.triton_compile_process import CompileProcesses, importable
+
 try:
     import triton
     import triton.language as tl
@@ -70,9 +72,29 @@ _started: dict[str, float] = {}
 # when the compilation being finalised (a deferred one, done in the pool) ended
 _compiled_at: float | None = None
 _hooks_installed = False
-# the thread inside deferred_compiles and the variants it met: key -> (JITFunction, Triton's
-# specialisation data)
-_deferring: tuple[int, dict[str, tuple[object, str]]] | None = None
+
+
+@dataclass
+class _Deferral:
+    """The thread inside ``deferred_compiles``, the variants it met (key -> (JITFunction,
+    Triton's specialisation data)), and the processes that will compile them, started when it
+    meets its first variant one can compile, so that they start up while its pass goes on."""
+    thread: int
+    workers: int
+    noted: dict[str, tuple[object, str]]
+    processes: CompileProcesses | None = None
+    started_processes: bool = False
+
+    def note(self, key: str, function, data: str) -> None:
+        self.noted[key] = (function, data)
+        source = importable(function)
+        if source is not None and not self.started_processes and _file_cache_serves():
+            self.started_processes = True
+            self.processes = CompileProcesses.start(min(self.workers, MAX_COMPILE_PROCESSES),
+                                                    [source[0]])
+
+
+_deferring: _Deferral | None = None
 
 
 def kernel_compiles() -> list[KernelCompile]:
@@ -125,13 +147,13 @@ def _probing() -> bool:
 def _before_compile(*, key, repr: str, fn=None, compile=None,  # noqa: A002 (Triton's keyword)
                     **_) -> bool | None:
     deferring = _deferring
-    if deferring is not None and deferring[0] == threading.get_ident() and not _probing():
-        noted, name = deferring[1], str(key)
-        if name in noted:
+    if deferring is not None and deferring.thread == threading.get_ident() and not _probing():
+        name = str(key)
+        if name in deferring.noted:
             return True
         data = compile["specialization_data"]
         if not _in_disk_cache(fn.jit_function, data):
-            noted[name] = (fn.jit_function, data)
+            deferring.note(name, fn.jit_function, data)
             return True  # Triton skips the compilation, and the launch with it
         # in the disk cache: Triton loads it and launches it
     _started[str(key)] = time.perf_counter()
@@ -161,6 +183,10 @@ def _install_hooks() -> None:
     _hooks_installed = True
 
 
+# compile processes at most: each imports torch and the kernels' modules (a few hundred MB)
+MAX_COMPILE_PROCESSES = 16
+
+
 def compile_workers() -> int:
     """Threads that compile deferred variants at once: the cores this process may use."""
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
@@ -185,10 +211,12 @@ def deferred_compiles(workers: int | None = None,
     compiled yet, nor in Triton's disk cache, is neither compiled nor launched (what it would
     write stays as it was): the variant is noted in the dict the block receives (its size
     tells a pass which of its parts met new variants). On leaving the block (without an
-    exception), the noted variants compile in ``workers`` threads (default
+    exception), the noted variants compile ``workers`` at a time (default
     ``compile_workers()``) while this thread runs ``meanwhile`` (if given; its own Triton
     launches compile as they come), then join the kernels' caches, so a launch of one later
-    finds it compiled. For start-up passes that run once to meet their kernels, then again for
+    finds it compiled. They compile in up to ``MAX_COMPILE_PROCESSES`` processes
+    (``hifc.layers.triton_compile_process``), started at the first variant met so that they
+    start up while the block runs on, where they can, else in threads. For start-up passes that run once to meet their kernels, then again for
     real where they met new ones (their outputs in the first run are meaningless: a part that
     met none ran for real).
 
@@ -198,21 +226,27 @@ def deferred_compiles(workers: int | None = None,
     nothing; ``meanwhile`` then runs on leaving. A block inside another of the same thread is
     refused: its pass would find nothing compiled at its end."""
     global _deferring
-    noted: dict[str, tuple[object, str]] = {}
-    if _deferring is not None and _deferring[0] == threading.get_ident():
+    if _deferring is not None and _deferring.thread == threading.get_ident():
         raise RuntimeError("deferred_compiles blocks do not nest")
-    if _hooks_installed and not interpreting() and _deferring is None and can_defer():
-        _deferring = (threading.get_ident(), noted)
-        try:
-            yield noted
-        finally:
-            _deferring = None
-    else:
-        yield noted
-    if noted:
-        _compile_all(list(noted.values()), workers or compile_workers(), meanwhile)
-    elif meanwhile is not None:
-        meanwhile()
+    workers = workers or compile_workers()
+    deferral = _Deferral(threading.get_ident(), workers, {})
+    try:
+        if _hooks_installed and not interpreting() and _deferring is None and can_defer():
+            _deferring = deferral
+            try:
+                yield deferral.noted
+            finally:
+                _deferring = None
+        else:
+            yield deferral.noted
+        if deferral.noted:
+            _compile_all(list(deferral.noted.values()), workers, meanwhile,
+                         deferral.processes)
+        elif meanwhile is not None:
+            meanwhile()
+    finally:
+        if deferral.processes is not None:
+            deferral.processes.close()
 
 
 def meet_kernels(parts: Iterable[Callable[[], object]], every: bool = False,
@@ -236,46 +270,37 @@ def meet_kernels(parts: Iterable[Callable[[], object]], every: bool = False,
 
 
 def _compile_all(variants: list[tuple[object, str]], workers: int,
-                 meanwhile: Callable[[], object] | None = None) -> None:
+                 meanwhile: Callable[[], object] | None = None,
+                 processes: CompileProcesses | None = None) -> None:
     """Compile each (JITFunction, specialisation data) side by side, ``workers`` at a time,
     running ``meanwhile`` on this thread as they compile; they join their kernels' caches at
-    the end. Variants a process of their own can compile (``importable``) compile in
-    ``workers`` such processes into Triton's file cache, and a pool of threads loads each from
-    there once its process is done; the others compile in those threads."""
+    the end. With ``processes``, the variants a process can compile (``importable``) compile
+    there, into Triton's file cache, and a pool of threads loads each from there once its
+    process is done; the others compile in those threads."""
     from triton.runtime import _async_compile
-
-    from hifc.layers.triton_compile_process import CompileProcesses, importable
     started = time.perf_counter()
     threads = min(workers, len(variants))
     ended: list[float] = []  # each compilation's end, in the pool
-    sources = [importable(function) for function, _ in variants]
-    processes = None
-    if any(sources) and _file_cache_serves():
-        processes = CompileProcesses.start(threads, sorted({found[0] for found in sources
-                                                            if found}))
-    try:
-        jobs = [processes.submit(found, function.cache_key, data)
-                if processes is not None and found else None
-                for (function, data), found in zip(variants, sources)]
-        with ThreadPoolExecutor(threads) as pool, _TimedCompileMode(pool, ended) as mode:
-            for (function, data), job in zip(variants, jobs):
-                mode.process_job = job  # the compilation this preload submits waits for it
-                function.preload(data)  # submitted to the pool; joined when the mode closes
-                mode.process_job = None
-            if meanwhile is not None:
-                other = time.perf_counter()
-                token = _async_compile.active_mode.set(None)  # this thread compiles as it goes
-                try:
-                    meanwhile()
-                finally:
-                    _async_compile.active_mode.reset(token)
-                other = time.perf_counter() - other
-    finally:
-        if processes is not None:
-            processes.close()
-    log.info("compiled %d deferred kernel variants in %.1f s (%d in %d processes, %d threads)%s",
-             len(variants), max(ended, default=started) - started,
-             sum(job is not None for job in jobs), processes.count if processes else 0, threads,
+    jobs = [processes.submit(source, function.cache_key, data)
+            if processes is not None and (source := importable(function)) is not None else None
+            for function, data in variants]
+    with ThreadPoolExecutor(threads) as pool, _TimedCompileMode(pool, ended) as mode:
+        for (function, data), job in zip(variants, jobs):
+            mode.process_job = job  # the compilation this preload submits waits for it
+            function.preload(data)  # submitted to the pool; joined when the mode closes
+            mode.process_job = None
+        if meanwhile is not None:
+            other = time.perf_counter()
+            token = _async_compile.active_mode.set(None)  # this thread compiles as it launches
+            try:
+                meanwhile()
+            finally:
+                _async_compile.active_mode.reset(token)
+            other = time.perf_counter() - other
+    log.info("compiled %d deferred kernel variants in %.1f s (%d of them in %d processes, "
+             "%d threads)%s", len(variants), max(ended, default=started) - started,
+             sum(job is not None for job in jobs), processes.count if processes else 0,
+             threads,
              f", beside {other:.1f} s of other start-up work" if meanwhile is not None else "")
 
 

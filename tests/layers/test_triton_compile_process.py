@@ -50,6 +50,7 @@ def meet_chunk_max(kernel, chunk: int) -> None:
 def test_deferred_variants_compile_in_processes_and_load_here(hopper, monkeypatch, caplog):
     from triton.backends.nvidia.compiler import CUDABackend
 
+    from hifc.layers import triton_jit
     from hifc.layers.triton_jit import deferred_compiles, kernel_compiles
 
     def compiled_here(*args, **kwargs):
@@ -60,11 +61,13 @@ def test_deferred_variants_compile_in_processes_and_load_here(hopper, monkeypatc
     before = len(kernel_compiles())
     with caplog.at_level(logging.INFO, logger="hifc.layers.triton_jit"):
         with deferred_compiles(workers=2) as noted:
-            for chunk in (256, 512):
-                meet_chunk_max(hopper, chunk)
+            meet_chunk_max(hopper, 256)
+            # the processes start at the first variant met, while the block goes on
+            assert triton_jit._deferring.processes.count == 2
+            meet_chunk_max(hopper, 512)
             assert len(noted) == 2 and hopper.device_caches[0][0] == {}
     assert "compiled 2 deferred kernel variants" in caplog.text
-    assert "(2 in 2 processes, 2 threads)" in caplog.text
+    assert "(2 of them in 2 processes, 2 threads)" in caplog.text
     assert len(hopper.device_caches[0][0]) == 2  # joined this process's kernel cache
     assert len(kernel_compiles()) == before + 2
     for chunk in (256, 512):  # compiled: met again, nothing compiles
@@ -80,6 +83,20 @@ def test_a_variant_that_fails_in_its_process_fails_here_with_the_compilers_error
     with pytest.raises(triton.CompilationError, match="power of 2"):
         with deferred_compiles(workers=1):
             meet_chunk_max(hopper, 1000)  # tl.arange over 1,000 columns: no such variant
+    assert hopper.device_caches[0][0] == {}
+
+
+def test_a_failing_pass_ends_the_processes_it_started_and_compiles_nothing(hopper):
+    from hifc.layers import triton_jit
+
+    started = []
+    with pytest.raises(RuntimeError, match="pass failed"):
+        with triton_jit.deferred_compiles(workers=2):
+            meet_chunk_max(hopper, 256)
+            started.append(triton_jit._deferring.processes)
+            raise RuntimeError("pass failed")
+    (processes,) = started
+    assert all(child.poll() is not None for child in processes._children)
     assert hopper.device_caches[0][0] == {}
 
 
@@ -136,5 +153,5 @@ def test_kernels_compiled_in_processes_launch_and_are_right(tmp_path, monkeypatc
         with deferred_compiles() as noted:
             argmax_rows(logits)  # met, neither compiled nor launched
             assert len(noted) == 2
-    assert "(2 in 2 processes" in caplog.text
+    assert "(2 of them in 2 processes" in caplog.text
     assert torch.equal(argmax_rows(logits), torch.argmax(logits, dim=-1))
