@@ -5,8 +5,9 @@ each compilation's Python part (the kernel's code generation) holds the process'
 holds up the start-up work the calling thread does meanwhile (timing the GEMMs). Here a variant
 compiles in a child process instead: ``CompileProcesses`` starts ``python -m
 hifc.layers.triton_compile_process`` children with this process's environment and import path,
-each importing the kernels' modules once, and hands them variants one at a time (a JSON line
-each way). A child compiles the variant for this process's device target, without a device of
+each importing the kernels' modules once (the first at its start, while the caller's pass goes
+on; others when a variant needs them), and hands them variants one at a time (a JSON line each
+way). A child compiles the variant for this process's device target, without a device of
 its own, and Triton stores it in its file cache, where this process's own compilation of the
 variant then finds it. A variant's job fails (and this process compiles it as before) when the
 child finds another source for the kernel, its compilation fails, or the child dies.
@@ -89,18 +90,16 @@ class CompileProcesses:
             line, future = job
             if not future.set_running_or_notify_cancel():
                 continue
+            error = f"compile process {child.pid} ended"
             if alive:
                 try:
                     child.stdin.write(line + "\n")
                     child.stdin.flush()
                     reply = child.stdout.readline()
-                except OSError:
-                    reply = ""
-                alive = bool(reply)
-            if not alive:
-                future.set_exception(RuntimeError(f"compile process {child.pid} ended"))
-                continue
-            error = json.loads(reply).get("error")
+                    error = json.loads(reply).get("error") if reply else error
+                    alive = bool(reply)
+                except (OSError, ValueError, AttributeError) as exc:  # broken pipe, garbled reply
+                    error, alive = f"compile process {child.pid}: {exc}", False
             if error is None:
                 future.set_result(None)
             else:

@@ -188,7 +188,7 @@ MAX_COMPILE_PROCESSES = 16
 
 
 def compile_workers() -> int:
-    """Threads that compile deferred variants at once: the cores this process may use."""
+    """Deferred variants that compile at once: the cores this process may use."""
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                else os.cpu_count() or 1)
 
@@ -216,9 +216,9 @@ def deferred_compiles(workers: int | None = None,
     launches compile as they come), then join the kernels' caches, so a launch of one later
     finds it compiled. They compile in up to ``MAX_COMPILE_PROCESSES`` processes
     (``hifc.layers.triton_compile_process``), started at the first variant met so that they
-    start up while the block runs on, where they can, else in threads. For start-up passes that run once to meet their kernels, then again for
-    real where they met new ones (their outputs in the first run are meaningless: a part that
-    met none ran for real).
+    start up while the block runs on, where they can, else in threads. For start-up passes
+    that run once to meet their kernels, then again for real where they met new ones (their
+    outputs in the first run are meaningless: a part that met none ran for real).
 
     Where Triton cannot defer (not installed, its interpreter, its JIT hooks set by the
     application, a version deferral was not tested with) or another thread defers already,
