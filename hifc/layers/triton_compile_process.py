@@ -106,18 +106,12 @@ class CompileProcesses:
                 future.set_exception(RuntimeError(error))
 
     def close(self) -> None:
-        """End the children once the jobs submitted are done (jobs still queued fail)."""
+        """End the children once the jobs submitted are done (the queue hands out every job
+        before the feeders' end marks, which follow them)."""
         for _ in self._feeders:
             self._jobs.put(None)
         for feeder in self._feeders:
             feeder.join()
-        while True:
-            try:
-                job = self._jobs.get_nowait()
-            except queue.Empty:
-                break
-            if job is not None and job[1].set_running_or_notify_cancel():
-                job[1].set_exception(RuntimeError("compile processes closed"))
         for child in self._children:
             try:
                 child.stdin.close()

@@ -87,8 +87,10 @@ class _Deferral:
 
     def note(self, key: str, function, data: str) -> None:
         self.noted[key] = (function, data)
+        if self.started_processes or not _file_cache_serves():
+            return
         source = importable(function)
-        if source is not None and not self.started_processes and _file_cache_serves():
+        if source is not None:
             self.started_processes = True
             self.processes = CompileProcesses.start(min(self.workers, MAX_COMPILE_PROCESSES),
                                                     [source[0]])
