@@ -127,3 +127,26 @@ def test_a_whole_prompt_through_the_causal_flag_matches_the_mask(heads):
     torch.testing.assert_close(flag, mask, rtol=1e-5, atol=1e-5)
     first = meta.query_start_loc_cpu[1]
     assert not torch.allclose(flag[first], flag[first + 1])  # each token sees its own prefix
+
+
+@pytest.mark.parametrize("heads", [(4, 1), (6, 2), (3, 3)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, FP8], ids=str)
+def test_a_chunk_after_cached_context_in_two_parts_matches_the_mask(monkeypatch, heads, dtype):
+    # row 5 is a chunk of 7 tokens after 22 cached ones; a window wider than every context
+    # changes nothing but takes the explicit mask
+    q, cache, scales, meta = step(*heads, dtype, seed=8)
+    mask = reference_paged_attention(q, cache, meta, 0.25, 1000, None, scales)
+    split = []
+    attend = attention._attend_after_context
+    monkeypatch.setattr(attention, "_attend_after_context",
+                        lambda q, k, v, cached, scale: split.append(cached)
+                        or attend(q, k, v, cached, scale))
+    reference_paged_attention(q, cache, meta, 0.25, None, None, scales)
+    assert split == []  # 7 x 29 pairs: one masked call
+    monkeypatch.setattr(attention, "SPLIT_CONTEXT_PAIRS", 7 * 29)
+    got = reference_paged_attention(q, cache, meta, 0.25, None, None, scales)
+    assert split == [22]
+    torch.testing.assert_close(got, mask, rtol=1e-5, atol=1e-5)
+    reference_paged_attention(q, cache, meta, 0.25, 9, None, scales)
+    reference_paged_attention(q, cache, meta, 0.25, None, 1.5, scales)
+    assert split == [22]  # a window or soft-capping keeps the mask
