@@ -157,8 +157,8 @@ class StepRows(NamedTuple):
 def step_rows(meta: AttentionMetadata, row_floats: int,
               workspace: torch.Tensor | None = None) -> StepRows:
     """A step's rows, its rows of one new token grouped by context length (``row_floats``:
-    num_kv_heads * head_dim floats per context position); workspace: one to reuse, replaced by
-    a larger one if a group needs more."""
+    num_kv_heads * head_dim floats per context position); workspace: one to reuse, replaced if
+    a group needs more or if it holds more than the group budget that this step does not use."""
     qsl, seq_lens = meta.query_start_loc_cpu, meta.seq_lens_cpu
     multi, single = [], []
     for i in range(len(seq_lens)):
@@ -175,8 +175,14 @@ def step_rows(meta: AttentionMetadata, row_floats: int,
         groups.append(_single_query_group(meta, single[start:end], span))
         most = max(most, (end - start) * span * row_floats)
         start = end
-    if workspace is None or workspace.shape[1] < most:
-        workspace = torch.empty(2, most, dtype=torch.float32, device=meta.block_tables.device)
+    # past the group budget (one row of a long context), whole multiples of it: a decode that
+    # grows by a position per step reallocates once per multiple, and a later step of shorter
+    # rows drops the excess
+    size = most if most <= SINGLE_QUERY_GROUP_FLOATS else (
+        -(-most // SINGLE_QUERY_GROUP_FLOATS) * SINGLE_QUERY_GROUP_FLOATS)
+    if (workspace is None or workspace.shape[1] < most
+            or workspace.shape[1] > max(size, SINGLE_QUERY_GROUP_FLOATS)):
+        workspace = torch.empty(2, size, dtype=torch.float32, device=meta.block_tables.device)
     return StepRows(multi, groups, workspace)
 
 

@@ -79,13 +79,14 @@ def test_single_query_rows_match_attending_each_sequence(heads, window, softcap,
                                rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("floats,pad,spans", [
-    # 64 positions of 32 floats (2 KV heads of 16) per group
-    (64 * 32, attention.SINGLE_QUERY_PAD, [[91], [64], [38], [7, 2, 1]]),
+@pytest.mark.parametrize("floats,pad,spans,workspace", [
+    # 64 positions of 32 floats (2 KV heads of 16) per group: the row of 91 takes two groups'
+    # floats
+    (64 * 32, attention.SINGLE_QUERY_PAD, [[91], [64], [38], [7, 2, 1]], 2 * 64 * 32),
     # at most 30 positions of padding per row (91 // 4 = 22 < 30)
-    (attention.SINGLE_QUERY_GROUP_FLOATS, 30, [[91, 64], [38], [7, 2, 1]]),
+    (attention.SINGLE_QUERY_GROUP_FLOATS, 30, [[91, 64], [38], [7, 2, 1]], 2 * 91 * 32),
 ])
-def test_groups_split_by_gathered_size_and_padding(monkeypatch, floats, pad, spans):
+def test_groups_split_by_gathered_size_and_padding(monkeypatch, floats, pad, spans, workspace):
     q, cache, _, meta = step(4, 2, torch.float32, seed=5)
     whole = reference_paged_attention(q, cache, meta, 0.25, 9)
     monkeypatch.setattr(attention, "SINGLE_QUERY_GROUP_FLOATS", floats)
@@ -93,9 +94,24 @@ def test_groups_split_by_gathered_size_and_padding(monkeypatch, floats, pad, spa
     rows = step_rows(meta, 32)  # contexts 91, 64, 38, 7, 2 and 1
     assert [[int(x) + 1 for x in g.last] for g in rows.groups] == spans
     assert [g.positions.shape[1] for g in rows.groups] == [s[0] for s in spans]  # padded
-    assert rows.workspace.shape == (2, max(len(s) * s[0] * 32 for s in spans))
+    assert rows.workspace.shape == (2, workspace)
     torch.testing.assert_close(reference_paged_attention(q, cache, meta, 0.25, 9, rows=rows),
                                whole, rtol=1e-5, atol=1e-5)
+
+
+def test_workspace_past_the_group_budget_grows_in_multiples_and_shrinks(monkeypatch):
+    q, cache, _, meta = step(4, 2, torch.float32, seed=5)
+    monkeypatch.setattr(attention, "SINGLE_QUERY_GROUP_FLOATS", 40 * 32)
+    long = step_rows(meta, 32)  # the row of 91 positions: 3 budgets of 40
+    assert long.workspace.shape == (2, 3 * 40 * 32)
+    for kept in (1, 3):  # a step within those multiples keeps it
+        monkeypatch.setattr(attention, "SINGLE_QUERY_GROUP_FLOATS", 40 * 32 * kept)
+        assert step_rows(meta, 32, long.workspace).workspace is long.workspace
+    monkeypatch.setattr(attention, "SINGLE_QUERY_GROUP_FLOATS", 100 * 32)  # 91 fits a budget
+    short = step_rows(meta, 32, long.workspace)
+    assert short.workspace.shape == (2, 91 * 32)  # a step of shorter rows drops the excess
+    within = torch.empty(2, 100 * 32)  # more than the step needs, within the budget: kept
+    assert step_rows(meta, 32, within).workspace is within
 
 
 def test_backend_keeps_a_steps_groups_for_its_layers():
