@@ -7,10 +7,10 @@ import importlib.util
 
 import pytest
 
+from tests.layers.triton_devices import HOPPER, skip_without_ptxas
+
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                                 reason="needs triton")
-
-TARGET = ("cuda", 90, 32)
 
 
 def compile_ptx(fn, signature: dict, constexprs: dict, num_warps: int, num_stages: int = 2):
@@ -25,13 +25,9 @@ def compile_ptx(fn, signature: dict, constexprs: dict, num_warps: int, num_stage
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
     source = ASTSource(fn, {**signature, **{n: "constexpr" for n in constexprs}}, constexprs,
                        attrs)
-    try:
-        kernel = triton.compile(source, target=GPUTarget(*TARGET),
-                                options={"num_warps": num_warps, "num_stages": num_stages})
-    except RuntimeError as exc:
-        if "ptxas" in str(exc) and "not found" in str(exc):
-            pytest.skip(f"no ptxas: {exc}")
-        raise
+    skip_without_ptxas()
+    kernel = triton.compile(source, target=GPUTarget(*HOPPER),
+                            options={"num_warps": num_warps, "num_stages": num_stages})
     return kernel.asm["ptx"]
 
 

@@ -7,13 +7,14 @@ import os
 
 import pytest
 
+from tests.layers.triton_devices import HOPPER, skip_without_ptxas
+
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                                 reason="needs triton")
 
 if os.environ.get("TRITON_INTERPRET") == "1":
     pytest.skip("the interpreter compiles nothing", allow_module_level=True)
 
-TARGET = ("cuda", 90, 32)
 MODULE, NAME = "hifc.layers.triton_argmax", "_chunk_max_kernel"
 
 
@@ -21,19 +22,15 @@ MODULE, NAME = "hifc.layers.triton_argmax", "_chunk_max_kernel"
 def hopper(tmp_path, monkeypatch):
     """An empty Triton file cache, and Hopper as the active driver's target, for this test
     and the children it starts; the argmax kernel's in-memory caches are emptied after it."""
-    import triton
     from triton.backends.compiler import GPUTarget
     from triton.runtime.driver import driver
 
     from hifc.layers.triton_argmax import _chunk_max_kernel
     from hifc.layers.triton_compile_process import TargetDriver
 
-    try:
-        triton.backends.nvidia.compiler.get_ptxas(TARGET[1]).path
-    except RuntimeError as exc:
-        pytest.skip(f"no ptxas: {exc}")
+    skip_without_ptxas()
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
-    monkeypatch.setattr(driver, "_active", TargetDriver(GPUTarget(*TARGET)))
+    monkeypatch.setattr(driver, "_active", TargetDriver(GPUTarget(*HOPPER)))
     yield _chunk_max_kernel
     _chunk_max_kernel.device_caches.clear()
 
