@@ -7,7 +7,8 @@ through the block table, so prefill, recompute-prefill and decode are one operat
 
 The torch reference (``reference_paged_attention``, the CPU's path) attends the rows of one
 new token (decodes) in batched groups of similar context length, their contexts gathered slot by
-slot into a reused workspace, and each prompt chunk on its own.
+slot into a reused workspace, and each prompt chunk on its own (on the CPU, a long chunk after
+cached context in two parts: the context, and the chunk's own keys under torch's causal flag).
 
 Each layer attends in its own way (``LayerAttention``: scale, sliding window, logit soft-capping),
 fixed when the model is built; ``AttentionContext`` looks it up by layer index.
@@ -251,8 +252,9 @@ def _attend_single_queries(q: torch.Tensor, kv_cache: torch.Tensor, group: Singl
 
 
 # A chunk after cached context on the CPU is attended in two parts (``_attend_after_context``)
-# when its queries and keys make at least this many pairs: below it, one masked call is as fast
-# (2 threads, 9 query and 3 KV heads of 64: 0.65-0.97x at 2-54k pairs, 1.06-2.0x from 65k).
+# when its queries and keys make at least this many pairs: below it, one masked call is about as
+# fast or faster (SmolLM2's heads, 2 threads: the two parts at 0.6-1.1x of its speed from 1k to
+# 65k pairs, 1.1-2.0x from 132k; docs/results/2026-12-05-cpu-chunks/split_probe.txt).
 SPLIT_CONTEXT_PAIRS = 1 << 16
 
 
