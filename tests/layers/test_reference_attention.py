@@ -7,6 +7,7 @@ import random
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from hifc.layers import attention
 from hifc.layers.attention import (FP8, AttentionMetadata, TorchAttentionBackend, quantize_kv,
@@ -166,3 +167,27 @@ def test_a_chunk_after_cached_context_in_two_parts_matches_the_mask(monkeypatch,
     reference_paged_attention(q, cache, meta, 0.25, 9, None, scales)
     reference_paged_attention(q, cache, meta, 0.25, None, 1.5, scales)
     assert split == [22]  # a window or soft-capping keeps the mask
+
+
+@pytest.mark.parametrize("heads", [(4, 1), (3, 3)])
+@pytest.mark.parametrize("window,softcap", [(None, None), (9, None), (None, 1.5)])
+def test_a_bfloat16_model_attends_in_bfloat16_on_the_cpu(monkeypatch, heads, window, softcap):
+    # decodes in a group, a whole prompt and a later chunk (in two parts without a window);
+    # soft-capping stays in float32
+    q, cache, _, meta = step(*heads, torch.bfloat16, seed=11)
+    q = q.bfloat16()
+    monkeypatch.setattr(attention, "SPLIT_CONTEXT_PAIRS", 1)
+    seen = []  # the query dtype of every call of torch's attention, and of the two-part path
+    sdpa, parts = F.scaled_dot_product_attention, attention._attend_after_context
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention",
+                        lambda q, *a, **k: seen.append(q.dtype) or sdpa(q, *a, **k))
+    monkeypatch.setattr(attention, "_attend_after_context",
+                        lambda q, *a: seen.append(q.dtype) or parts(q, *a))
+    got = reference_paged_attention(q, cache, meta, 0.25, window, softcap)
+    assert got.dtype == torch.bfloat16 and torch.isfinite(got).all()
+    if softcap is None:  # groups, the whole prompt, and the chunk in two parts or masked
+        assert len(seen) == 3 and set(seen) == {torch.bfloat16}
+    else:
+        assert seen == []  # soft-capping: its own float32 path
+    expected = reference_paged_attention(q.float(), cache.float(), meta, 0.25, window, softcap)
+    torch.testing.assert_close(got.float(), expected, rtol=2e-2, atol=2e-2)
