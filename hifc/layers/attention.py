@@ -271,16 +271,30 @@ def _attend_single_queries(q: torch.Tensor, kv_cache: torch.Tensor, group: Singl
 SPLIT_CONTEXT_PAIRS = 1 << 16
 
 
+def attend_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                    causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention ([1, Hq, n, D]) and each row's log-sum-exp of its scaled scores ([1, Hq, n]
+    float32), through cuDNN on CUDA and torch's CPU flash kernel on the CPU; k and v may have
+    fewer heads (grouped-query)."""
+    if q.is_cuda:
+        o, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(
+            q, k, v, None, True, 0.0, causal, False, scale=scale)[:2]
+    else:
+        o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, causal, scale=scale)
+    return o, lse
+
+
 def _attend_after_context(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cached: int,
                           scale: float) -> torch.Tensor:
     """Causal attention of a chunk's queries q ([1, Hq, C, D]) whose keys k, v ([1, Hkv,
     cached + C, D]) start with ``cached`` positions of context, on the CPU: the context unmasked
     and the chunk's own keys with torch's causal flag (which skips the blocks above the
     diagonal, where a mask is applied to every block), merged by their log-sum-exps."""
-    attend = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    o_context, lse_context = attend(q, k[:, :, :cached], v[:, :, :cached], 0.0, False,
-                                    scale=scale)
-    o_chunk, lse_chunk = attend(q, k[:, :, cached:], v[:, :, cached:], 0.0, True, scale=scale)
+    o_context, lse_context = attend_with_lse(q, k[:, :, :cached], v[:, :, :cached], scale,
+                                             causal=False)
+    o_chunk, lse_chunk = attend_with_lse(q, k[:, :, cached:], v[:, :, cached:], scale,
+                                         causal=True)
     weight = torch.sigmoid(lse_context - lse_chunk)[..., None]  # the context's share
     o_chunk = o_chunk.float()
     return o_chunk.add_(o_context.float().sub_(o_chunk).mul_(weight))
@@ -331,8 +345,8 @@ def reference_paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: Att
                               rows: StepRows | None = None) -> torch.Tensor:
     """Causal attention of q ([T, Hq, D]) over each sequence's cached context, in float32 (a
     bfloat16 q and cache on the CPU without soft-capping: in bfloat16, accumulated in float32
-    by torch's kernel, as the Triton kernels do), as ``LayerAttention`` describes it (window, soft-capping); a float8 cache is read with
-    kv_scale ([2, Hkv]). Rows of one new token are attended in batched groups, the others one
+    by torch's kernel, as the Triton kernels do), as ``LayerAttention`` describes it (window,
+    soft-capping); a float8 cache is read with kv_scale ([2, Hkv]). Rows of one new token are attended in batched groups, the others one
     at a time; rows: the step's ``step_rows``, if the caller keeps them for its layers.
     Returns [T, Hq, D]."""
     check_kv_scale(kv_cache, kv_scale)

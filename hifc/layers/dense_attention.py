@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from hifc.layers.attention import AttentionMetadata
+from hifc.layers.attention import AttentionMetadata, attend_with_lse
 from hifc.layers.triton_jit import jit as _jit
 from hifc.layers.triton_jit import tl, triton
 
@@ -128,8 +128,8 @@ def dense_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             out[start:end] = o[0].transpose(0, 1)
             continue
         kc, vc = _cached_keys(kv_cache, meta.block_tables[i], context, meta.block_size)
-        over_context = _attend_with_lse(qs, kc, vc, scale, causal=False)
-        over_own = _attend_with_lse(qs, ks, vs, scale, causal=True)
+        over_context = attend_with_lse(qs, kc, vc, scale, causal=False)
+        over_own = attend_with_lse(qs, ks, vs, scale, causal=True)
         merge_attention(*over_context, *over_own, out[start:end])
     return out
 
@@ -148,19 +148,6 @@ def _cached_keys(kv_cache: torch.Tensor, block_table: torch.Tensor, context: int
     kv = kv_cache.index_select(1, block_table[:blocks])  # [2, blocks, BS, Hkv, D]
     kv = kv.flatten(1, 2)[:, :context]  # [2, context, Hkv, D]
     return kv[0].transpose(0, 1).unsqueeze(0), kv[1].transpose(0, 1).unsqueeze(0)
-
-
-def _attend_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                     causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention ([1, Hq, n, D]) and each row's log-sum-exp of its scaled scores ([1, Hq, n]
-    float32); k and v may have fewer heads (grouped-query)."""
-    if q.is_cuda:
-        o, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(
-            q, k, v, None, True, 0.0, causal, False, scale=scale)[:2]
-    else:
-        o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, 0.0, causal, scale=scale)
-    return o, lse
 
 
 # Not specialised on the strides that follow a chunk's length (a variant per length that is 1,

@@ -111,8 +111,9 @@ class ModelRunner:
         (``warm_up``). Every pass (each graph's forward, each warm-up step and the sampler's
         and backend's passes) first meets its Triton kernels within one ``meet_kernels``; the
         variants they met compile side by side (in processes of their own, started at the first
-        variant met) while this thread times the GEMMs (the CPU's work beside the GPU's); then the passes that met new variants run again for real
-        and the graphs are captured (over the tuned GEMMs)."""
+        variant met) while this thread times the GEMMs (the CPU's work beside the GPU's); then
+        the passes that met new variants run again for real and the graphs are captured (over
+        the tuned GEMMs)."""
         tuning = (partial(self.tune_projections, max_num_seqs, max_num_batched_tokens)
                   if tune else None)
         self._run_passes(self._padded_decode_graphs(max_model_len, max_num_seqs, chunk_tokens),
