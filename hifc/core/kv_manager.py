@@ -90,11 +90,16 @@ class KVCacheManager:
             hashes += chain_block_hashes(parent, seq.token_ids(start, end), size)
         return hashes
 
+    def reuses_prefix(self, seq: Sequence) -> bool:
+        """Whether ``seq`` may start from KV computed before (the GPU prefix cache or the flash
+        prefix store): not when it asks for prompt logprobs, which come from computing every
+        prompt token (vLLM's rule)."""
+        return self.salt is not None and seq.sampling_params.prompt_logprobs is None
+
     def cached_prefix(self, seq: Sequence) -> list[int]:
         """The cached blocks of the longest prefix of ``seq`` (a sequence without blocks) that
-        the cache holds; at least the last token is left to compute. Nothing for a sequence that
-        asks for prompt logprobs: they come from computing every prompt token (vLLM's rule)."""
-        if self.salt is None or seq.sampling_params.prompt_logprobs is not None:
+        the cache holds; at least the last token is left to compute (``reuses_prefix``)."""
+        if not self.reuses_prefix(seq):
             return []
         max_blocks = (seq.num_tokens - 1) // self.block_size
         hit = []

@@ -300,7 +300,7 @@ class Scheduler(SwapMixin):
                          num_gpu: int) -> tuple[list[bytes], int, int] | None:
         """(hashes after the GPU hit, how many the store holds, how many to read); None when
         the first of them is being read for another sequence."""
-        if self.store is None:
+        if self.store is None or not self.kv.reuses_prefix(seq):
             return [], 0, 0
         max_blocks = (seq.num_tokens - 1) // self.kv.block_size
         hashes = self.kv.block_hashes(seq)[num_gpu:max_blocks]

@@ -158,6 +158,32 @@ def test_flush_is_bounded_by_its_option(tmp_path):
     again.close()
 
 
+def test_a_request_for_prompt_logprobs_computes_its_stored_prefix(tmp_path):
+    """Prompt logprobs come from computing every prompt token: a prefix the store holds is not
+    read for such a request (as the GPU prefix cache is not used), so the request gets them."""
+    path = tmp_path / "kv.hifc"
+    asks = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True, prompt_logprobs=1)
+    ref = LLM("random:tiny-llama", dtype="float32", device="cpu", enable_prefix_caching=False)
+    expected = ref.generate(TOKENS, asks, use_tqdm=False)
+    warm = tiny(path)
+    warm.generate(TOKENS, IDS, use_tqdm=False)
+    warm.close()
+    assert warm.stats()["prefix_store_flush_blocks"] >= 4
+    llm = tiny(path)
+    outputs = llm.generate(TOKENS, asks, use_tqdm=False)
+    for got, want in zip(outputs, expected):
+        assert got.outputs[0].token_ids == want.outputs[0].token_ids
+        assert got.prompt_logprobs is not None and got.num_cached_tokens == 0
+        assert len(got.prompt_logprobs) == len(want.prompt_logprobs)
+        for mine, theirs in zip(got.prompt_logprobs[1:], want.prompt_logprobs[1:]):
+            assert mine.keys() == theirs.keys()
+            for token in theirs:
+                assert mine[token].logprob == pytest.approx(theirs[token].logprob, abs=1e-4)
+    assert llm.stats()["prefix_store_hits"] == 0
+    assert_nothing_held(llm)
+    llm.close()
+
+
 @pytest.mark.parametrize("abort_at", range(6))
 def test_aborts_at_any_step_release_everything(tmp_path, abort_at):
     """Two requests read their prefix from the store; each is aborted ``abort_at`` steps in
