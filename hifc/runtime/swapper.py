@@ -57,7 +57,6 @@ class KVSwapper:
         self.stall_seconds = 0.0
         self.swap_out_stall_seconds = 0.0  # the part of stall_seconds spent on a swap-out
         self.prefix_write_wait_seconds = 0.0  # waits with only prefix writes to wait for
-        self.errors: list[str] = []
 
     @property
     def num_pending(self) -> int:
@@ -144,9 +143,6 @@ class KVSwapper:
             self.bytes_written += job.nbytes
         elif job.ok and job.op == "swap_in":
             self.bytes_read += job.nbytes
-        if not job.ok:
-            self.errors.append(f"{job.op} of {tracked.request_id or 'prefix blocks'}: "
-                               f"{job.error}")
         return SwapResult(tracked.request_id, job.op, job.ok, job.nbytes, seconds, job.error,
                           blocks_ok=getattr(job, "blocks_ok", 0),
                           write_pairs=tracked.write_pairs)
