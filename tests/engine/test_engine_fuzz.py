@@ -19,6 +19,7 @@ may change a sampled token."""
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 
@@ -246,3 +247,45 @@ def test_random_configs_and_workloads_give_each_request_its_outputs_alone(
         assert_all_released(llm)
         llm.close()
         assert_as_alone(outputs, again, set(), reference, exact)
+
+
+def released_replicas(llm: LLM, timeout_s: float = 10.0) -> dict:
+    """Data-parallel stats once every replica's last message says it holds nothing (they come
+    with the replicas' outputs, so an abort's release may arrive after the last output)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stats = llm.stats()
+        if (stats["gpu_blocks_free"] == stats["gpu_blocks_total"] and stats["running"] == 0
+                and stats["tier_blocks_used"] == 0) or time.monotonic() > deadline:
+            return stats
+
+
+@pytest.mark.slow  # each case starts two processes (~3-5 s on the CPU VM)
+@pytest.mark.parametrize("mode,seed", [("tp2", 0), ("tp2", 7), ("dp2", 3), ("dp2", 4)])
+def test_random_configs_with_tensor_or_data_parallelism(mode, seed, models, tmp_path):
+    """The same cases with tensor_parallel_size=2 (asynchronous scheduling off, which tensor
+    parallelism refuses) or data_parallel_size=2 (a flash file per replica; no injected
+    faults: the replicas' tiers live in their processes), against the one-process reference."""
+    pytest.importorskip("xgrammar")
+    model, reference = models("llama")
+    rng = random.Random(seed)
+    cfg = random_config(rng, tmp_path)
+    work = random_workload(rng)
+    if mode == "tp2":
+        cfg.update(async_scheduling=False, tensor_parallel_size=2)
+    else:
+        cfg.update(data_parallel_size=2, tier_fault_injection=False)
+        if "flash_path" in cfg:
+            cfg["flash_path"] = str(tmp_path / "kv-{replica}.hifc")
+    llm = LLM(model, **cfg)
+    if cfg.get("tier_fault_injection"):
+        arm_faults(llm.engine, rng)
+    outputs, aborted = drive(llm.engine, work, rng)
+    if mode == "tp2":
+        assert_all_released(llm)
+    else:
+        stats = released_replicas(llm)
+        assert stats["gpu_blocks_free"] == stats["gpu_blocks_total"], stats
+        assert stats["running"] == 0 and stats["tier_blocks_used"] == 0, stats
+    llm.close()
+    assert_as_alone(outputs, work, aborted, reference, cfg.get("kv_cache_dtype") != "fp8")
