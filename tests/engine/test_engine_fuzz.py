@@ -220,6 +220,22 @@ def assert_as_alone(outputs, work, skip, reference, exact: bool):
         assert_close_logprobs(got[1], expected[1])
 
 
+def run_case(model: str, seed: int, tmp_path, adjust=None) -> tuple:
+    """Draw case ``seed``'s configuration (``adjust``ed in place) and workload and drive it
+    on an engine; returns the open LLM, the configuration, the workload, the gathered outputs
+    and the aborted ids."""
+    rng = random.Random(seed)
+    cfg = random_config(rng, tmp_path)
+    work = random_workload(rng)
+    if adjust is not None:
+        adjust(cfg)
+    llm = LLM(model, **cfg)
+    if cfg.get("tier_fault_injection"):
+        arm_faults(llm.engine, rng)
+    outputs, aborted = drive(llm.engine, work, rng)
+    return llm, cfg, work, outputs, aborted
+
+
 @pytest.mark.parametrize("arch,seed", [("llama", s) for s in range(40)] + [
     (arch, s) for arch in ("gemma2", "mistral", "qwen3") for s in range(6)])
 def test_random_configs_and_workloads_give_each_request_its_outputs_alone(
@@ -228,20 +244,14 @@ def test_random_configs_and_workloads_give_each_request_its_outputs_alone(
     normalises q and k."""
     pytest.importorskip("xgrammar")
     model, reference = models(arch)
-    rng = random.Random(seed)
-    cfg = random_config(rng, tmp_path)
-    work = random_workload(rng)
+    llm, cfg, work, outputs, aborted = run_case(model, seed, tmp_path)
     exact = cfg.get("kv_cache_dtype") != "fp8"
-    llm = LLM(model, **cfg)
-    if cfg.get("tier_fault_injection"):
-        arm_faults(llm.engine, rng)
-    outputs, aborted = drive(llm.engine, work, rng)
     assert_all_released(llm)
     llm.close()
     assert_as_alone(outputs, work, aborted, reference, exact)
 
     if cfg.get("kv_offload") == "flash" and cfg["prefix_store"] != "off":
-        again = rng.sample(work, 4)
+        again = random.Random(seed).sample(work, 4)
         llm = LLM(model, **cfg)
         outputs, _ = drive(llm.engine, again)
         assert_all_released(llm)
@@ -268,19 +278,15 @@ def test_random_configs_with_tensor_or_data_parallelism(mode, seed, models, tmp_
     faults: the replicas' tiers live in their processes), against the one-process reference."""
     pytest.importorskip("xgrammar")
     model, reference = models("llama")
-    rng = random.Random(seed)
-    cfg = random_config(rng, tmp_path)
-    work = random_workload(rng)
-    if mode == "tp2":
-        cfg.update(async_scheduling=False, tensor_parallel_size=2)
-    else:
-        cfg.update(data_parallel_size=2, tier_fault_injection=False)
-        if "flash_path" in cfg:
-            cfg["flash_path"] = str(tmp_path / "kv-{replica}.hifc")
-    llm = LLM(model, **cfg)
-    if cfg.get("tier_fault_injection"):
-        arm_faults(llm.engine, rng)
-    outputs, aborted = drive(llm.engine, work, rng)
+
+    def parallel(cfg: dict) -> None:
+        if mode == "tp2":
+            cfg.update(async_scheduling=False, tensor_parallel_size=2)
+        else:
+            cfg.update(data_parallel_size=2, tier_fault_injection=False)
+            if "flash_path" in cfg:
+                cfg["flash_path"] = str(tmp_path / "kv-{replica}.hifc")
+    llm, cfg, work, outputs, aborted = run_case(model, seed, tmp_path, parallel)
     if mode == "tp2":
         assert_all_released(llm)
     else:
