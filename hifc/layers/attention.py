@@ -346,8 +346,9 @@ def reference_paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: Att
     """Causal attention of q ([T, Hq, D]) over each sequence's cached context, in float32 (a
     bfloat16 q and cache on the CPU without soft-capping: in bfloat16, accumulated in float32
     by torch's kernel, as the Triton kernels do), as ``LayerAttention`` describes it (window,
-    soft-capping); a float8 cache is read with kv_scale ([2, Hkv]). Rows of one new token are attended in batched groups, the others one
-    at a time; rows: the step's ``step_rows``, if the caller keeps them for its layers.
+    soft-capping); a float8 cache is read with kv_scale ([2, Hkv]). Rows of one new token are
+    attended in batched groups, the others one at a time; rows: the step's ``step_rows``, if
+    the caller keeps them for its layers.
     Returns [T, Hq, D]."""
     check_kv_scale(kv_cache, kv_scale)
     out = torch.empty_like(q)

@@ -19,7 +19,6 @@ may change a sampled token."""
 from __future__ import annotations
 
 import random
-import time
 
 import pytest
 
@@ -27,6 +26,7 @@ from hifc import LLM, LLMEngine, SamplingParams
 from hifc.sampling_params import RequestOutputKind, StructuredOutputsParams
 from tests.engine.test_swap import assert_all_released
 from tests.fixtures import make_tiny_hf_model
+from tests.parallel.test_data_parallel import wait_settled
 
 VOCAB = 380  # the tiny tokenizer has 384 ids
 WORDS = ["the", "fox", "a", "dog", "and", "of", "in", "to"]
@@ -182,13 +182,13 @@ class Reference:
         self.engine = LLMEngine.from_options(model, device="cpu", dtype="float32", block_size=16,
                                              num_gpu_blocks=64, max_model_len=MAX_MODEL_LEN,
                                              enable_prefix_caching=False)
-        self.seen = {}
+        self.outputs = {}
 
     def __call__(self, request):
         key = repr(request)
-        if key not in self.seen:
-            self.seen[key] = seen(drive(self.engine, [request])[0][request[0]])
-        return self.seen[key]
+        if key not in self.outputs:
+            self.outputs[key] = seen(drive(self.engine, [request])[0][request[0]])
+        return self.outputs[key]
 
 
 @pytest.fixture(scope="module")
@@ -259,17 +259,6 @@ def test_random_configs_and_workloads_give_each_request_its_outputs_alone(
         assert_as_alone(outputs, again, set(), reference, exact)
 
 
-def released_replicas(llm: LLM, timeout_s: float = 10.0) -> dict:
-    """Data-parallel stats once every replica's last message says it holds nothing (they come
-    with the replicas' outputs, so an abort's release may arrive after the last output)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        stats = llm.stats()
-        if (stats["gpu_blocks_free"] == stats["gpu_blocks_total"] and stats["running"] == 0
-                and stats["tier_blocks_used"] == 0) or time.monotonic() > deadline:
-            return stats
-
-
 @pytest.mark.slow  # each case starts two processes (~3-5 s on the CPU VM)
 @pytest.mark.parametrize("mode,seed", [("tp2", 0), ("tp2", 7), ("dp2", 3), ("dp2", 4)])
 def test_random_configs_with_tensor_or_data_parallelism(mode, seed, models, tmp_path):
@@ -290,7 +279,7 @@ def test_random_configs_with_tensor_or_data_parallelism(mode, seed, models, tmp_
     if mode == "tp2":
         assert_all_released(llm)
     else:
-        stats = released_replicas(llm)
+        stats = wait_settled(llm)
         assert stats["gpu_blocks_free"] == stats["gpu_blocks_total"], stats
         assert stats["running"] == 0 and stats["tier_blocks_used"] == 0, stats
     llm.close()
