@@ -10,10 +10,15 @@ sliding window W only the last W of them (S - n + i - W + 1 .. S - n + i): tiles
 row's window are not visited. With logit soft-capping (cap C) a score s becomes C * tanh(s / C)
 before the softmax.
 
-A float8 cache (``torch.float8_e4m3fn``) is read as it is stored, one byte per element: each
-tile is converted to q's dtype (exact: every float8 value is a bfloat16, float16 and float32
-value), and since a program sees one KV head, its K scale folds into the score scale and its V
-scale multiplies the accumulator once at the end.
+A float8 cache (``torch.float8_e4m3fn``) is read as it is stored, one byte per element. Since a
+program sees one KV head, its K scale folds into the score scale and its V scale multiplies the
+accumulator once at the end. A 16-bit q is attended in float16: q times the score scale is
+rounded to float16 (saturating), and each tile is converted to float16 (exact: every float8
+value is a float16 value) by the hardware's paired conversion, where converting to bfloat16
+would take a float16 -> bfloat16 conversion per element besides. On the GPU the V tile is
+converted before the product reads it from shared memory: a float8 V tile read there in the
+product's transposed operand layout would be gathered one byte per load. A float32 q (float32
+models) attends in float32 as with a 16-bit cache.
 
 Programs find their sequence by binary search over ``query_start_loc`` (sequence i's q blocks
 start at ``query_start_loc[i] // BLOCK_Q + i``), so the grid depends only on T and B and nothing is
@@ -57,7 +62,7 @@ from hifc.layers import triton_pdl
 from hifc.dtypes import FP8_E4M3_MAX
 from hifc.layers.triton_fused import round_to
 from hifc.layers.triton_jit import jit as _jit
-from hifc.layers.triton_jit import tl, triton
+from hifc.layers.triton_jit import interpreting, tl, triton
 from hifc.layers.triton_kv_write import quantize
 from hifc.layers.triton_pdl import enter, prefetch_l2
 
@@ -108,6 +113,17 @@ def _find_seq_idx(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr)
 
 
 @_jit
+def _float8_to_float16(x):
+    """float8 e4m3 -> float16, four values per register, by the paired hardware conversion.
+    Not a pure operation to the compiler, so that it converts where x is (a tile loaded in
+    vectors) instead of after x's move into a dot operand's layout."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e4m3x2 $0, lo; "
+        "cvt.rn.f16x2.e4m3x2 $1, hi; }", "=r,=r,r", [x], dtype=tl.float16, is_pure=False,
+        pack=4)
+
+
+@_jit
 def _tanh(x):
     """tanh from exp (the interpreter has no libdevice); saturates to +-1 without NaN."""
     return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
@@ -118,12 +134,14 @@ def _attend_tile(q, m_i, l_i, acc, tile, block_row, k_base, v_base, kv_end, firs
                  qk_scale, softcap_log2, stride_k_blk, stride_k_off, stride_v_blk, stride_v_off,
                  HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                  TILE: tl.constexpr, MASKED: tl.constexpr, SLIDING: tl.constexpr,
-                 SOFTCAP: tl.constexpr, KV_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                 SOFTCAP: tl.constexpr, KV_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                 FP8_ASM: tl.constexpr):
     """Fold KV tile `tile` into the online softmax. MASKED=False: every row sees every key.
 
     Rows see keys first_key .. last_key ([M] each; first_key only with SLIDING). Scores are
     q.k * qk_scale in log2 units, or with SOFTCAP tanh(q.k * qk_scale) * softcap_log2. KV_FP8:
-    K and V are float8, converted to q's dtype unscaled (the caller applies the scales)."""
+    K and V are float8, converted to q's dtype unscaled (the caller applies the scales); with
+    FP8_ASM (on the GPU, q in float16) V by ``_float8_to_float16``."""
     offs_t = tl.arange(0, TILE)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     d_valid = offs_d < HEAD_DIM
@@ -148,7 +166,7 @@ def _attend_tile(q, m_i, l_i, acc, tile, block_row, k_base, v_base, kv_end, firs
         v = tl.load(v_ptrs)
     if KV_FP8:
         k = k.to(q.dtype)
-        v = v.to(q.dtype)
+        v = _float8_to_float16(v) if FP8_ASM else v.to(q.dtype)
 
     s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [M, TILE] fp32
     if SOFTCAP:
@@ -198,7 +216,7 @@ def _paged_attention_kernel(
     SLIDING: tl.constexpr, SOFTCAP: tl.constexpr,
     KV_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
     ROPE: tl.constexpr, MERGE: tl.constexpr, GROUP_PAD: tl.constexpr,
-    SEGMENTS_PAD: tl.constexpr, FP8_MAX: tl.constexpr,
+    SEGMENTS_PAD: tl.constexpr, FP8_MAX: tl.constexpr, FP8_ASM: tl.constexpr,
 ):
     # Later q blocks of a sequence see more keys: hand them out first.
     q_block = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -294,26 +312,30 @@ def _paged_attention_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
     if KV_FP8:  # q.(k8 * k_scale) = (q.k8) * k_scale: one scale per program (its KV head)
-        qk_scale = qk_scale * tl.load(k_scale_ptr + kv_head)
+        if q.dtype == tl.float32:
+            qk_scale = qk_scale * tl.load(k_scale_ptr + kv_head)
+        else:  # attended in float16 (module doc), the score scale in q
+            q = tl.clamp(q.to(tl.float32) * qk_scale, -65504.0, 65504.0).to(tl.float16)
+            qk_scale = tl.load(k_scale_ptr + kv_head)
 
     for tile in range(tile_lo, unmasked_lo):
         m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, tile, block_row, k_base, v_base, kv_end,
                                      first_key, last_key, qk_scale, softcap_log2, stride_k_blk,
                                      stride_k_off, stride_v_blk, stride_v_off, HEAD_DIM,
                                      HEAD_DIM_PAD, BLOCK_SIZE, TILE, True, SLIDING, SOFTCAP,
-                                     KV_FP8, DOT_PRECISION)
+                                     KV_FP8, DOT_PRECISION, FP8_ASM)
     for tile in range(unmasked_lo, unmasked_hi):
         m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, tile, block_row, k_base, v_base, kv_end,
                                      first_key, last_key, qk_scale, softcap_log2, stride_k_blk,
                                      stride_k_off, stride_v_blk, stride_v_off, HEAD_DIM,
                                      HEAD_DIM_PAD, BLOCK_SIZE, TILE, False, SLIDING, SOFTCAP,
-                                     KV_FP8, DOT_PRECISION)
+                                     KV_FP8, DOT_PRECISION, FP8_ASM)
     for tile in range(unmasked_hi, tile_hi):
         m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, tile, block_row, k_base, v_base, kv_end,
                                      first_key, last_key, qk_scale, softcap_log2, stride_k_blk,
                                      stride_k_off, stride_v_blk, stride_v_off, HEAD_DIM,
                                      HEAD_DIM_PAD, BLOCK_SIZE, TILE, True, SLIDING, SOFTCAP,
-                                     KV_FP8, DOT_PRECISION)
+                                     KV_FP8, DOT_PRECISION, FP8_ASM)
 
     if KV_FP8:  # p @ (v8 * v_scale) = (p @ v8) * v_scale; partials merge linearly
         acc = acc * tl.load(v_scale_ptr + kv_head)
@@ -971,6 +993,7 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
         DOT_PRECISION="tf32x3" if q.dtype == torch.float32 else "tf32",
         **pdl, ROPE=rope is not None, MERGE=merge, GROUP_PAD=_next_pow2(group),
         SEGMENTS_PAD=max(2, _next_pow2(plan.num_segments)), FP8_MAX=FP8_E4M3_MAX,
+        FP8_ASM=fp8 and q.dtype != torch.float32 and q.is_cuda and not interpreting(),
         num_warps=plan.num_warps, num_stages=plan.num_stages,
     )
     if split and not merge:

@@ -4,6 +4,7 @@ The interpreter runs the kernels' numpy semantics (it broadcasts where the compi
 and converts float8 in software), so these compile them the way a GPU run would, through PTX and
 ptxas, and check that float8 is converted by the hardware instructions."""
 import importlib.util
+import re
 
 import pytest
 
@@ -78,7 +79,7 @@ def paged_attention_constexprs(plan, decode_only: bool, **flags) -> dict:
                 DECODE_ONLY=decode_only, SLIDING=False, SOFTCAP=False, KV_FP8=False,
                 DOT_PRECISION="tf32", PDL=decode_only, ROPE=False,
                 MERGE=decode_only and merges_in_launch(plan.num_segments, 4), GROUP_PAD=4,
-                SEGMENTS_PAD=max(2, plan.num_segments), FP8_MAX=448.0) | flags
+                SEGMENTS_PAD=max(2, plan.num_segments), FP8_MAX=448.0, FP8_ASM=False) | flags
 
 
 def test_fp8_kv_write_compiles_to_saturating_conversions():
@@ -119,12 +120,20 @@ def test_fp8_paged_attention_compiles_to_hardware_conversions(max_query_len, num
     assert (plan.num_segments > 1) == split_kv
     decode = max_query_len == 1  # with the K/V prefetch, RoPE, the KV write and the merge
     constexprs = paged_attention_constexprs(plan, decode, SLIDING=True, SOFTCAP=True,
-                                            KV_FP8=True, ROPE=decode)
+                                            KV_FP8=True, ROPE=decode, FP8_ASM=True)
     ptx = compile_ptx(_paged_attention_kernel, paged_attention_signature("fp8e4nv"), constexprs,
                       plan.num_warps,
                       plan.num_stages)
     assert "cvt.rn.f16x2.e4m3x2" in ptx  # float8 pairs converted by the hardware
-    assert "ld.global.v4.b32" in ptx  # K and V read 16 bytes (16 float8 values) at a time
+    # to float16 and attended in float16: no float16 -> bfloat16 conversion per element
+    assert re.search(r"(mma\.sync\.aligned\.m16n8k16\.row\.col|wgmma\.mma_async\.sync\.aligned"
+                     r"\.m\d+n\d+k16)\.f32\.f16\.f16", ptx)
+    assert "cvt.bf16.f16" not in ptx
+    # K and V read 16 bytes (16 float8 values) at a time, from global into shared memory, and
+    # never a byte at a time out of it (a decode's V tile is converted before its transposed
+    # read)
+    assert "ld.global.v4.b32" in ptx or "cp.async.cg.shared.global" in ptx
+    assert "ld.shared.b8" not in ptx
     if decode:  # the new K/V written as the KV write writes them
         assert "cvt.rn.satfinite.e4m3x2.f32" in ptx and "div.rn.f32" in ptx
 
