@@ -720,9 +720,10 @@ def check_fp8(backend, q, k, v, kv_cache, meta, kv_scale, dtype, sliding_window=
 @device_test
 @pytest.mark.parametrize("split_kv", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_fp8_cache_decode(dtype, split_kv):
+@pytest.mark.parametrize("heads", [(8, 2, 64), (32, 8, 128)], ids=["small", "8b-heads"])
+def test_fp8_cache_decode(dtype, split_kv, heads):
     contexts = [700, 0, 2000, 33]
-    step = make_step([1] * len(contexts), contexts, 8, 2, 64, 16, dtype, seed=41)
+    step = make_step([1] * len(contexts), contexts, *heads, 16, dtype, seed=41)
     backend = TritonAttentionBackend(split_kv=split_kv)
     assert (backend.plan(step[0], step[3], step[4]).num_segments > 1) == split_kv
     check_fp8(backend, *fp8_step(step, 41), dtype)
