@@ -12,10 +12,10 @@ before the softmax.
 
 A float8 cache (``torch.float8_e4m3fn``) is read as it is stored, one byte per element. Since a
 program sees one KV head, its K scale folds into the score scale and its V scale multiplies the
-accumulator once at the end. A 16-bit q is attended in float16: q times the score scale is
-rounded to float16 (saturating), and each tile is converted to float16 (exact: every float8
-value is a float16 value) by the hardware's paired conversion, where converting to bfloat16
-would take a float16 -> bfloat16 conversion per element besides. On the GPU the V tile is
+accumulator once at the end. A 16-bit q is attended in float16: q is converted to float16
+(exact for a bfloat16 q within float16's normal range; saturating past it), and so is each
+tile (exact: every float8 value is a float16 value), by the hardware's paired conversion,
+where converting to bfloat16 would take a float16 -> bfloat16 conversion per element besides. On the GPU the V tile is
 converted before the product reads it from shared memory: a float8 V tile read there in the
 product's transposed operand layout would be gathered one byte per load. A float32 q (float32
 models) attends in float32 as with a 16-bit cache.
@@ -312,11 +312,9 @@ def _paged_attention_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
     if KV_FP8:  # q.(k8 * k_scale) = (q.k8) * k_scale: one scale per program (its KV head)
-        if q.dtype == tl.float32:
-            qk_scale = qk_scale * tl.load(k_scale_ptr + kv_head)
-        else:  # attended in float16 (module doc), the score scale in q
-            q = tl.clamp(q.to(tl.float32) * qk_scale, -65504.0, 65504.0).to(tl.float16)
-            qk_scale = tl.load(k_scale_ptr + kv_head)
+        qk_scale = qk_scale * tl.load(k_scale_ptr + kv_head)
+        if q.dtype != tl.float32:  # attended in float16 (module doc)
+            q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
 
     for tile in range(tile_lo, unmasked_lo):
         m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, tile, block_row, k_base, v_base, kv_end,
