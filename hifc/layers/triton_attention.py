@@ -15,10 +15,10 @@ program sees one KV head, its K scale folds into the score scale and its V scale
 accumulator once at the end. A 16-bit q is attended in float16: q is converted to float16
 (exact for a bfloat16 q within float16's normal range; saturating past it), and so is each
 tile (exact: every float8 value is a float16 value), by the hardware's paired conversion,
-where converting to bfloat16 would take a float16 -> bfloat16 conversion per element besides. On the GPU the V tile is
-converted before the product reads it from shared memory: a float8 V tile read there in the
-product's transposed operand layout would be gathered one byte per load. A float32 q (float32
-models) attends in float32 as with a 16-bit cache.
+where converting to bfloat16 would take a float16 -> bfloat16 conversion per element besides.
+On the GPU the V tile is converted before the product reads it from shared memory: a float8 V
+tile read there in the product's transposed operand layout would be gathered one byte per
+load. A float32 q (float32 models) attends in float32 as with a 16-bit cache.
 
 Programs find their sequence by binary search over ``query_start_loc`` (sequence i's q blocks
 start at ``query_start_loc[i] // BLOCK_Q + i``), so the grid depends only on T and B and nothing is
