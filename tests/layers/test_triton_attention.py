@@ -699,9 +699,8 @@ def check_fp8_write(written, expected, slot_mapping):
 def check_fp8(backend, q, k, v, kv_cache, meta, kv_scale, dtype, sliding_window=None,
               logit_softcap=None):
     """The write against torch's quantisation, and the attention against the reference reading
-    the float8 cache the backend wrote."""
-    if DEVICE == "cpu" and dtype == torch.bfloat16:
-        pytest.skip("Triton's interpreter gets bf16 tl.dot wrong")
+    the float8 cache the backend wrote (a bfloat16 q attends in float16: the interpreter runs
+    it too)."""
     scale = 1.0 / math.sqrt(q.shape[-1])
     expected = kv_cache.clone()
     write_kv_cache(k, v, expected, meta.slot_mapping, kv_scale)
