@@ -220,7 +220,7 @@ def measure_prefill(engine, tokens: int, repeats: int, matmul_rate_tflops: float
 # ---- the command ----------------------------------------------------------------------------
 def run(args: argparse.Namespace) -> int:
     from hifc.engine.gc_heap import frozen_heap
-    from hifc.engine.limits import resolve_device, resolve_dtype
+    from hifc.engine.limits import KVPoolTooLarge, resolve_device, resolve_dtype
     from hifc.engine.llm_engine import LLMEngine
 
     config = engine_config_from_args(args)
@@ -233,7 +233,14 @@ def run(args: argparse.Namespace) -> int:
                             args.prefill_len)
     copy_rate = copy_gbps(device)
     matmul_rate, sustained_rate = matmul_rates(device, dtype)
-    engine = LLMEngine.from_options(**options)
+    try:
+        engine = LLMEngine.from_options(**options)
+    except KVPoolTooLarge as e:
+        if config.num_gpu_blocks is None and config.kv_cache_gib is None:  # sized above
+            raise KVPoolTooLarge(f"{e} (the benchmark sized the pool for {max(batches)} "
+                                 f"sequences of --context {args.context} plus its steps: lower "
+                                 "--batch-sizes or --context)") from None
+        raise
     max_tokens = decode_max_tokens(batches, args.context, args.steps, args.warmup,
                                    options["max_num_batched_tokens"])
     with frozen_heap():

@@ -19,6 +19,10 @@ DEFAULT_BATCHED_TOKENS = 8192
 _GIB = 1 << 30
 
 
+class KVPoolTooLarge(ValueError):
+    """An explicit KV pool that does not fit the device's free memory."""
+
+
 @dataclass(frozen=True)
 class ResolvedLimits:
     num_gpu_blocks: int
@@ -84,6 +88,9 @@ def resolve_limits(config: EngineConfig, arch: ModelArchConfig, dtype: torch.dty
     if num_blocks < 1:
         raise ValueError(f"the KV cache budget holds no block of {block_bytes} bytes; "
                          "raise kv_cache_gib / num_gpu_blocks / gpu_memory_utilization")
+    if device.type == "cuda" and (config.num_gpu_blocks is not None
+                                  or config.kv_cache_gib is not None):
+        _check_pool_fits(num_blocks, block_bytes, device)
 
     capacity = num_blocks * config.block_size
     if model_len > capacity:
@@ -103,6 +110,17 @@ def resolve_limits(config: EngineConfig, arch: ModelArchConfig, dtype: torch.dty
                          f"or at least max_model_len ({model_len}): one token at the end of the "
                          "longest sequence attends over that many keys")
     return ResolvedLimits(num_blocks, model_len, batched, block_bytes)
+
+
+def _check_pool_fits(num_blocks: int, block_bytes: int, device: torch.device) -> None:
+    """An explicit KV pool (num_gpu_blocks / kv_cache_gib) must fit the device's free memory
+    (the model's weights are loaded by now): else a clear error instead of the allocator's."""
+    free, _ = torch.cuda.mem_get_info(device)
+    need = num_blocks * block_bytes
+    if need > free:
+        raise KVPoolTooLarge(f"a KV cache of {num_blocks} blocks ({need / _GIB:.1f} GiB) does not "
+                             f"fit the {free / _GIB:.1f} GiB free on {device} after the model's "
+                             "weights: lower num_gpu_blocks / kv_cache_gib")
 
 
 def _batched_tokens(config: EngineConfig, model_len: int) -> int:

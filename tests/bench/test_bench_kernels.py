@@ -86,6 +86,24 @@ def test_sizes_the_engine_cannot_hold_are_refused(hifc, argv, message):
     assert message in stderr
 
 
+def test_a_pool_the_device_cannot_hold_names_the_options_that_sized_it(hifc, monkeypatch):
+    from hifc.engine.limits import KVPoolTooLarge
+    from hifc.engine.llm_engine import LLMEngine
+
+    def too_large(*args, **options):
+        raise KVPoolTooLarge("a KV cache of 9 blocks (68.1 GiB) does not fit")
+
+    monkeypatch.setattr(LLMEngine, "from_options", too_large)
+    code, _, stderr = hifc("bench", "kernels", "--model", "random:tiny-llama", "--device", "cpu",
+                           "--batch-sizes", "1,128", "--context", "4096")
+    assert code == 2
+    assert ("does not fit (the benchmark sized the pool for 128 sequences of --context 4096 "
+            "plus its steps: lower --batch-sizes or --context)") in stderr
+    code, _, stderr = hifc("bench", "kernels", "--model", "random:tiny-llama", "--device", "cpu",
+                           "--batch-sizes", "1,128", "--context", "4096", "--num-gpu-blocks", "9")
+    assert code == 2 and "does not fit" in stderr and "benchmark sized" not in stderr
+
+
 def test_profile_lists_the_host_functions_of_decode_steps(hifc, tmp_path):
     out = tmp_path / "kernels.json"
     code, stdout, _ = hifc("bench", "kernels", "--model", "random:tiny-llama", *SMALL,

@@ -1,0 +1,37 @@
+"""An explicit KV pool that cannot fit the device: a clear error before the allocation (the
+device's free memory faked; no GPU needed)."""
+from unittest import mock
+
+import pytest
+import torch
+
+from hifc.config import EngineConfig
+from hifc.engine.limits import KVPoolTooLarge, resolve_limits
+from hifc.models.presets import preset_arch
+from hifc.runtime.kv_cache import kv_bytes_per_block
+
+ARCH = preset_arch("ds-r1-llama-8b")
+GIB = 1 << 30
+
+
+def limits(free_gib: float, **options):
+    config = EngineConfig.from_options("random:ds-r1-llama-8b", block_size=64,
+                                       max_model_len=4096, **options)
+    with mock.patch.object(torch.cuda, "mem_get_info",
+                           return_value=(int(free_gib * GIB), 80 * GIB)):
+        return resolve_limits(config, ARCH, torch.bfloat16, torch.device("cuda"))
+
+
+@pytest.mark.parametrize("options", [dict(num_gpu_blocks=1000), dict(kv_cache_gib=8.0)],
+                         ids=["num_gpu_blocks", "kv_cache_gib"])
+def test_an_explicit_pool_past_free_memory_is_refused(options):
+    with pytest.raises(KVPoolTooLarge, match=r"a KV cache of \d+ blocks \(\d+\.\d GiB\) does not "
+                       r"fit the 6\.0 GiB free on cuda after the model's weights: lower "
+                       "num_gpu_blocks / kv_cache_gib"):
+        limits(6.0, **options)
+
+
+def test_an_explicit_pool_within_free_memory_is_kept():
+    assert kv_bytes_per_block(ARCH, 64, torch.bfloat16) == 8 << 20  # the 8B preset's
+    assert limits(8.5, num_gpu_blocks=1024).num_gpu_blocks == 1024  # 8 GiB
+    assert limits(8.5, kv_cache_gib=8.0).num_gpu_blocks == 1024
