@@ -114,8 +114,10 @@ def resolve_limits(config: EngineConfig, arch: ModelArchConfig, dtype: torch.dty
 
 def _check_pool_fits(num_blocks: int, block_bytes: int, device: torch.device) -> None:
     """An explicit KV pool (num_gpu_blocks / kv_cache_gib) must fit the device's free memory
-    (the model's weights are loaded by now): else a clear error instead of the allocator's."""
-    free, _ = torch.cuda.mem_get_info(device)
+    (the model's weights are loaded by now): else a clear error instead of the allocator's.
+    Free: the device's, plus what torch's allocator holds unused (it serves the pool too)."""
+    free = (torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device)
+            - torch.cuda.memory_allocated(device))
     need = num_blocks * block_bytes
     if need > free:
         raise KVPoolTooLarge(f"a KV cache of {num_blocks} blocks ({need / _GIB:.1f} GiB) does not "

@@ -17,8 +17,11 @@ GIB = 1 << 30
 def limits(free_gib: float, **options):
     config = EngineConfig.from_options("random:ds-r1-llama-8b", block_size=64,
                                        max_model_len=4096, **options)
+    # the device has free_gib - 1 free, and torch's allocator holds 1 GiB of it unused
     with mock.patch.object(torch.cuda, "mem_get_info",
-                           return_value=(int(free_gib * GIB), 80 * GIB)):
+                           return_value=(int((free_gib - 1) * GIB), 80 * GIB)), \
+            mock.patch.object(torch.cuda, "memory_reserved", return_value=17 * GIB), \
+            mock.patch.object(torch.cuda, "memory_allocated", return_value=16 * GIB):
         return resolve_limits(config, ARCH, torch.bfloat16, torch.device("cuda"))
 
 
