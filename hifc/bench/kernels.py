@@ -16,6 +16,9 @@ every sequence) moved at the copy rate. With CUDA graphs, each batch's graph is 
 (``forward_ms``: the GPU part of the step); ``--profile`` lists its kernels, the step's host
 functions and, on CUDA, the device timeline of a few more steps run back to back: kernels and
 copies inside and between the graphs, and where the device idled (:mod:`hifc.bench.probes`).
+Unless ``--num-gpu-blocks`` or ``--kv-cache-gib`` is given, the KV pool is sized for the largest
+batch; where that does not fit the device, the engine sizes it from its free memory instead. A
+batch the pool cannot hold is reported as skipped.
 
 Prefill: one prompt of ``--prefill-len`` random token ids in one ``step()`` (one warm-up, then
 ``--prefill-repeats`` timed, median). FLOPs: 2 x decoder-layer parameters x tokens, the lm_head
@@ -27,16 +30,20 @@ import argparse
 import cProfile
 import dataclasses
 import json
+import logging
 import statistics
 import time
 
 from hifc.analysis.common import int_list, positive_int
 from hifc.bench.costs import kv_bytes_per_token, prefill_flops, weight_bytes_read
 from hifc.bench.power import ClockSampler, describe
-from hifc.bench.probes import (copy_gbps, graph_capture_info, host_functions, matmul_rates,
-                               profile_kernels, replay_times, step_timeline, sync)
+from hifc.bench.probes import (copy_gbps, free_device_memory, graph_capture_info,
+                               host_functions, matmul_rates, profile_kernels, replay_times,
+                               step_timeline, sync)
 from hifc.bench.workloads import fixed_requests
 from hifc.config import add_engine_args, engine_config_from_args
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_BATCHED_TOKENS = 65536  # tokens per prefill step while the decode batches are admitted
 PROFILED_STEPS = 8  # decode steps after the timed ones that --profile runs under cProfile
@@ -218,10 +225,27 @@ def measure_prefill(engine, tokens: int, repeats: int, matmul_rate_tflops: float
 
 
 # ---- the command ----------------------------------------------------------------------------
+def load_engine(options: dict, sized: bool, device):
+    """The run's engine. If the pool the benchmark ``sized`` for its largest batch does not fit
+    the device, the engine sizes it itself (``gpu_memory_utilization``), and the batches that
+    pool cannot hold are skipped."""
+    from hifc.engine.limits import KVPoolTooLarge
+    from hifc.engine.llm_engine import LLMEngine
+    try:
+        return LLMEngine.from_options(**options)
+    except KVPoolTooLarge as e:
+        if not sized:
+            raise
+        logger.warning("%s; the pool was sized for the largest batch: sizing it from "
+                       "--gpu-memory-utilization instead, and skipping the batches it cannot "
+                       "hold", e)
+    free_device_memory(device)  # the failed engine's weights
+    return LLMEngine.from_options(**{k: v for k, v in options.items() if k != "num_gpu_blocks"})
+
+
 def run(args: argparse.Namespace) -> int:
     from hifc.engine.gc_heap import frozen_heap
-    from hifc.engine.limits import KVPoolTooLarge, resolve_device, resolve_dtype
-    from hifc.engine.llm_engine import LLMEngine
+    from hifc.engine.limits import resolve_device, resolve_dtype
 
     config = engine_config_from_args(args)
     batches = list(args.batch_sizes)
@@ -233,19 +257,22 @@ def run(args: argparse.Namespace) -> int:
                             args.prefill_len)
     copy_rate = copy_gbps(device)
     matmul_rate, sustained_rate = matmul_rates(device, dtype)
-    try:
-        engine = LLMEngine.from_options(**options)
-    except KVPoolTooLarge as e:
-        if config.num_gpu_blocks is None and config.kv_cache_gib is None:  # sized above
-            raise KVPoolTooLarge(f"{e} (the benchmark sized the pool for {max(batches)} "
-                                 f"sequences of --context {args.context} plus its steps: lower "
-                                 "--batch-sizes or --context)") from None
-        raise
+    engine = load_engine(options, config.num_gpu_blocks is None and config.kv_cache_gib is None,
+                         device)
     max_tokens = decode_max_tokens(batches, args.context, args.steps, args.warmup,
                                    options["max_num_batched_tokens"])
+    pool = engine.kv_manager.num_total_blocks
+    needs = {b: kv_blocks(b, args.context + max_tokens, config.block_size) for b in batches}
+    if all(need > pool for need in needs.values()):
+        raise ValueError(f"no batch of --batch-sizes fits the KV pool of {pool} blocks (batch "
+                         f"{min(batches)} needs {needs[min(batches)]}): raise --num-gpu-blocks "
+                         "or --kv-cache-gib, or lower --context")
     with frozen_heap():
         rows = [add_floor(measure_decode(engine, b, args.context, args.steps, args.warmup,
                                          max_tokens, args.profile)[0], copy_rate)
+                if needs[b] <= pool else
+                {"batch": b, "context": args.context,
+                 "skipped": f"needs {needs[b]} KV blocks, the pool holds {pool}"}
                 for b in batches]
         prefill = measure_prefill(engine, args.prefill_len, args.prefill_repeats, matmul_rate,
                                   sustained_rate, args.profile and engine.device.type == "cuda")
@@ -299,6 +326,9 @@ def print_result(result: dict) -> None:
           f"{'floor ms':>9} {'step/floor':>10} {'graph steps':>11} {'forward ms':>10} "
           f"{'fwd/floor':>9}")
     for r in result["decode"]:
+        if "skipped" in r:
+            print(f"{r['batch']:>6} {r['context']:>8}  skipped: {r['skipped']}")
+            continue
         fwd = (f"{r['forward_ms']:>10.2f} {r['forward_over_floor']:>9.2f}"
                if "forward_ms" in r else f"{'-':>10} {'-':>9}")
         print(f"{r['batch']:>6} {r['context']:>8} {r['step_ms']:>9.2f} "

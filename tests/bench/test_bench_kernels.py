@@ -86,22 +86,60 @@ def test_sizes_the_engine_cannot_hold_are_refused(hifc, argv, message):
     assert message in stderr
 
 
-def test_a_pool_the_device_cannot_hold_names_the_options_that_sized_it(hifc, monkeypatch):
+def pool_needs(batches, context=40, block_size=16):
+    """The KV blocks each of SMALL's batches needs, as the benchmark counts them."""
+    from hifc.bench import kernels
+    max_tokens = kernels.decode_max_tokens(batches, context, 2, 1,
+                                           kernels.DEFAULT_BATCHED_TOKENS)
+    return [kernels.kv_blocks(b, context + max_tokens, block_size) for b in batches]
+
+
+def test_batches_the_pool_cannot_hold_are_skipped(hifc, tmp_path):
+    one, three = pool_needs([1, 3])
+    out = tmp_path / "kernels.json"
+    code, stdout, _ = hifc("bench", "kernels", "--model", "random:tiny-llama", *SMALL,
+                           "--num-gpu-blocks", str(one), "--json", out)
+    assert code == 0
+    measured, skipped = json.loads(out.read_text())["decode"]
+    assert set(measured) == ROW_KEYS and measured["batch"] == 1
+    assert skipped == {"batch": 3, "context": 40,
+                       "skipped": f"needs {three} KV blocks, the pool holds {one}"}
+    assert f"skipped: needs {three} KV blocks" in stdout
+    code, _, stderr = hifc("bench", "kernels", "--model", "random:tiny-llama", *SMALL,
+                           "--num-gpu-blocks", str(one - 1))
+    assert code == 2
+    assert f"no batch of --batch-sizes fits the KV pool of {one - 1} blocks" in stderr
+
+
+def test_a_sized_pool_past_the_device_gives_way_to_the_engines_sizing(hifc, monkeypatch,
+                                                                       tmp_path, caplog):
     from hifc.engine.limits import KVPoolTooLarge
     from hifc.engine.llm_engine import LLMEngine
 
-    def too_large(*args, **options):
-        raise KVPoolTooLarge("a KV cache of 9 blocks (68.1 GiB) does not fit")
+    one, _ = pool_needs([1, 3])
+    load = LLMEngine.from_options
+    calls = []
 
-    monkeypatch.setattr(LLMEngine, "from_options", too_large)
-    code, _, stderr = hifc("bench", "kernels", "--model", "random:tiny-llama", "--device", "cpu",
-                           "--batch-sizes", "1,128", "--context", "4096")
-    assert code == 2
-    assert ("does not fit (the benchmark sized the pool for 128 sequences of --context 4096 "
-            "plus its steps: lower --batch-sizes or --context)") in stderr
-    code, _, stderr = hifc("bench", "kernels", "--model", "random:tiny-llama", "--device", "cpu",
-                           "--batch-sizes", "1,128", "--context", "4096", "--num-gpu-blocks", "9")
-    assert code == 2 and "does not fit" in stderr and "benchmark sized" not in stderr
+    def device_sized(*args, **options):
+        # the benchmark's pool does not fit; the engine's own holds batch 1 only
+        calls.append(options.get("num_gpu_blocks"))
+        if options.get("num_gpu_blocks") is not None:
+            raise KVPoolTooLarge("a KV cache of 9 blocks (68.1 GiB) does not fit")
+        return load(*args, **options, num_gpu_blocks=one)
+
+    monkeypatch.setattr(LLMEngine, "from_options", device_sized)
+    out = tmp_path / "kernels.json"
+    code, _, stderr = hifc("bench", "kernels", "--model", "random:tiny-llama", *SMALL,
+                           "--json", out)
+    assert code == 0
+    assert calls[0] > one and calls[1:] == [None]
+    assert "does not fit; the pool was sized for the largest batch" in caplog.text
+    assert ["skipped" in r for r in json.loads(out.read_text())["decode"]] == [False, True]
+    # a pool given on the command line is not resized
+    calls.clear()
+    code, _, stderr = hifc("bench", "kernels", "--model", "random:tiny-llama", *SMALL,
+                           "--num-gpu-blocks", "9")
+    assert code == 2 and "does not fit" in stderr and calls == [9]
 
 
 def test_profile_lists_the_host_functions_of_decode_steps(hifc, tmp_path):
