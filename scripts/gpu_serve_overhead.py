@@ -33,7 +33,8 @@ import sys
 import time
 from pathlib import Path
 
-from hifc.bench.serve import free_port, wait_healthy
+from hifc.bench.serve import wait_healthy
+from hifc.ports import free_port
 
 CLI = [sys.executable, "-m", "hifc.entrypoints.cli"]
 GPU = dict(model="random:ds-r1-llama-8b", timeout=420,

@@ -107,7 +107,7 @@ for variant in none dram flash; do
     flash) tier=(--kv-offload flash --flash-path "$flash" --flash-size-gib "$tier_gib"
                  --prefix-store off) ;;
   esac
-  port=$(python3 -c "from hifc.bench.serve import free_port; print(free_port())")
+  port=$(python3 -c "from hifc.ports import free_port; print(free_port())")
   url=http://127.0.0.1:$port
   echo "=== $variant: hifc serve $model ${tier[*]} ($(date +%T))"
   started=$SECONDS

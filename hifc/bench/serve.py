@@ -27,7 +27,6 @@ import math
 import os
 import queue
 import random
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -213,13 +212,6 @@ def _httpx():
         raise ValueError("hifc bench serve needs httpx: pip install 'hifc[bench]'") from None
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
     return httpx
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free now (for a server the caller starts)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_healthy(url: str, exited: Callable[[], bool], timeout_s: float,

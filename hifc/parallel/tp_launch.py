@@ -19,13 +19,13 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
-import socket
 
 import torch
 import torch.distributed as dist
 
 from hifc.layers.tensor_parallel import TPShard
 from hifc.models.config import ModelArchConfig
+from hifc.ports import free_port
 from hifc.tiers.config import TierConfig
 
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -58,10 +58,7 @@ def launched_rank(size: int) -> int | None:
 
 def local_rendezvous(size: int) -> Rendezvous:
     """A free TCP port on this host for a standalone launch."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return Rendezvous(f"tcp://127.0.0.1:{port}", size)
+    return Rendezvous(f"tcp://127.0.0.1:{free_port()}", size)
 
 
 def rank_device(device: torch.device, rank: int, launched: bool) -> torch.device:

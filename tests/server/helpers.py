@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from hifc.bench.serve import free_port, wait_healthy
+from hifc.bench.serve import wait_healthy
+from hifc.ports import free_port
 
 if TYPE_CHECKING:
     from fastapi.testclient import TestClient

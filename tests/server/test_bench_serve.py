@@ -9,11 +9,12 @@ import json
 import httpx
 import pytest
 
-from hifc.bench.serve import (RequestResult, StreamTimer, free_port, peak_in_flight,
-                              send_request, summarize, wait_healthy)
+from hifc.bench.serve import (RequestResult, StreamTimer, peak_in_flight, send_request,
+                              summarize, wait_healthy)
 from hifc.bench.workloads import BenchRequest
 from hifc.engine.llm_engine import LLMEngine
 from hifc.entrypoints.cli import main
+from hifc.ports import free_port
 from tests.server.helpers import MAX_MODEL_LEN, app_client, wait_until_idle
 
 
