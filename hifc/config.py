@@ -165,6 +165,12 @@ class EngineConfig:
                     "prefilled in one step")
 
     @property
+    def kv_pool_given(self) -> bool:
+        """Whether the KV pool's size is given (num_gpu_blocks or kv_cache_gib) rather than
+        taken from the device's free memory."""
+        return self.num_gpu_blocks is not None or self.kv_cache_gib is not None
+
+    @property
     def preemption_mode(self) -> str:
         """The preemption mode in effect: swap when a tier is configured, unless told otherwise."""
         if self.preemption is not None:

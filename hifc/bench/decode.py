@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     options = dict(config.options(), max_num_seqs=max(config.max_num_seqs, max(batches)),
                    max_num_batched_tokens=config.max_num_batched_tokens or
                    max(8192, max(batches) * args.context))
-    if config.num_gpu_blocks is None and config.kv_cache_gib is None:
+    if not config.kv_pool_given:
         options["num_gpu_blocks"] = -(-need // config.block_size)
     engine = LLMEngine.from_options(**options)
     rows = [measure(engine, b, args.context, args.steps, config.seed) for b in batches]

@@ -82,11 +82,6 @@ def kv_blocks(num_seqs: int, tokens_per_seq: int, block_size: int) -> int:
     return int(1.03 * num_seqs * -(-tokens_per_seq // block_size)) + 16
 
 
-def pool_given(options: dict) -> bool:
-    """Whether engine options fix the KV pool's size (else the benchmark sizes it)."""
-    return options.get("num_gpu_blocks") is not None or options.get("kv_cache_gib") is not None
-
-
 def sized_options(options: dict, batches, context: int, steps: int, warmup: int,
                   prefill_len: int = 0) -> dict:
     """Engine options (from ``options``) sized for the decode batches and, with prefill_len,
@@ -106,7 +101,7 @@ def sized_options(options: dict, batches, context: int, steps: int, warmup: int,
                          f"{model_len}: a prompt (up to --prefill-len) is prefilled in one step")
     sized = dict(options, max_model_len=model_len, max_num_seqs=max(batches),
                  max_num_batched_tokens=batched)
-    if not pool_given(options):
+    if options.get("num_gpu_blocks") is None and options.get("kv_cache_gib") is None:
         block = options.get("block_size", 64)
         sized["num_gpu_blocks"] = max(kv_blocks(max(batches), decode_len, block),
                                       kv_blocks(1, prefill_len + 1, block))
@@ -258,12 +253,11 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--batch-sizes is empty")
     device = resolve_device(config)
     dtype = resolve_dtype(config, device)
-    given = config.options()
-    options = sized_options(given, batches, args.context, args.steps, args.warmup,
+    options = sized_options(config.options(), batches, args.context, args.steps, args.warmup,
                             args.prefill_len)
     copy_rate = copy_gbps(device)
     matmul_rate, sustained_rate = matmul_rates(device, dtype)
-    engine = load_engine(options, not pool_given(given), device)
+    engine = load_engine(options, not config.kv_pool_given, device)
     max_tokens = decode_max_tokens(batches, args.context, args.steps, args.warmup,
                                    options["max_num_batched_tokens"])
     pool = engine.kv_manager.num_total_blocks

@@ -88,8 +88,7 @@ def resolve_limits(config: EngineConfig, arch: ModelArchConfig, dtype: torch.dty
     if num_blocks < 1:
         raise ValueError(f"the KV cache budget holds no block of {block_bytes} bytes; "
                          "raise kv_cache_gib / num_gpu_blocks / gpu_memory_utilization")
-    if device.type == "cuda" and (config.num_gpu_blocks is not None
-                                  or config.kv_cache_gib is not None):
+    if device.type == "cuda" and config.kv_pool_given:
         _check_pool_fits(num_blocks, block_bytes, device)
 
     capacity = num_blocks * config.block_size
