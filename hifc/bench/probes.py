@@ -92,11 +92,13 @@ def _matmul_rates(device, dtype, phases: list[tuple[int, float]]) -> list[float]
 
 
 def graph_capture_info(engine) -> dict:
-    """The decode CUDA graphs the engine captured: batch sizes, context caps, how many (and
-    how many of decodes beside a prompt chunk), capture time and memory."""
+    """The decode CUDA graphs the engine captured: batch sizes, context caps (of the graphs
+    with a prompt chunk, and each batch size's decode graphs'), how many (and how many of
+    decodes beside a prompt chunk), capture time and memory."""
     graphs = engine.runner.decode_graphs
     return {"captured_sizes": graphs.captured_sizes if graphs else [],
             "context_caps": graphs.context_caps if graphs and graphs.graphs else [],
+            "decode_context_caps": graphs.decode_caps if graphs and graphs.graphs else {},
             "decode_graphs": len(graphs.graphs) if graphs else 0,
             "chunk_graphs": len(graphs.chunk_graphs) if graphs else 0,
             "capture_seconds": graphs.capture_seconds if graphs else 0.0,

@@ -381,13 +381,18 @@ class AttentionBackend(Protocol):
         ...
 
     def graph_context_caps(self, max_model_len: int) -> list[int]:
-        """The longest contexts a padded decode step is planned for, ascending, the last
-        max_model_len: a step runs planned for the smallest that holds its sequences."""
+        """The longest contexts a padded step of decodes beside a prompt chunk is planned for,
+        ascending, the last max_model_len: a step runs planned for the smallest that holds its
+        sequences."""
         ...
 
-    def plan_decodes_as_graphs(self, batch_sizes: list[int], max_model_len: int) -> None:
-        """The padded decode steps' batch sizes and max_model_len: a backend may plan other
-        steps' decodes as those steps are planned (to run the kernels compiled for them)."""
+    def plan_decodes_as_graphs(self, batch_sizes: list[int], max_model_len: int,
+                               num_q_heads: int, kv_cache: torch.Tensor,
+                               dtype: torch.dtype) -> dict[int, list[int]]:
+        """The padded decode steps' batch sizes and max_model_len, and the model's attention
+        shapes (query heads, one layer's cache, q's dtype) -> each batch size's context caps,
+        as ``graph_context_caps``'s. A backend may plan other steps' decodes as those steps
+        are planned (to run the kernels compiled for them)."""
         ...
 
     def warm_up_shapes(self) -> list[tuple[int, int]]:
@@ -415,8 +420,8 @@ class TorchAttentionBackend:
     def graph_context_caps(self, max_model_len: int) -> list[int]:
         return [max_model_len]  # it plans nothing
 
-    def plan_decodes_as_graphs(self, batch_sizes: list[int], max_model_len: int) -> None:
-        pass  # it plans nothing
+    def plan_decodes_as_graphs(self, batch_sizes, max_model_len, num_q_heads, kv_cache, dtype):
+        return {batch: [max_model_len] for batch in batch_sizes}  # it plans nothing
 
     def warm_up_shapes(self) -> list[tuple[int, int]]:
         return []  # it compiles nothing

@@ -739,9 +739,11 @@ class TritonAttentionBackend:
         # (step metadata, decodes) -> the metadata of its decodes and of the rest
         self._apart: tuple[AttentionMetadata, int, AttentionMetadata,
                            AttentionMetadata] | None = None
-        # the decode CUDA graphs' batch sizes and context caps (plan_decodes_as_graphs)
+        # the decode CUDA graphs' batch sizes, each one's context caps, and the attention
+        # shapes they were planned for (plan_decodes_as_graphs)
         self._graph_batches: list[int] = []
-        self._graph_caps: list[int] = []
+        self._graph_caps: dict[int, list[int]] = {}
+        self._graph_shape: tuple[int, int, int, int, int] | None = None
 
     def num_sms(self, device: torch.device) -> int:
         if device not in self._num_sms:
@@ -765,21 +767,51 @@ class TritonAttentionBackend:
                            num_tokens=num_tokens)
 
     def graph_context_caps(self, max_model_len: int) -> list[int]:
-        """The contexts a decode CUDA graph is planned for, ascending: steps whose sequences all
-        fit BALANCED_SEGMENT_KEYS replay a graph without the balanced split."""
+        """The contexts the CUDA graphs of decodes beside a prompt chunk are planned for,
+        ascending: steps whose sequences all fit BALANCED_SEGMENT_KEYS replay a graph without
+        the balanced split."""
         if self.split_kv is not None or max_model_len <= BALANCED_SEGMENT_KEYS:
             return [max_model_len]
         return [BALANCED_SEGMENT_KEYS, max_model_len]
 
-    def plan_decodes_as_graphs(self, batch_sizes: list[int], max_model_len: int) -> None:
+    def plan_decodes_as_graphs(self, batch_sizes: list[int], max_model_len: int,
+                               num_q_heads: int, kv_cache: torch.Tensor,
+                               dtype: torch.dtype) -> dict[int, list[int]]:
         """Plan the decodes a step attends apart from its prompt chunks as the decode CUDA
         graph of their padded batch size (the smallest of ``batch_sizes`` that holds them) and
         context cap does, and rotate them in that launch where the graph does: they run kernel
         variants the graphs compiled at capture, instead of one of their own, compiled the first
         time a step brings its count of decodes and context (1.8 s inside a running batch on
-        the H200)."""
+        the H200). ``num_q_heads``, ``kv_cache`` (one layer's) and ``dtype`` (q's) are the
+        model's attention shapes. Returns each batch size's decode graph caps
+        (``decode_graph_caps``)."""
         self._graph_batches = sorted(batch_sizes)
-        self._graph_caps = self.graph_context_caps(max_model_len)
+        self._graph_shape = (num_q_heads, kv_cache.shape[-2], kv_cache.shape[-1],
+                             dtype.itemsize, self.num_sms(kv_cache.device))
+        self._graph_caps = {b: self.decode_graph_caps(b, max_model_len) for b in batch_sizes}
+        return dict(self._graph_caps)
+
+    def decode_graph_caps(self, batch: int, max_model_len: int) -> list[int]:
+        """The context caps of batch size ``batch``'s decode graphs, ascending (the shapes
+        ``plan_decodes_as_graphs`` was told): the short cap of ``graph_context_caps`` stretched
+        to the longest power-of-two multiple of it below max_model_len that plans as it does,
+        then max_model_len (alone where it plans as the short cap). An uncrowded batch splits
+        its contexts evenly up to the short cap x its even split's segments: 8B shapes, batch
+        32 on an H100 at 4,100 keys, 11.93 ms per step planned for 4,184 keys against 12.40
+        for 8,193 (one balanced segment per sequence and KV head, docs/RESULTS.md)."""
+        caps = self.graph_context_caps(max_model_len)
+        if len(caps) == 1:
+            return caps
+        short = self._graph_plan(batch, caps[0])
+        if self._graph_plan(batch, max_model_len) == short:
+            return [max_model_len]
+        cap = caps[0]
+        while 2 * cap < max_model_len and self._graph_plan(batch, 2 * cap) == short:
+            cap *= 2
+        return [cap, max_model_len]
+
+    def _graph_plan(self, batch: int, cap: int) -> LaunchPlan:
+        return plan_launch(1, cap, batch, *self._graph_shape, self.split_kv)
 
     def warm_up_shapes(self) -> list[tuple[int, int]]:
         return warm_up_shapes()
@@ -802,10 +834,11 @@ class TritonAttentionBackend:
         holds them, else their own."""
         n = decodes.num_seqs
         i = bisect.bisect_left(self._graph_batches, n)
-        cap = next((c for c in self._graph_caps if c >= decodes.max_seq_len), None)
-        if i == len(self._graph_batches) or cap is None:
+        batch = self._graph_batches[i] if i < len(self._graph_batches) else None
+        cap = (None if batch is None else
+               next((c for c in self._graph_caps[batch] if c >= decodes.max_seq_len), None))
+        if cap is None:
             return self.plan(q[:n], kv_cache, decodes, sliding_window)
-        batch = self._graph_batches[i]
         return self._plan(q, kv_cache, 1, cap, batch, batch, sliding_window)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,

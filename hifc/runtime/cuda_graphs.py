@@ -23,10 +23,12 @@ What makes a replay valid for any step:
   memory may be captured (``TritonAttentionBackend`` does: its grid depends on the number of
   rows only, and it sizes split-KV segments from the device-side sequence lengths);
 - the launch plan is fixed per graph: it is planned from a context cap (``max_seq_len``), not
-  from the step's own lengths. The backend names the caps (``graph_context_caps``): the Triton
-  backend's are a short one, under which no decode step splits its keys into balanced segments,
-  and max_model_len; each batch size has a graph per cap, and a step replays the one of the
-  smallest cap that holds its longest sequence;
+  from the step's own lengths. The backend names each batch size's caps
+  (``plan_decodes_as_graphs``; the Triton backend's: the longest context its batch plans as it
+  plans a short one, under which no decode step splits its keys into balanced segments, and
+  max_model_len), and the caps of the graphs with a prompt chunk (``graph_context_caps``: a
+  short one and max_model_len); each batch size has a graph per cap, and a step replays the
+  one of the smallest cap that holds its longest sequence;
 - padding rows write no K/V (slot -1, skipped by the Triton KV write) and attend to one key of
   block 0, so they read only initialised memory; their logits are dropped.
 
@@ -144,8 +146,11 @@ class DecodeGraphs:
         self.chunk_inputs = (_InputBuffers(self.chunk_layout, write_chunk_inputs,
                                            chunk_input_views, device)
                              if chunk_tokens else None)
-        self.context_caps = backend.graph_context_caps(max_model_len)
-        backend.plan_decodes_as_graphs(self.batch_sizes, max_model_len)
+        self.context_caps = backend.graph_context_caps(max_model_len)  # the chunk graphs'
+        # batch size -> its decode graphs' caps
+        self.decode_caps = backend.plan_decodes_as_graphs(
+            self.batch_sizes, max_model_len, model.tp.split(model.arch.num_attention_heads),
+            kv_caches[0], model.dtype)
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (batch, cap) -> graph
         # (decode rows, cap) -> graph of those decodes beside one prompt chunk
         self.chunk_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
@@ -171,10 +176,11 @@ class DecodeGraphs:
     def captured_sizes(self) -> list[int]:
         return sorted({batch for batch, _ in self.graphs})
 
-    def context_cap_for(self, seq_lens: list[int]) -> int:
-        """The smallest context cap that holds every sequence of a step."""
+    @staticmethod
+    def context_cap_for(caps: list[int], seq_lens: list[int]) -> int:
+        """The smallest of ``caps`` that holds every sequence of a step."""
         longest = max(seq_lens)
-        return next(cap for cap in self.context_caps if cap >= longest)
+        return next(cap for cap in caps if cap >= longest)
 
     def _forward(self, batch: int, seq_lens_cpu: list[int], cap: int) -> torch.Tensor:
         """The padded forward over the device buffer's first ``batch`` rows, planned for
@@ -253,11 +259,12 @@ class DecodeGraphs:
         self.num_chunk_steps += 1
         if not self.chunk_graphs:
             seq_lens = self._load(work, batch, pending, chunk=True)
-            return self._forward_chunk(batch, seq_lens, self.context_cap_for(seq_lens))[
+            return self._forward_chunk(batch, seq_lens,
+                                       self.context_cap_for(self.context_caps, seq_lens))[
                 :len(work)]
         with torch.cuda.device(self.device):
             seq_lens = self._load(work, batch, pending, chunk=True)
-            self.chunk_graphs[batch, self.context_cap_for(seq_lens)].replay()
+            self.chunk_graphs[batch, self.context_cap_for(self.context_caps, seq_lens)].replay()
         return self._logits[batch][:len(work)]
 
     @torch.inference_mode()
@@ -274,9 +281,11 @@ class DecodeGraphs:
         if not self.graphs:
             seq_lens = self._load(work, batch, pending)
             return self._forward(batch, seq_lens + [1] * (batch - len(work)),
-                                 self.context_cap_for(seq_lens))[:len(work)]
+                                 self.context_cap_for(self.decode_caps[batch], seq_lens))[
+                :len(work)]
         with torch.cuda.device(self.device):
-            key = (batch, self.context_cap_for(self._load(work, batch, pending)))
+            key = (batch, self.context_cap_for(self.decode_caps[batch],
+                                               self._load(work, batch, pending)))
             self.graphs[key].replay()
         self.last_replayed = key
         return self._logits[batch][:len(work)]
@@ -309,14 +318,15 @@ class DecodeGraphs:
                     yield (self.chunk_graphs, (batch, cap),
                            partial(self._forward_chunk, batch, padding, cap))
             self._load([], batch)
-            for cap in self.context_caps:
+            for cap in self.decode_caps[batch]:
                 yield self.graphs, (batch, cap), partial(self._forward, batch, [1] * batch, cap)
 
     @property
     def num_forwards(self) -> int:
         """How many padded forwards there are (one per graph): the parts ``forward_parts``
         yields."""
-        return len(self.batch_sizes) * len(self.context_caps) * (1 + bool(self.chunk_layout))
+        return (sum(map(len, self.decode_caps.values()))
+                + bool(self.chunk_layout) * len(self.batch_sizes) * len(self.context_caps))
 
     @cached_property
     def capture_stream(self) -> torch.cuda.Stream:
@@ -378,9 +388,11 @@ class DecodeGraphs:
             torch.cuda.empty_cache()  # warm-up memory; the graphs' pool stays
             self.capture_bytes = torch.cuda.memory_reserved(self.device) - reserved
         self.capture_seconds = time.perf_counter() - t0
-        logger.info("captured %d decode CUDA graphs and %d with a %d-token prompt chunk (batch "
-                    "%d..%d, contexts up to %s) in %.1f s, %.0f MiB", len(self.graphs),
+        logger.info("captured %d decode CUDA graphs (batch %d..%d, contexts up to %s) and %d "
+                    "with a %d-token prompt chunk (contexts up to %s) in %.1f s, %.0f MiB",
+                    len(self.graphs), self.batch_sizes[0], self.batch_sizes[-1],
+                    " / ".join(sorted({str(c) for caps in self.decode_caps.values()
+                                       for c in caps}, key=int)),
                     len(self.chunk_graphs), self.chunk_layout.chunk if self.chunk_layout else 0,
-                    self.batch_sizes[0], self.batch_sizes[-1],
                     " / ".join(map(str, self.context_caps)),
                     self.capture_seconds, self.capture_bytes / 2**20)

@@ -555,7 +555,7 @@ def test_leading_decodes_rotate_in_their_launch_as_the_decode_graphs():
     with torch_path():
         ref = TorchAttentionBackend().forward(q, k, v, torch_cache, meta, 0.125, rope=rope)
     backend = H200Sized()
-    backend.plan_decodes_as_graphs([1, 2, 4, 8], 1024)
+    backend.plan_decodes_as_graphs([1, 2, 4, 8], 1024, 8, kv_cache, torch.float16)
     graph_plan = plan_launch(1, 1024, 8, 8, 2, 64, 2, 132)
     assert triton_attention.rotates_in_launch(graph_plan)
     with mock.patch.object(triton_kv_write, "rotary_write_kv_cache",
@@ -580,9 +580,8 @@ def test_leading_decodes_plan_as_the_decode_graph_of_their_padded_batch():
     kv_cache = torch.zeros(2, 1, 16, 8, 128, dtype=torch.bfloat16)
     backend = H200Sized()
     sizes = capture_sizes(64)
-    backend.plan_decodes_as_graphs(sizes, 32768)
-    graph_plans = {plan_launch(1, cap, b, 32, 8, 128, 2, 132)
-                   for b in sizes for cap in backend.graph_context_caps(32768)}
+    caps = backend.plan_decodes_as_graphs(sizes, 32768, 32, kv_cache, torch.bfloat16)
+    graph_plans = {plan_launch(1, cap, b, 32, 8, 128, 2, 132) for b in sizes for cap in caps[b]}
 
     def decodes(n, longest):
         return AttentionMetadata(torch.zeros(n), torch.zeros(n + 1), torch.zeros(n),
@@ -593,6 +592,10 @@ def test_leading_decodes_plan_as_the_decode_graph_of_their_padded_batch():
     assert planned <= graph_plans and len(planned) > 4
     assert backend._decodes_plan(q, kv_cache, decodes(5, 300), None) == plan_launch(
         1, 4096, 8, 32, 8, 128, 2, 132)
+    # 30 decodes just past 4,096 keys: batch 32's graph for up to 8,192, an even split
+    past = backend._decodes_plan(q, kv_cache, decodes(30, 4100), None)
+    assert past == plan_launch(1, 8192, 32, 32, 8, 128, 2, 132) == plan_launch(
+        1, 4096, 32, 32, 8, 128, 2, 132) and past.segment_tiles == 1
     assert backend._decodes_plan(q, kv_cache, decodes(70, 300), None) == plan_launch(
         1, 300, 70, 32, 8, 128, 2, 132)
     assert H200Sized()._decodes_plan(q, kv_cache, decodes(5, 300), None) == plan_launch(

@@ -54,8 +54,9 @@ def test_chunk_replay_equals_the_padded_and_the_unpadded_forward(monkeypatch):
                                     long_prefill_token_threshold=16)
     runner = engine.runner
     graphs = runner.decode_graphs
-    assert sorted(graphs.chunk_graphs) == sorted(graphs.graphs)
     assert graphs.context_caps == [256, 1024]
+    assert sorted(graphs.chunk_graphs) == [(b, cap) for b in graphs.batch_sizes
+                                           for cap in graphs.context_caps]
     runner.kv_cache.normal_()
     eager = DecodeGraphs(runner.model, runner.kv_caches, runner.backend, runner.block_size,
                          1024, graphs.batch_sizes, runner.device, chunk_tokens=16)
@@ -89,26 +90,31 @@ def test_chunk_graph_and_eager_engines_give_identical_greedy_outputs(dtype):
 
 @torch.inference_mode()
 def test_steps_replay_the_graph_planned_for_their_longest_context(monkeypatch):
-    # Balanced segments above 256 keys (4096 in the engine), so that a tiny model has both caps:
-    # at batch 40 (80 programs) a step over longer contexts splits them, a short one does not.
+    # Balanced segments above 256 keys (4096 in the engine), so that a tiny model has two caps
+    # per batch size: on 132 SMs (an H100, an H200), batch 96 (192 programs) splits each
+    # context evenly in two up to 512 keys (its first cap), and into balanced segments above;
+    # batch 4 splits into one-tile slices up to 256 keys, into more slices above.
     from hifc.layers import triton_attention
     monkeypatch.setattr(triton_attention, "BALANCED_SEGMENT_KEYS", 256)
     engine = LLMEngine.from_options(MODEL, device="cuda", dtype="float32", block_size=16,
-                                    num_gpu_blocks=4096, max_num_seqs=40, max_model_len=1024)
+                                    num_gpu_blocks=8192, max_num_seqs=96, max_model_len=1024)
     runner = engine.runner
     graphs = runner.decode_graphs
-    assert graphs.context_caps == [256, 1024]
-    assert len(graphs.graphs) == 2 * len(graphs.batch_sizes)
+    caps = graphs.decode_caps
+    assert len(graphs.graphs) == sum(map(len, caps.values()))
+    assert all(batch_caps[-1] == 1024 for batch_caps in caps.values())
+    if torch.cuda.get_device_properties(0).multi_processor_count == 132:
+        assert caps[96] == [512, 1024] and caps[4] == [256, 1024]
     runner.kv_cache.normal_()
     eager = DecodeGraphs(runner.model, runner.kv_caches, runner.backend, runner.block_size,
                          1024, graphs.batch_sizes, runner.device)
     rng = random.Random(0)
-    for lens, key in [([200] * 40, (40, 256)), ([256] * 39 + [257], (40, 1024)),
-                      ([rng.randrange(1, 1024) for _ in range(37)], (40, 1024)),
-                      ([5, 900, 17], (4, 1024)), ([5, 90, 17], (4, 256))]:
+    for lens in [[200] * 96, [300] * 95 + [511], [512] * 95 + [513],
+                 [rng.randrange(1, 1024) for _ in range(93)], [5, 900, 17], [5, 90, 17]]:
         work = decode_work(lens, 16, seed=len(lens))
         replayed = graphs.run(work).clone()
-        assert graphs.last_replayed == key
+        batch = graphs.batch_size_for(work)
+        assert graphs.last_replayed == (batch, min(c for c in caps[batch] if c >= max(lens)))
         padded = eager.run(work)
         unpadded = runner.eager_logits(work)
         torch.testing.assert_close(replayed, padded, rtol=1e-5, atol=1e-5)

@@ -161,6 +161,46 @@ def test_graph_plans_depend_only_on_the_batch_size_and_cap():
     assert TritonAttentionBackend(split_kv=False).graph_context_caps(32768) == [32768]
 
 
+class _H200Sized(TritonAttentionBackend):
+    def num_sms(self, device):
+        return H200_SMS  # an H100's too
+
+
+def test_decode_graph_caps_stretch_the_short_cap_while_the_plan_is_the_same():
+    """8B shapes (32 query heads, 8 KV heads, bf16), 132 SMs: a decode batch's short cap is
+    the longest power-of-two multiple of 4,096 keys below max_model_len planned as 4,096 keys
+    are (batch 32: an even split in two, up to 8,192 keys, where a 4,100-key step under a
+    131,072-key cap took one balanced segment per KV head); batch 1 plans 4,096 keys in one
+    stage, so its short cap stays; where max_model_len plans as the short cap (batches of at
+    most one program per two SMs split evenly under any cap), it alone."""
+    kv_cache = torch.zeros(2, 1, 16, 8, 128, dtype=torch.bfloat16)
+    sizes = [1, 2, 4, 8, 16, 24, 32, 40, 64, 128]
+    backend = _H200Sized()
+    caps = backend.plan_decodes_as_graphs(sizes, 131072, 32, kv_cache, torch.bfloat16)
+    assert caps == {1: [4096, 131072], 2: [131072], 4: [131072], 8: [131072],
+                    16: [16384, 131072], 24: [8192, 131072],
+                    32: [8192, 131072], 40: [8192, 131072], 64: [8192, 131072],
+                    128: [8192, 131072]}
+    for batch, (*short, long) in caps.items():
+        short = short[0] if short else long
+        plan = plan_launch(1, short, batch, 32, 8, 128, 2, H200_SMS)
+        assert plan == plan_launch(1, 4096, batch, 32, 8, 128, 2, H200_SMS)
+        assert (plan == plan_launch(1, long, batch, 32, 8, 128, 2, H200_SMS)) == (short == long)
+        assert 2 * short >= long or plan != plan_launch(1, 2 * short, batch, 32, 8, 128, 2,
+                                                         H200_SMS)
+    # the bench's 8,193-key cap: a 4,100-key step of batch 32 replays the 8,192-key graph
+    assert backend.plan_decodes_as_graphs([32], 8193, 32, kv_cache, torch.bfloat16) == {
+        32: [8192, 8193]}
+    even = plan_launch(1, 8192, 32, 32, 8, 128, 2, H200_SMS)
+    assert even.num_segments == 2 and even.segment_tiles == 1
+    assert backend.plan_decodes_as_graphs([2], 8192, 32, kv_cache, torch.bfloat16) == {
+        2: [8192]}
+    assert backend.plan_decodes_as_graphs([32], 4096, 32, kv_cache, torch.bfloat16) == {
+        32: [4096]}
+    assert TritonAttentionBackend(split_kv=True).plan_decodes_as_graphs(
+        [32], 131072, 32, kv_cache, torch.bfloat16) == {32: [131072]}
+
+
 @pytest.mark.skipif(DEVICE == "cpu", reason="40 sequences of up to 9k keys: GPU only")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_balanced_segments_under_a_graph_plan(dtype):

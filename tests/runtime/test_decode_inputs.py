@@ -1,6 +1,7 @@
 """Padded decode batches: capture sizes, bucketing, and the packed input buffer (CPU)."""
 import argparse
 import dataclasses
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ from hifc.config import EngineConfig
 from hifc.config import add_engine_args, engine_config_from_args
 from hifc.core.scheduler import PENDING_TOKEN, ScheduledSeq
 from hifc.layers.attention import TorchAttentionBackend
+from hifc.layers.tensor_parallel import SINGLE
 from hifc.runtime import inputs
 from hifc.runtime.cuda_graphs import (DecodeGraphs, capture_sizes, graphs_unsupported_reason,
                                       padded_batch_size)
@@ -112,31 +114,49 @@ def test_prefill_long_tables_and_oversized_batches_are_refused():
     assert host[2 * 4:3 * 4].tolist() == [PAD_SLOT] * 4
 
 
+def _stub_model(num_heads: int = 4) -> SimpleNamespace:
+    """What DecodeGraphs reads of a model before any forward: its query heads and dtype."""
+    return SimpleNamespace(arch=SimpleNamespace(num_attention_heads=num_heads), tp=SINGLE,
+                           dtype=torch.bfloat16)
+
+
+KV_CACHE = torch.zeros(2, 1, BLOCK, 2, 8)  # one layer: [K/V, blocks, block, KV heads, dim]
+
+
 def test_decode_graphs_route_only_padded_decode_steps():
-    graphs = DecodeGraphs(torch.nn.Identity(), [], TorchAttentionBackend(), BLOCK,
+    graphs = DecodeGraphs(_stub_model(), [KV_CACHE], TorchAttentionBackend(), BLOCK,
                           max_model_len=64, batch_sizes=[1, 2, 4], device=torch.device("cpu"))
     assert graphs.layout == DecodeInputLayout(4, 4)
+    assert graphs.decode_caps == {1: [64], 2: [64], 4: [64]}
     assert graphs.batch_size_for(decode_work([10, 20, 30], BLOCK)) == 4
     assert graphs.batch_size_for(decode_work([10] * 5, BLOCK)) is None
     assert graphs.batch_size_for(decode_work([65], BLOCK)) is None
     with pytest.raises(RuntimeError, match="CUDA"):
         graphs.capture()
     with pytest.raises(ValueError):
-        DecodeGraphs(torch.nn.Identity(), [], TorchAttentionBackend(), BLOCK, 64, [4, 2],
+        DecodeGraphs(_stub_model(), [KV_CACHE], TorchAttentionBackend(), BLOCK, 64, [4, 2],
                      torch.device("cpu"))
 
 
-def test_decode_graphs_tell_the_backend_their_batch_sizes():
-    # so that it plans other steps' decodes as the graphs' (TritonAttentionBackend)
+def test_decode_graphs_tell_the_backend_their_batch_sizes_and_take_its_caps():
+    # so that it plans other steps' decodes as the graphs' (TritonAttentionBackend); the
+    # backend names each batch size's caps, the graphs keep them
     told = []
 
     class Recording(TorchAttentionBackend):
-        def plan_decodes_as_graphs(self, batch_sizes, max_model_len):
-            told.append((list(batch_sizes), max_model_len))
+        def plan_decodes_as_graphs(self, batch_sizes, max_model_len, num_q_heads, kv_cache,
+                                   dtype):
+            told.append((list(batch_sizes), max_model_len, num_q_heads, kv_cache is KV_CACHE,
+                         dtype))
+            return {1: [16, 64], 2: [32, 64], 4: [64]}
 
-    DecodeGraphs(torch.nn.Identity(), [], Recording(), BLOCK, max_model_len=64,
-                 batch_sizes=[1, 2, 4], device=torch.device("cpu"))
-    assert told == [([1, 2, 4], 64)]
+    graphs = DecodeGraphs(_stub_model(6), [KV_CACHE], Recording(), BLOCK, max_model_len=64,
+                          batch_sizes=[1, 2, 4], device=torch.device("cpu"))
+    assert told == [([1, 2, 4], 64, 6, True, torch.bfloat16)]
+    assert graphs.num_forwards == 5
+    assert [graphs.context_cap_for(graphs.decode_caps[b], lens)
+            for b, lens in [(1, [16]), (1, [17]), (2, [3, 32]), (2, [33, 1]), (4, [5])]] == \
+        [16, 64, 32, 64, 64]
 
 
 def test_graphs_need_cuda_and_a_backend_reading_device_lengths():
