@@ -796,9 +796,10 @@ class TritonAttentionBackend:
         ``plan_decodes_as_graphs`` was told): the short cap of ``graph_context_caps`` stretched
         to the longest power-of-two multiple of it below max_model_len that plans as it does,
         then max_model_len (alone where it plans as the short cap). An uncrowded batch splits
-        its contexts evenly up to the short cap x its even split's segments: 8B shapes, batch
-        32 on an H100 at 4,100 keys, 11.93 ms per step planned for 4,184 keys against 12.40
-        for 8,193 (one balanced segment per sequence and KV head, docs/RESULTS.md)."""
+        its contexts evenly up to the short cap x its even split's segments, where max_model_len
+        plans one balanced segment per sequence and KV head for a context just past the short
+        cap: 8B shapes on an H100 at 4,100 keys under a 131,072-key max_model_len, a step of
+        batch 16 / 32 took 8.68 / 11.95 ms against 9.30 / 12.15 (docs/RESULTS.md)."""
         caps = self.graph_context_caps(max_model_len)
         if len(caps) == 1:
             return caps
