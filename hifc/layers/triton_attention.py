@@ -739,11 +739,10 @@ class TritonAttentionBackend:
         # (step metadata, decodes) -> the metadata of its decodes and of the rest
         self._apart: tuple[AttentionMetadata, int, AttentionMetadata,
                            AttentionMetadata] | None = None
-        # the decode CUDA graphs' batch sizes, each one's context caps, and the attention
-        # shapes they were planned for (plan_decodes_as_graphs)
+        # the decode CUDA graphs' batch sizes and each one's context caps
+        # (plan_decodes_as_graphs)
         self._graph_batches: list[int] = []
         self._graph_caps: dict[int, list[int]] = {}
-        self._graph_shape: tuple[int, int, int, int, int] | None = None
 
     def num_sms(self, device: torch.device) -> int:
         if device not in self._num_sms:
@@ -784,18 +783,21 @@ class TritonAttentionBackend:
         time a step brings its count of decodes and context (1.8 s inside a running batch on
         the H200). ``num_q_heads``, ``kv_cache`` (one layer's) and ``dtype`` (q's) are the
         model's attention shapes. Returns each batch size's decode graph caps
-        (``decode_graph_caps``)."""
+        (``_decode_graph_caps``)."""
+        shape = (num_q_heads, kv_cache.shape[-2], kv_cache.shape[-1], dtype.itemsize,
+                 self.num_sms(kv_cache.device))
         self._graph_batches = sorted(batch_sizes)
-        self._graph_shape = (num_q_heads, kv_cache.shape[-2], kv_cache.shape[-1],
-                             dtype.itemsize, self.num_sms(kv_cache.device))
-        self._graph_caps = {b: self.decode_graph_caps(b, max_model_len) for b in batch_sizes}
+        self._graph_caps = {b: self._decode_graph_caps(b, max_model_len, shape)
+                            for b in batch_sizes}
         return dict(self._graph_caps)
 
-    def decode_graph_caps(self, batch: int, max_model_len: int) -> list[int]:
-        """The context caps of batch size ``batch``'s decode graphs, ascending (the shapes
-        ``plan_decodes_as_graphs`` was told): the short cap of ``graph_context_caps`` stretched
-        to the longest power-of-two multiple of it below max_model_len that plans as it does,
-        then max_model_len (alone where it plans as the short cap). An uncrowded batch splits
+    def _decode_graph_caps(self, batch: int, max_model_len: int,
+                           shape: tuple[int, int, int, int, int]) -> list[int]:
+        """The context caps of batch size ``batch``'s decode graphs, ascending (``shape``:
+        plan_launch's query heads, KV heads, head size, q's element size and SMs): the short
+        cap of ``graph_context_caps`` stretched to the longest power-of-two multiple of it
+        below max_model_len that plans as it does, then max_model_len (alone where it plans as
+        the short cap). An uncrowded batch splits
         its contexts evenly up to the short cap x its even split's segments, where max_model_len
         plans one balanced segment per sequence and KV head for a context just past the short
         cap: 8B shapes on an H100 at 4,100 keys under a 131,072-key max_model_len, a step of
@@ -803,16 +805,17 @@ class TritonAttentionBackend:
         caps = self.graph_context_caps(max_model_len)
         if len(caps) == 1:
             return caps
-        short = self._graph_plan(batch, caps[0])
-        if self._graph_plan(batch, max_model_len) == short:
+
+        def plan(cap: int) -> LaunchPlan:
+            return plan_launch(1, cap, batch, *shape, self.split_kv)
+
+        short = plan(caps[0])
+        if plan(max_model_len) == short:
             return [max_model_len]
         cap = caps[0]
-        while 2 * cap < max_model_len and self._graph_plan(batch, 2 * cap) == short:
+        while 2 * cap < max_model_len and plan(2 * cap) == short:
             cap *= 2
         return [cap, max_model_len]
-
-    def _graph_plan(self, batch: int, cap: int) -> LaunchPlan:
-        return plan_launch(1, cap, batch, *self._graph_shape, self.split_kv)
 
     def warm_up_shapes(self) -> list[tuple[int, int]]:
         return warm_up_shapes()

@@ -391,8 +391,8 @@ class DecodeGraphs:
         logger.info("captured %d decode CUDA graphs (batch %d..%d, contexts up to %s) and %d "
                     "with a %d-token prompt chunk (contexts up to %s) in %.1f s, %.0f MiB",
                     len(self.graphs), self.batch_sizes[0], self.batch_sizes[-1],
-                    " / ".join(sorted({str(c) for caps in self.decode_caps.values()
-                                       for c in caps}, key=int)),
+                    " / ".join(map(str, sorted({c for caps in self.decode_caps.values()
+                                                for c in caps}))),
                     len(self.chunk_graphs), self.chunk_layout.chunk if self.chunk_layout else 0,
                     " / ".join(map(str, self.context_caps)),
                     self.capture_seconds, self.capture_bytes / 2**20)
