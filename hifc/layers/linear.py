@@ -13,15 +13,15 @@ knows which rows of its weight a shard fills and which part of it this rank keep
 
 With one rank (the default) every layer holds the whole matrix and runs no collective.
 
-A decode step of up to 16 sequences runs each projection through Triton kernels that stream
-the weight (``linear``, :mod:`hifc.layers.triton_gemv`); at batch 1 the column layers'
-``forward_normed`` and the row layer's ``forward_gated`` let the GEMV compute the RMSNorm or the
-SiLU-and-mul before it as it reads its input (one launch instead of two), and
+A decode step of up to 16 sequences, or of 25-32, runs each projection through Triton
+kernels that stream the weight (``linear``, :mod:`hifc.layers.triton_gemv`); at batch 1 the
+column layers' ``forward_normed`` and the row layer's ``forward_gated`` let the GEMV compute the
+RMSNorm or the SiLU-and-mul before it as it reads its input (one launch instead of two), and
 ``project_then_norm`` lets a row GEMV add the residual after it and the next column GEMV
 normalize that sum (two launches instead of three).
 
-Products of more than 16 rows run through the kernel ``tune_projections`` chose for their
-shape by timing (:mod:`hifc.layers.gemm_tuning`); untuned ones of up to ``LT_MAX_ROWS`` rows
+Other products of more than 16 rows run through the kernel ``tune_projections`` chose for
+their shape by timing (:mod:`hifc.layers.gemm_tuning`); untuned ones of up to ``LT_MAX_ROWS`` rows
 (decode batches, short prompts) through torch's cuBLASLt path, which reads the weights faster
 there than its default cuBLAS path, and longer ones (prompts) through cuBLAS, faster for them
 (docs/RESULTS.md). A CUDA graph keeps the kernel chosen at capture.
@@ -57,16 +57,17 @@ LT_MAX_ROWS = 128
 
 
 def prefers_cublaslt(x: torch.Tensor) -> bool:
-    """Whether ``linear`` runs ``x`` through cuBLASLt when untuned: a decode batch of more than
-    MAX_ROWS and at most LT_MAX_ROWS rows on CUDA."""
+    """Whether ``linear`` runs ``x`` through cuBLASLt when untuned and the small-M kernel does
+    not take it: a decode batch of more than MAX_ROWS and at most LT_MAX_ROWS rows on CUDA."""
     return (x.is_cuda and x.dim() == 2 and x.shape[0] > triton_gemv.MAX_ROWS
             and _untuned_path(x.shape[0]) == gemm_tuning.CUBLASLT)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``x W^T (+ b)``: one row on CUDA through the Triton GEMV, a few rows through its
-    small-M kernel (both faster than cuBLAS there), more by the kernel tuned for the shape,
-    else decode batches through cuBLASLt and the rest through ``F.linear`` (cuBLAS)."""
+    """``x W^T (+ b)``: one row on CUDA through the Triton GEMV, a few rows (``takes_rows``)
+    through its small-M kernel (both faster than cuBLAS there), others by the kernel tuned for
+    the shape, else decode batches through cuBLASLt and the rest through ``F.linear``
+    (cuBLAS)."""
     if triton_gemv.usable(x, weight):
         return triton_gemv.gemv(x, weight, bias)
     if triton_gemv.usable_rows(x, weight):
@@ -87,8 +88,9 @@ def _untuned_path(m: int) -> str:
 
 def tune_projections(model: nn.Module, rows: list[int]) -> list[gemm_tuning.Tuned]:
     """Time and choose the kernel of every projection shape of ``model`` (on CUDA, in float16
-    or bfloat16) at each row count of ``rows`` past MAX_ROWS (:mod:`hifc.layers.gemm_tuning`),
-    or take the choices an earlier process made for these shapes on this kind of GPU."""
+    or bfloat16) at each row count of ``rows`` past MAX_ROWS (:mod:`hifc.layers.gemm_tuning`;
+    at 25-32 rows the choice serves only weights the small-M kernel does not take), or take
+    the choices an earlier process made for these shapes on this kind of GPU."""
     groups: dict[tuple, list[tuple[torch.Tensor, torch.Tensor | None]]] = {}
     for module in model.modules():
         if (isinstance(module, Linear) and module.weight.is_cuda

@@ -35,13 +35,19 @@ the bytes, and cuBLAS again reads it below the copy rate. ``gemm_rows`` runs the
 16-row tile on tensor cores (rows past M masked, never read) against 32 or 64 weight rows per
 program, four loads in flight (``rows_config``). Probe, 8B projections at M = 4 (us, cuBLAS /
 this kernel): QKV 15.6 / 15.2, O 13.3 / 11.2, down 32.4 / 30.2; in the engine, decode steps at
-batch 2-16 run 1.3-2.2% faster (8B) and 1.7-3.5% (32B at batch 4 and 16). The kernel also
-takes 17..32 rows in a 32-row tile, which the probe measured no faster than cuBLAS.
+batch 2-16 run 1.3-2.2% faster (8B) and 1.7-3.5% (32B at batch 4 and 16). It also takes 25..32
+rows in a 32-row tile (batch 32), where it is launched with PDL as the kernels around it are and
+cuBLASLt is not (``FULL_TILE_ROWS``).
+
+The one-row GEMV is not launched with PDL (``triton_pdl``), but it releases its dependents as it
+starts: the attention after the QKV projection, launched with PDL, then takes the SMs the GEMV's
+programs leave and prefetches its first K/V tile while the weight streams (8B batch-1 forwards
+1% shorter on an H100, docs/RESULTS.md).
 
 Float32 sums run in another order than cuBLAS's, so results differ from ``F.linear`` in the last
-bits; every projection of up to MAX_ROWS 16-bit rows on CUDA whose K is a multiple of 512 takes
-these paths, whether in a CUDA graph or not. Imports without Triton; the ``usable`` checks then
-say False.
+bits; every projection of 16-bit rows on CUDA whose count ``takes_rows`` or is one and whose K is
+a multiple of 512 takes these paths, whether in a CUDA graph or not. Imports without Triton; the
+``usable`` checks then say False.
 """
 from __future__ import annotations
 
@@ -51,7 +57,7 @@ from hifc.layers import triton_pdl
 from hifc.layers.triton_fused import norm_weighted, round_to
 from hifc.layers.triton_jit import jit as _jit
 from hifc.layers.triton_jit import tl, triton
-from hifc.layers.triton_pdl import enter, prefetch_rows
+from hifc.layers.triton_pdl import enter, prefetch_rows, release
 
 BLOCK_N = 16
 BLOCK_K = 512
@@ -59,9 +65,13 @@ NUM_STAGES = 3
 NUM_WARPS = 4
 
 # 2..MAX_ROWS rows take the small-M kernel: tensor cores over one tile of rows_block_m(M) rows
-# (rows past M masked, never read). It runs up to 32 rows, but at 24 and 32 it was no faster
-# than cuBLAS (probe, docs/RESULTS.md), so projections of more than 16 rows keep cuBLAS.
+# (rows past M masked, never read), and so do FULL_TILE_ROWS..32 rows, a 32-row tile at most a
+# fifth masked. Alone (the probe) it read the weights no faster than cuBLASLt at 24 and 32 rows,
+# but launched with PDL after the kernel before it, batch 32's decode steps ran 1.7-2.8% faster
+# through it and batch 24's (a third of the tile masked) 2% slower (docs/RESULTS.md): 17..24
+# rows keep cuBLASLt.
 MAX_ROWS = 16
+FULL_TILE_ROWS = 25
 ROWS_K_MULTIPLE = 512  # K a multiple of this fits every configuration rows_config gives
 ROWS_SHARED_BYTES = 200 * 1024  # the stages' tiles stay within this much shared memory
 # The small-M kernel is launched with PDL (triton_pdl; the one-row GEMV is not, see there): a
@@ -97,7 +107,9 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, N, stride_wn,
                  K_STEPS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  STAGES: tl.constexpr, HAS_BIAS: tl.constexpr, PROLOGUE: tl.constexpr,
                  HAS_RESIDUAL: tl.constexpr, UNIT_OFFSET: tl.constexpr,
-                 NORM_BLOCK: tl.constexpr, ADD_SUMSQ: tl.constexpr):
+                 NORM_BLOCK: tl.constexpr, ADD_SUMSQ: tl.constexpr, RELEASE: tl.constexpr):
+    if RELEASE:  # let a PDL-launched kernel after this one start and prefetch meanwhile
+        release()
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -197,11 +209,17 @@ def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return _rows_fit(x, weight, weight.shape[1], 1, BLOCK_K)
 
 
+def takes_rows(m: int) -> bool:
+    """Whether the small-M kernel takes a product of m rows: 2..MAX_ROWS or FULL_TILE_ROWS..32."""
+    return 2 <= m <= MAX_ROWS or FULL_TILE_ROWS <= m <= 32
+
+
 def usable_rows(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """True for 2..MAX_ROWS 16-bit rows x ([M, K], contiguous along K) on CUDA against a weight
-    ([N, K]) of its dtype, contiguous along K, with K a multiple of the rows kernel's K slice."""
-    return x.dim() == 2 and x.shape[0] >= 2 and _rows_fit(x, weight, weight.shape[1], MAX_ROWS,
-                                                           ROWS_K_MULTIPLE)
+    """True for 16-bit rows x ([M, K], contiguous along K; M as ``takes_rows`` takes it) on
+    CUDA against a weight ([N, K]) of its dtype, contiguous along K, with K a multiple of the
+    rows kernel's K slice."""
+    return (x.dim() == 2 and takes_rows(x.shape[0])
+            and _rows_fit(x, weight, weight.shape[1], 32, ROWS_K_MULTIPLE))
 
 
 def usable_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
@@ -239,7 +257,7 @@ def _launch(x, weight, bias, out, prologue, *, residual=None, norm_weight=None, 
         K_STEPS=k // block_k, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages,
         HAS_BIAS=bias is not None, PROLOGUE=prologue, HAS_RESIDUAL=residual is not None,
         UNIT_OFFSET=unit_offset, NORM_BLOCK=norm_block, ADD_SUMSQ=add_sumsq,
-        num_warps=warps, enable_fp_fusion=not fused_input)
+        RELEASE=triton_pdl.enabled(x.device), num_warps=warps, enable_fp_fusion=not fused_input)
     return out
 
 

@@ -11,7 +11,9 @@ overlaps the previous kernel's tail.
 The RMSNorm, SiLU-and-mul, small-M projection, KV-write (with or without RoPE), paged
 attention and split-KV merge kernels launch with it. The one-row GEMV does not: launched early
 it made batch-1 steps slower (8B preset, H200: 4.75 ms per step with every kernel on PDL, 4.55
-with none, 4.44 with all but the GEMV; batch 32 8.94 against 9.33; docs/RESULTS.md).
+with none, 4.44 with all but the GEMV; batch 32 8.94 against 9.33; docs/RESULTS.md). It
+releases its dependents as it starts (``release``), so a PDL kernel after it (the attention
+after the QKV projection) launches early all the same.
 
 The contract each such kernel keeps (``enter`` below): before the wait it reads only what no
 kernel of the current step writes (weights, rotary tables, the step's inputs that the host
@@ -97,6 +99,12 @@ def prefetch_lines(row_elements: int, element_size: int, elements: int) -> int:
 def enter():
     """Wait for the kernel before this one to complete, then let the next one launch."""
     gdc_wait()
+    gdc_launch_dependents()
+
+
+@_jit
+def release():
+    """Let the next kernel launch (it still waits for this one to complete)."""
     gdc_launch_dependents()
 
 

@@ -49,7 +49,7 @@ def test_only_cuda_decode_batches_past_the_small_m_kernel_prefer_cublaslt():
 def test_decode_batches_run_through_cublaslt_and_restore_the_preference(monkeypatch):
     import hifc.layers.linear as linear_mod
     from hifc.layers.linear import LT_MAX_ROWS, linear, prefers_cublaslt
-    from hifc.layers.triton_gemv import MAX_ROWS
+    from hifc.layers.triton_gemv import FULL_TILE_ROWS, MAX_ROWS
 
     seen = []
     real = torch.nn.functional.linear
@@ -65,13 +65,14 @@ def test_decode_batches_run_through_cublaslt_and_restore_the_preference(monkeypa
     dev = torch.device("cuda")
     weight = torch.randn(384, 512, device=dev, dtype=torch.bfloat16)
     bias = torch.randn(384, device=dev, dtype=torch.bfloat16)
-    for m, lt in ((MAX_ROWS + 1, True), (32, True), (LT_MAX_ROWS, True),
-                  (LT_MAX_ROWS + 1, False), (512, False)):
+    for m, lt in ((MAX_ROWS + 1, True), (FULL_TILE_ROWS - 1, True), (32, None),
+                  (LT_MAX_ROWS, True), (LT_MAX_ROWS + 1, False), (512, False)):
         x = torch.randn(m, 512, device=dev, dtype=torch.bfloat16)
-        assert prefers_cublaslt(x) is lt
+        assert prefers_cublaslt(x) is (lt is not False)
         seen.clear()
         out = linear(x, weight, bias)
-        assert seen == [torch._C._BlasBackend.Cublaslt if lt else before]
+        # 32 rows: the small-M kernel, no library product
+        assert seen == ([] if lt is None else [torch._C._BlasBackend.Cublaslt if lt else before])
         torch.testing.assert_close(out.float(), (x.float() @ weight.float().T + bias.float()),
                                    rtol=2e-2, atol=2e-1)
         assert torch.backends.cuda.preferred_blas_library() == before

@@ -187,7 +187,11 @@ def test_usable_only_for_one_16_bit_row_on_cuda():
 
     assert ok_rows(2) and ok_rows(triton_gemv.MAX_ROWS)
     assert not ok_rows(1)  # one row: the GEMV
-    assert not ok_rows(triton_gemv.MAX_ROWS + 1)  # more: cuBLAS
+    assert not ok_rows(triton_gemv.MAX_ROWS + 1)  # more: cuBLASLt ...
+    assert not ok_rows(triton_gemv.FULL_TILE_ROWS - 1)
+    assert ok_rows(triton_gemv.FULL_TILE_ROWS) and ok_rows(32)  # ... but a 32-row tile
+    assert not ok_rows(33)
+    assert [m for m in range(40) if triton_gemv.takes_rows(m)] == [*range(2, 17), *range(25, 33)]
     assert not ok_rows(4, 1000)
 
     def ok_fused(k, residual=True, norm_dtype=torch.bfloat16, gate_up_width=None):
@@ -340,7 +344,7 @@ def test_row_layer_takes_silu_into_the_gemv_for_one_row(monkeypatch):
 @pytest.mark.skipif(not HAS_TRITON or INTERPRET, reason="needs triton, kernels compiled")
 def test_gemv_compiles_to_wide_loads_for_hopper():
     from tests.layers.test_triton_compile_fp8 import compile_ptx
-    from tests.layers.test_triton_pdl import assert_prefetch_then_wait
+    from tests.layers.test_triton_pdl import RELEASE, WAIT, assert_prefetch_then_wait
 
     signature = {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "out_ptr": "*bf16",
                  "N": "i32", "stride_wn": "i32", "residual_ptr": "*bf16",
@@ -349,16 +353,22 @@ def test_gemv_compiles_to_wide_loads_for_hopper():
     cases = ((triton_gemv._PLAIN, False), (triton_gemv._RMS_NORM, False),
              (triton_gemv._SILU_MUL, False), (triton_gemv._PLAIN, True),
              (triton_gemv._NORM_SUMSQ, False))
-    for prologue, add_sumsq in cases:
+    for (prologue, add_sumsq), release in itertools.product(cases, (False, True)):
         ptx = compile_ptx(triton_gemv._gemv_kernel, signature,
                           dict(K_STEPS=8, BLOCK_N=triton_gemv.BLOCK_N,
                                BLOCK_K=triton_gemv.BLOCK_K, STAGES=triton_gemv.NUM_STAGES,
                                HAS_BIAS=False, PROLOGUE=prologue, HAS_RESIDUAL=True,
-                               UNIT_OFFSET=False, NORM_BLOCK=4096, ADD_SUMSQ=add_sumsq),
+                               UNIT_OFFSET=False, NORM_BLOCK=4096, ADD_SUMSQ=add_sumsq,
+                               RELEASE=release),
                           triton_gemv.NUM_WARPS)
         assert "cp.async" in ptx  # weight slices loaded ahead of their use (pipelined)
         assert "mma" not in ptx  # no tensor cores for one row
-        assert_prefetch_then_wait(ptx, False)  # launched without PDL
+        if release:  # its dependents released before its first load, and no wait
+            assert WAIT not in ptx and ptx.count(RELEASE) == 1
+            assert ptx.index(RELEASE) < min(ptx.index(load) for load in ("ld.global", "cp.async")
+                                            if load in ptx)
+        else:
+            assert_prefetch_then_wait(ptx, False)  # launched without PDL
     for (n, m), pdl in itertools.product(((4096, 2), (6144, 16), (4096, 32), (6144, 32)),
                                          (False, True)):  # each rows_config gives
         config = triton_gemv.rows_config(n, m)
