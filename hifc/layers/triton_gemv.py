@@ -42,7 +42,7 @@ cuBLASLt is not (``FULL_TILE_ROWS``).
 The one-row GEMV is not launched with PDL (``triton_pdl``), but it releases its dependents as it
 starts: the attention after the QKV projection, launched with PDL, then takes the SMs the GEMV's
 programs leave and prefetches its first K/V tile while the weight streams (8B batch-1 forwards
-1% shorter on an H100, docs/RESULTS.md).
+0.5-1.4% shorter on an H100 and an H200, docs/RESULTS.md).
 
 Float32 sums run in another order than cuBLAS's, so results differ from ``F.linear`` in the last
 bits; every projection of 16-bit rows on CUDA whose count ``takes_rows`` or is one and whose K is
@@ -68,8 +68,9 @@ NUM_WARPS = 4
 # (rows past M masked, never read), and so do FULL_TILE_ROWS..32 rows, a 32-row tile at most a
 # fifth masked. Alone (the probe) it read the weights no faster than cuBLASLt at 24 and 32 rows,
 # but launched with PDL after the kernel before it, batch 32's decode steps ran 1.7-2.8% faster
-# through it and batch 24's (a third of the tile masked) 2% slower (docs/RESULTS.md): 17..24
-# rows keep cuBLASLt.
+# through it on an H100 (level to 0.3% slower on an H200, whose cuBLASLt reads these weights
+# nearer its copy rate) and batch 24's (a third of the tile masked) 2% slower
+# (docs/RESULTS.md): 17..24 rows keep cuBLASLt.
 MAX_ROWS = 16
 FULL_TILE_ROWS = 25
 ROWS_K_MULTIPLE = 512  # K a multiple of this fits every configuration rows_config gives
