@@ -97,13 +97,22 @@ def test_a_step_that_waits_for_swap_io_says_what_waits(tmp_path, caplog):
     """With writes held, the victim cannot come back before its write ends: once the others
     are done the engine waits, and at debug level it logs the queues it waited with."""
     import logging
-    import threading
 
     engine, io = engine_with_held_writes(tmp_path)
     try:
         step_until_staged(engine)
-    finally:
-        threading.Timer(0.3, io.gate.set).start()
+    except BaseException:
+        io.gate.set()
+        raise
+    swapper = engine.swaps.swapper
+    collect = swapper.collect
+
+    def collect_opening(block, **kwargs):
+        if block:  # the engine waits for swap I/O: let the held writes through
+            io.gate.set()
+        return collect(block=block, **kwargs)
+
+    swapper.collect = collect_opening
     with caplog.at_level(logging.DEBUG, logger="hifc.engine.swaps"):
         assert run_to_end(engine) == reference(BLOCK_SIZE)
     waits = [r.getMessage() for r in caplog.records if "waiting on swap I/O" in r.getMessage()]
