@@ -231,7 +231,7 @@ def test_the_cost_rule_reads_from_a_fast_disk_and_recomputes_past_a_slow_one(tmp
     llm.close()
 
 
-def test_swapped_out_blocks_the_store_holds_are_held_not_written(tmp_path):
+def test_swapped_out_blocks_the_store_holds_are_held_not_written(tmp_path, monkeypatch):
     """With every block stored as computed (``all``), a preempted sequence's swap-out writes
     only its newest, partial block; the others are read back by prefix reads at swap-in."""
     prompts = [list(range(5 + 7 * i, 45 + 7 * i)) for i in range(4)]
@@ -242,19 +242,17 @@ def test_swapped_out_blocks_the_store_holds_are_held_not_written(tmp_path):
     llm = LLM("random:tiny-llama", dtype="float32", device="cpu", block_size=16,
               num_gpu_blocks=12, max_model_len=96,
               **flash(tmp_path / "kv.hifc", prefix_store="all", prefix_store_read="always"))
-    engine = llm.engine
-    for i, prompt in enumerate(prompts):
-        engine.add_request(f"r{i}", prompt, params)
-    outputs = {}
-    while engine.has_unfinished_requests():
+    engine, step = llm.engine, llm.engine.step
+
+    def step_after_swap_io():
         # every swap job ends before the next step: which sequences are preempted, and when,
         # then does not hang on how fast the I/O threads run beside the test (a swap-out's
         # GPU blocks are freed when the tier has staged them)
         engine.swaps.drain()
-        for out in engine.step():
-            if out.finished:
-                outputs[out.request_id] = out.outputs[0].token_ids
-    assert [outputs[f"r{i}"] for i in range(len(prompts))] == expected
+        return step()
+
+    monkeypatch.setattr(engine, "step", step_after_swap_io)
+    assert [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == expected
     stats = llm.stats()
     assert stats["preemptions"] > 0 and stats["recomputed_sequences"] == 0
     assert stats["swap_out_blocks"] < stats["preemptions"] * 3  # a victim holds >= 3 blocks
