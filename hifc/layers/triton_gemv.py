@@ -39,10 +39,14 @@ batch 2-16 run 1.3-2.2% faster (8B) and 1.7-3.5% (32B at batch 4 and 16). It als
 rows in a 32-row tile (batch 32), where it is launched with PDL as the kernels around it are and
 cuBLASLt is not (``FULL_TILE_ROWS``).
 
-The one-row GEMV is not launched with PDL (``triton_pdl``), but it releases its dependents as it
-starts: the attention after the QKV projection, launched with PDL, then takes the SMs the GEMV's
-programs leave and prefetches its first K/V tile while the weight streams (8B batch-1 forwards
-0.5-1.4% shorter on an H100 and an H200, docs/RESULTS.md).
+The QKV and down GEMVs are not launched with PDL (``triton_pdl``), but they release their
+dependents as they start: the attention after the QKV projection, launched with PDL, then takes
+the SMs the GEMV's programs leave and prefetches its first K/V tile while the weight streams
+(8B batch-1 forwards 0.5-1.4% shorter on an H100 and an H200, docs/RESULTS.md). The O GEMV
+(``gemv_add_sumsq``, after the attention) and the gate-up GEMV after it (``gemv_norm_sumsq``)
+are launched with PDL: they wait for the kernel before them as they start and then release
+their dependents (8B batch-1 steps 0.3% shorter on an H100; with every GEMV on PDL they were
+2% longer).
 
 Float32 sums run in another order than cuBLAS's, so results differ from ``F.linear`` in the last
 bits; every projection of 16-bit rows on CUDA whose count ``takes_rows`` or is one and whose K is
@@ -108,8 +112,11 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, N, stride_wn,
                  K_STEPS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  STAGES: tl.constexpr, HAS_BIAS: tl.constexpr, PROLOGUE: tl.constexpr,
                  HAS_RESIDUAL: tl.constexpr, UNIT_OFFSET: tl.constexpr,
-                 NORM_BLOCK: tl.constexpr, ADD_SUMSQ: tl.constexpr, RELEASE: tl.constexpr):
-    if RELEASE:  # let a PDL-launched kernel after this one start and prefetch meanwhile
+                 NORM_BLOCK: tl.constexpr, ADD_SUMSQ: tl.constexpr, RELEASE: tl.constexpr,
+                 PDL: tl.constexpr):
+    if PDL:  # launched with PDL: wait for the kernel before, then let the next one launch
+        enter()
+    elif RELEASE:  # let a PDL-launched kernel after this one start and prefetch meanwhile
         release()
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -240,8 +247,8 @@ def usable_silu_mul(gate_up: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def _launch(x, weight, bias, out, prologue, *, residual=None, norm_weight=None, summed=None,
-            sumsq=None, add_sumsq=False, eps=0.0, unit_offset=False, block_n=BLOCK_N,
-            block_k=BLOCK_K, stages=NUM_STAGES, warps=NUM_WARPS):
+            sumsq=None, add_sumsq=False, eps=0.0, unit_offset=False, pdl=False,
+            block_n=BLOCK_N, block_k=BLOCK_K, stages=NUM_STAGES, warps=NUM_WARPS):
     n, k = weight.shape
     if out is None:
         out = torch.empty(1, n, dtype=x.dtype, device=x.device)
@@ -258,7 +265,8 @@ def _launch(x, weight, bias, out, prologue, *, residual=None, norm_weight=None, 
         K_STEPS=k // block_k, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages,
         HAS_BIAS=bias is not None, PROLOGUE=prologue, HAS_RESIDUAL=residual is not None,
         UNIT_OFFSET=unit_offset, NORM_BLOCK=norm_block, ADD_SUMSQ=add_sumsq,
-        RELEASE=triton_pdl.enabled(x.device), num_warps=warps, enable_fp_fusion=not fused_input)
+        RELEASE=triton_pdl.enabled(x.device), **triton_pdl.options(pdl and triton_pdl.enabled(
+            x.device)), num_warps=warps, enable_fp_fusion=not fused_input)
     return out
 
 
@@ -331,7 +339,7 @@ def gemv_add_sumsq(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor
     n = weight.shape[0]
     sumsq = torch.empty(triton.cdiv(n, BLOCK_N), dtype=torch.float32, device=x.device)
     summed = _launch(x, weight, bias, None, _PLAIN, residual=residual, sumsq=sumsq,
-                     add_sumsq=True)
+                     add_sumsq=True, pdl=True)
     return summed, sumsq
 
 
@@ -349,4 +357,4 @@ def gemv_norm_sumsq(summed: torch.Tensor, sumsq: torch.Tensor, norm_weight: torc
     being the sum of ``sumsq`` (``gemv_add_sumsq``'s), for inputs ``usable_norm_sumsq``
     accepts -> [1, N]."""
     return _launch(summed, weight, bias, None, _NORM_SUMSQ, norm_weight=norm_weight,
-                   sumsq=sumsq, eps=eps, unit_offset=unit_offset)
+                   sumsq=sumsq, eps=eps, unit_offset=unit_offset, pdl=True)

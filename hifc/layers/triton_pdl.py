@@ -9,11 +9,12 @@ launches, each paying its ramp-up after the one before it drains; with PDL that 
 overlaps the previous kernel's tail.
 
 The RMSNorm, SiLU-and-mul, small-M projection, KV-write (with or without RoPE), paged
-attention and split-KV merge kernels launch with it. The one-row GEMV does not: launched early
-it made batch-1 steps slower (8B preset, H200: 4.75 ms per step with every kernel on PDL, 4.55
-with none, 4.44 with all but the GEMV; batch 32 8.94 against 9.33; docs/RESULTS.md). It
-releases its dependents as it starts (``release``), so a PDL kernel after it (the attention
-after the QKV projection) launches early all the same.
+attention and split-KV merge kernels launch with it, and of the one-row GEMVs the O projection
+(after the attention) and the gate-up projection after it. The QKV and down GEMVs do not: with
+every GEMV launched early batch-1 steps were slower (8B preset, H200: 4.75 ms per step with
+every kernel on PDL, 4.55 with none, 4.44 with all but the GEMV; batch 32 8.94 against 9.33;
+docs/RESULTS.md). They release their dependents as they start (``release``), so a PDL kernel
+after them (the attention after the QKV projection) launches early all the same.
 
 The contract each such kernel keeps (``enter`` below): before the wait it reads only what no
 kernel of the current step writes (weights, rotary tables, the step's inputs that the host

@@ -350,23 +350,27 @@ def test_gemv_compiles_to_wide_loads_for_hopper():
                  "N": "i32", "stride_wn": "i32", "residual_ptr": "*bf16",
                  "norm_weight_ptr": "*bf16", "summed_ptr": "*bf16", "sumsq_ptr": "*fp32",
                  "num_partials": "i32", "eps": "fp32"}
-    cases = ((triton_gemv._PLAIN, False), (triton_gemv._RMS_NORM, False),
-             (triton_gemv._SILU_MUL, False), (triton_gemv._PLAIN, True),
-             (triton_gemv._NORM_SUMSQ, False))
-    for (prologue, add_sumsq), release in itertools.product(cases, (False, True)):
+    # (prologue, add_sumsq, launched with PDL as gemv_add_sumsq and gemv_norm_sumsq launch)
+    cases = ((triton_gemv._PLAIN, False, False), (triton_gemv._RMS_NORM, False, False),
+             (triton_gemv._SILU_MUL, False, False), (triton_gemv._PLAIN, True, True),
+             (triton_gemv._NORM_SUMSQ, False, True))
+    for (prologue, add_sumsq, pdl), release in itertools.product(cases, (False, True)):
         ptx = compile_ptx(triton_gemv._gemv_kernel, signature,
                           dict(K_STEPS=8, BLOCK_N=triton_gemv.BLOCK_N,
                                BLOCK_K=triton_gemv.BLOCK_K, STAGES=triton_gemv.NUM_STAGES,
                                HAS_BIAS=False, PROLOGUE=prologue, HAS_RESIDUAL=True,
                                UNIT_OFFSET=False, NORM_BLOCK=4096, ADD_SUMSQ=add_sumsq,
-                               RELEASE=release),
+                               RELEASE=release, PDL=pdl),
                           triton_gemv.NUM_WARPS)
         assert "cp.async" in ptx  # weight slices loaded ahead of their use (pipelined)
         assert "mma" not in ptx  # no tensor cores for one row
-        if release:  # its dependents released before its first load, and no wait
+        first_load = min(ptx.index(load) for load in ("ld.global", "cp.async") if load in ptx)
+        if pdl:  # it waits for the kernel before it, then releases, before its first load
+            assert ptx.count(WAIT) == 1 and ptx.count(RELEASE) == 1
+            assert ptx.index(WAIT) < ptx.index(RELEASE) < first_load
+        elif release:  # its dependents released before its first load, and no wait
             assert WAIT not in ptx and ptx.count(RELEASE) == 1
-            assert ptx.index(RELEASE) < min(ptx.index(load) for load in ("ld.global", "cp.async")
-                                            if load in ptx)
+            assert ptx.index(RELEASE) < first_load
         else:
             assert_prefetch_then_wait(ptx, False)  # launched without PDL
     for (n, m), pdl in itertools.product(((4096, 2), (6144, 16), (4096, 32), (6144, 32)),
