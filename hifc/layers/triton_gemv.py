@@ -45,8 +45,8 @@ the SMs the GEMV's programs leave and prefetches its first K/V tile while the we
 (8B batch-1 forwards 0.5-1.4% shorter on an H100 and an H200, docs/RESULTS.md). The O GEMV
 (``gemv_add_sumsq``, after the attention) and the gate-up GEMV after it (``gemv_norm_sumsq``)
 are launched with PDL: they wait for the kernel before them as they start and then release
-their dependents (8B batch-1 steps 0.3% shorter on an H100; with every GEMV on PDL they were
-2% longer).
+their dependents (8B batch-1 steps 0.2-0.3% shorter on H100s, not measured on an H200; with
+every GEMV on PDL they were 2% longer).
 
 Float32 sums run in another order than cuBLAS's, so results differ from ``F.linear`` in the last
 bits; every projection of 16-bit rows on CUDA whose count ``takes_rows`` or is one and whose K is
@@ -255,6 +255,7 @@ def _launch(x, weight, bias, out, prologue, *, residual=None, norm_weight=None, 
     # the plain GEMV keeps FMA contraction (with add_sumsq too: its product is the plain
     # GEMV's); the fused inputs round as the separate kernels
     fused_input = prologue != _PLAIN
+    pdl_on = triton_pdl.enabled(x.device)
     num_partials = sumsq.shape[0] if sumsq is not None else 0
     norm_block = (triton.next_power_of_2(num_partials) if prologue == _NORM_SUMSQ
                   else triton.next_power_of_2(k))
@@ -265,8 +266,8 @@ def _launch(x, weight, bias, out, prologue, *, residual=None, norm_weight=None, 
         K_STEPS=k // block_k, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages,
         HAS_BIAS=bias is not None, PROLOGUE=prologue, HAS_RESIDUAL=residual is not None,
         UNIT_OFFSET=unit_offset, NORM_BLOCK=norm_block, ADD_SUMSQ=add_sumsq,
-        RELEASE=triton_pdl.enabled(x.device), **triton_pdl.options(pdl and triton_pdl.enabled(
-            x.device)), num_warps=warps, enable_fp_fusion=not fused_input)
+        RELEASE=pdl_on, **triton_pdl.options(pdl and pdl_on), num_warps=warps,
+        enable_fp_fusion=not fused_input)
     return out
 
 

@@ -341,6 +341,33 @@ def test_row_layer_takes_silu_into_the_gemv_for_one_row(monkeypatch):
     assert fused == [torch.Size([1, 16])] * 2
 
 
+@pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
+def test_only_the_o_and_gate_up_gemvs_launch_with_pdl(monkeypatch):
+    # Where PDL is on, the GEMVs after the attention (O, adding the residual) and after the O
+    # projection (gate-up, normalizing from its sums) launch with it; the QKV and down GEMVs
+    # and a plain one release their dependents without waiting.
+    launches = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **options: launches.append(options)
+
+    monkeypatch.setattr(triton_gemv, "_gemv_kernel", Recorder())
+    monkeypatch.setattr(triton_gemv.triton_pdl, "enabled", lambda device: True)
+    x, w = torch.zeros(1, 512), torch.zeros(64, 512)
+    triton_gemv.gemv(x, w)
+    triton_gemv.gemv_rms_norm(x, x, torch.ones(512), 1e-6, False, w)
+    triton_gemv.gemv_silu_mul(torch.zeros(1, 1024), w)
+    summed, sumsq = triton_gemv.gemv_add_sumsq(x, torch.zeros(1, 64), w)
+    triton_gemv.gemv_norm_sumsq(x, sumsq, torch.ones(512), 1e-6, False, w)
+    assert [(o["PDL"], o.get("launch_pdl", False), o["RELEASE"]) for o in launches] == [
+        (False, False, True)] * 3 + [(True, True, True)] * 2
+    monkeypatch.setattr(triton_gemv.triton_pdl, "enabled", lambda device: False)
+    launches.clear()
+    triton_gemv.gemv_add_sumsq(x, torch.zeros(1, 64), w)
+    assert launches[0]["PDL"] is False and "launch_pdl" not in launches[0]
+
+
 @pytest.mark.skipif(not HAS_TRITON or INTERPRET, reason="needs triton, kernels compiled")
 def test_gemv_compiles_to_wide_loads_for_hopper():
     from tests.layers.test_triton_compile_fp8 import compile_ptx
