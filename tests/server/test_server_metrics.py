@@ -6,7 +6,11 @@ import json
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.server.helpers import MODEL_NAME, NUM_GPU_BLOCKS, metric_values, wait_until_idle
+from hifc.config import EngineConfig
+from hifc.engine.llm_engine import LLMEngine
+from hifc.entrypoints.server.async_engine import AsyncEngine
+from tests.server.helpers import (MODEL_NAME, NUM_GPU_BLOCKS, app_client, metric_values,
+                                  wait_until_idle)
 
 # what means the same as in vLLM has vLLM's name and model_name label; the rest is hifc's
 VLLM_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting",
@@ -84,3 +88,32 @@ def test_streamed_requests_count_every_completion_s_tokens(server):
         assert after[f"{name}{LABELS}"] - before[f"{name}{LABELS}"] == grew, name
     key = f"vllm:request_success_total{{finished_reason=length,model_name={MODEL_NAME}}}"
     assert after[key] - before.get(key, 0) == 1
+
+
+def test_a_response_s_tokens_are_counted_when_it_arrives(tiny_model_dir, monkeypatch):
+    """The engine thread takes the engine's stats after a step and before it hands the step's
+    outputs to their requests, so /metrics read right after a response counts its tokens."""
+    engine = LLMEngine(EngineConfig.from_options(str(tiny_model_dir), device="cpu",
+                                                 block_size=16, max_model_len=64,
+                                                 num_gpu_blocks=32))
+    client = app_client(engine)
+    async_engine = client.app.state.async_engine
+    at_delivery = []
+    deliver = AsyncEngine._deliver
+
+    def recording(items):
+        at_delivery.append((async_engine.stats()["generation_tokens"],
+                            engine.num_generated_tokens))
+        deliver(items)
+
+    monkeypatch.setattr(AsyncEngine, "_deliver", staticmethod(recording))
+    with client:
+        for prompt in ("Count me", "And me"):
+            resp = client.post("/v1/completions", json={
+                "model": "m", "prompt": prompt, "max_tokens": 4, "ignore_eos": True})
+            assert resp.status_code == 200
+            values = metric_values(client.get("/metrics").text)
+            assert values["vllm:generation_tokens_total{model_name=m}"] == \
+                engine.num_generated_tokens
+    assert engine.num_generated_tokens == 8
+    assert at_delivery and all(seen == actual for seen, actual in at_delivery)

@@ -237,8 +237,9 @@ class AsyncEngine:
                 torch.cuda.set_device(device)  # Triton launches on the thread's current device
             while self._take_commands(block=not self.engine.has_unfinished_requests()):
                 if self.engine.has_unfinished_requests():
-                    self._step()
-                self._stats = self.engine.stats()
+                    self._step()  # takes the stats itself
+                else:
+                    self._stats = self.engine.stats()
         except Exception as exc:  # an engine bug: fail every request, report unhealthy
             logger.exception("engine thread failed")
             self._error = exc
@@ -312,6 +313,9 @@ class AsyncEngine:
 
     def _step(self) -> None:
         outputs = self.engine.step()
+        # the stats before the outputs: a client that reads /metrics after its response finds
+        # the response's tokens counted
+        self._stats = self.engine.stats()
         deliveries = []
         for out in outputs:
             stream = self._streams.get(out.request_id)
