@@ -58,11 +58,16 @@ def assert_same(got, expected) -> None:
                     assert pos_got[token] == (pytest.approx(logprob, abs=1e-4), rank)
 
 
-def both(prompts, params, **options) -> tuple[list, list, dict]:
-    """The outputs without and with asynchronous scheduling, and the latter's stats."""
+def both(prompts, params, own_flash_files: bool = False, **options) -> tuple[list, list, dict]:
+    """The outputs without and with asynchronous scheduling, and the latter's stats; with
+    own_flash_files each run has a flash file of its own (``flash_path`` plus a suffix), else
+    the second run opens the first's and reads its prefix store."""
     results, stats = [], {}
     for async_scheduling in (False, True):
-        llm = make_llm(async_scheduling, **options)
+        run_options = dict(options)
+        if own_flash_files:
+            run_options["flash_path"] = f"{options['flash_path']}.{int(async_scheduling)}"
+        llm = make_llm(async_scheduling, **run_options)
         results.append(completions(llm.generate(prompts, params, use_tqdm=False)))
         stats = llm.stats()
         assert stats["gpu_blocks_free"] == stats["gpu_blocks_total"]
@@ -123,7 +128,9 @@ def test_greedy_outputs_are_unchanged_under_preemption(tier, tmp_path):
     prompts = prompts_with_shared_prefix(6, seed=1)
     params = [SamplingParams(max_tokens=20 + 2 * i, temperature=0, ignore_eos=True)
               for i in range(6)]
-    sync, overlapped, stats = both(prompts, params, **options)
+    # a flash file per run: on the first's, the second run reads the prompts from the prefix
+    # store, and whether it still preempts depends on when those reads complete
+    sync, overlapped, stats = both(prompts, params, own_flash_files=tier == "flash", **options)
     assert_same(overlapped, sync)
     assert stats["preemptions"] > 0
     if tier != "recompute":
