@@ -799,8 +799,9 @@ class TritonAttentionBackend:
         below max_model_len that plans as it does, then max_model_len (alone where it plans as
         the short cap). An uncrowded batch splits its contexts evenly up to the short cap x
         its even split's segments, where max_model_len plans one balanced segment per sequence
-        and KV head for a context just past the short cap: 8B shapes on an H100 at 4,100 keys under a 131,072-key max_model_len, a step of
-        batch 16 / 32 took 8.68 / 11.95 ms against 9.30 / 12.15 (docs/RESULTS.md)."""
+        and KV head for a context just past the short cap: 8B shapes on an H100 at 4,100 keys
+        under a 131,072-key max_model_len, a step of batch 16 / 32 took 8.68 / 11.95 ms
+        against 9.30 / 12.15 (docs/RESULTS.md)."""
         caps = self.graph_context_caps(max_model_len)
         if len(caps) == 1:
             return caps

@@ -79,9 +79,9 @@ MAX_ROWS = 16
 FULL_TILE_ROWS = 25
 ROWS_K_MULTIPLE = 512  # K a multiple of this fits every configuration rows_config gives
 ROWS_SHARED_BYTES = 200 * 1024  # the stages' tiles stay within this much shared memory
-# The small-M kernel is launched with PDL (triton_pdl; the one-row GEMV is not, see there): a
-# program prefetches this many K slices of its weight rows into L2 while the kernel before it
-# finishes.
+# The small-M kernel is launched with PDL (triton_pdl; of the one-row GEMVs only the O and
+# gate-up ones are, see the module doc): a program prefetches this many K slices of its weight
+# rows into L2 while the kernel before it finishes.
 PREFETCH_SLICES = 2
 
 
