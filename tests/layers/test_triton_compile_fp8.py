@@ -14,9 +14,9 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                                 reason="needs triton")
 
 
-def compile_ptx(fn, signature: dict, constexprs: dict, num_warps: int, num_stages: int = 2):
-    """PTX of ``fn`` for sm_90, pointers and strides taken as 16-byte aligned (as Triton
-    specialises them at launch)."""
+def compile_hopper(fn, signature: dict, constexprs: dict, num_warps: int, num_stages: int = 2):
+    """``fn`` compiled for sm_90 (Triton's compiled kernel, not loaded), pointers and strides
+    taken as 16-byte aligned (as Triton specialises them at launch)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -27,9 +27,13 @@ def compile_ptx(fn, signature: dict, constexprs: dict, num_warps: int, num_stage
     source = ASTSource(fn, {**signature, **{n: "constexpr" for n in constexprs}}, constexprs,
                        attrs)
     skip_without_ptxas()
-    kernel = triton.compile(source, target=GPUTarget(*HOPPER),
-                            options={"num_warps": num_warps, "num_stages": num_stages})
-    return kernel.asm["ptx"]
+    return triton.compile(source, target=GPUTarget(*HOPPER),
+                          options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+def compile_ptx(fn, signature: dict, constexprs: dict, num_warps: int, num_stages: int = 2):
+    """PTX of ``fn`` for sm_90, as ``compile_hopper`` compiles it."""
+    return compile_hopper(fn, signature, constexprs, num_warps, num_stages).asm["ptx"]
 
 
 def rotary_kv_write_signature(cache: str) -> dict:
