@@ -4,8 +4,8 @@
 programs per SM, and those plans were measured (docs/RESULTS.md) with that many programs resident
 on every SM at once. At batch 1 under a 4,096-key cap, for example, 8 KV heads x 64 segments make
 512 programs, 3.9 per SM of an H100 or H200 (132 SMs). Several plans sit exactly at the register
-limit (128 per thread, 4 warps, 4 programs: 65,536), so one more register class per thread
-would leave room for three, and a quarter of the launch would wait for a second wave.
+limit (128 per thread, 4 warps, 4 programs: 65,536): one more register class per thread would
+leave room for three, and 116 of those 512 programs would wait for a second wave.
 
 These cases compile the kernel as each plan launches it, for sm_90 through the ptxas and
 cuobjdump in Triton's wheel, and read its registers, spills and shared memory from the cubin."""
