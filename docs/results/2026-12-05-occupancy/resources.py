@@ -18,16 +18,14 @@ from tests.layers.test_triton_occupancy import cubin_resources, programs_per_sm 
 SMS = 132
 HIDDEN, QKV, INTER, VOCAB = 4096, 6144, 14336, 128256
 tmp = Path(tempfile.mkdtemp())
-rows = []
 
 
-def report(name, kernel, warps, grid, options=None):
+def report(name, kernel, warps, grid):
     used = cubin_resources(kernel, tmp)
     per = programs_per_sm(used["regs"], used["shared"], warps)
-    rows.append((name, used["regs"], used["stack"], used["shared"], warps, per, grid,
-                 math.ceil(grid / (per * SMS))))
-    print("%-44s regs %3d stack %3d shared %6d warps %d  per SM %d  grid %5d  waves %d" % rows[-1],
-          flush=True)
+    print("%-44s regs %3d stack %3d shared %6d warps %d  per SM %d  grid %5d  waves %d"
+          % (name, used["regs"], used["stack"], used["shared"], warps, per, grid,
+             math.ceil(grid / (per * SMS))), flush=True)
 
 
 GEMV_SIG = {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "out_ptr": "*bf16",
