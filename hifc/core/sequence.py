@@ -54,6 +54,9 @@ class Sequence:
         self.generation = 0  # bumped at every preemption; tags the sequence's stored KV
         self.num_preemptions = 0
         self.stop_reason: int | str | None = None  # the stop token id or string that ended it
+        # its last token is the EOS or stop token that ended it: the text leaves it out, unless
+        # include_stop_str_in_output (as vLLM's does)
+        self.ended_on_stop_token = False
 
     @property
     def num_tokens_to_compute(self) -> int:
@@ -116,9 +119,11 @@ class Sequence:
         if num_output >= params.min_tokens:
             last = self.output_token_ids[-1]
             if not params.ignore_eos and last in self.eos_token_ids:
+                self.ended_on_stop_token = True
                 return SequenceStatus.FINISHED_STOPPED
             if last in params.stop_token_ids:
                 self.stop_reason = last
+                self.ended_on_stop_token = True
                 return SequenceStatus.FINISHED_STOPPED
         max_tokens = params.max_tokens
         if (max_tokens is not None and num_output >= max_tokens) \

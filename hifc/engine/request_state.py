@@ -63,14 +63,22 @@ class CompletionState:
         if self.detokenizer is None or self.text_at_end:
             return None
         check_stop = len(seq.output_token_ids) >= params.min_tokens
-        return self.detokenizer.update(seq.output_token_ids, check_stop)
+        return self.detokenizer.update(self._text_tokens(), check_stop)
+
+    def _text_tokens(self) -> list[int]:
+        """The output tokens the text shows: all but an EOS or stop token that ended the
+        sequence, unless ``include_stop_str_in_output``."""
+        seq = self.seq
+        if seq.ended_on_stop_token and not seq.sampling_params.include_stop_str_in_output:
+            return seq.output_token_ids[:-1]
+        return seq.output_token_ids
 
     def _shown_text(self, finished: bool) -> tuple[str, int]:
         """The text, and how much of it outputs may show now (all once ``finished``)."""
         if self.detokenizer is None:
             return "", 0
         if self.text_at_end:
-            self.detokenizer.update(self.seq.output_token_ids, check_stop=False)
+            self.detokenizer.update(self._text_tokens(), check_stop=False)
         text = self.detokenizer.text
         if not finished and self.holdback:
             return text, max(0, len(text) - self.holdback)

@@ -98,6 +98,26 @@ def test_min_tokens_holds_back_eos_and_stop_tokens(llm):
     assert 50 not in stop.token_ids[:3] and stop.outputs[0].stop_reason == 50
 
 
+@pytest.mark.parametrize("stop", [[], ["@never@"]])  # text decoded at the end; token by token
+def test_the_token_that_stops_a_sequence_is_left_out_of_its_text(llm, stop):
+    """As vLLM's: the EOS or stop token that ended a sequence stays in its token ids but not in
+    its text, unless ``include_stop_str_in_output``; a sequence cut by length keeps it all."""
+    tok = llm.get_tokenizer()
+    word = tok.encode("hello", add_special_tokens=False)[0]
+    piece = tok.decode([word])
+    assert piece
+    base = dict(temperature=0, max_tokens=10, min_tokens=2, skip_special_tokens=False,
+                stop=stop)
+    for ender, bias, shown in ((EOS, {}, "<|im_end|>"), (word, {"stop_token_ids": [word]}, piece)):
+        params = dict(base, logit_bias={ender: 100.0}, **bias)
+        cut, kept = _gen(llm, **params), _gen(llm, include_stop_str_in_output=True, **params)
+        assert cut.token_ids == kept.token_ids and cut.token_ids[-1] == ender
+        assert len(cut.token_ids) == 3 and cut.finish_reason == "stop"
+        assert kept.outputs[0].text == cut.outputs[0].text + shown
+    length = _gen(llm, **dict(base, logit_bias={word: 100.0}, max_tokens=3, ignore_eos=True))
+    assert length.finish_reason == "length" and length.outputs[0].text.endswith(piece)
+
+
 def test_stop_strings_report_the_string_and_can_be_kept(llm):
     free = _gen(llm, temperature=0, max_tokens=16, ignore_eos=True).text
     stop = next((free[i:i + 2] for i in range(2, len(free) - 2) if free[i:i + 2].strip()), None)
