@@ -54,8 +54,8 @@ class Sequence:
         self.generation = 0  # bumped at every preemption; tags the sequence's stored KV
         self.num_preemptions = 0
         self.stop_reason: int | str | None = None  # the stop token id or string that ended it
-        # its last token is the EOS or stop token that ended it: the text leaves it out, unless
-        # include_stop_str_in_output (as vLLM's does)
+        # its last token is the EOS or stop token that ended it (or a stop token its grammar
+        # accepted): the text leaves it out, unless include_stop_str_in_output (as vLLM's does)
         self.ended_on_stop_token = False
 
     @property

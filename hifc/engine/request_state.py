@@ -60,6 +60,8 @@ class CompletionState:
             self.cumulative_logprob += values.logprobs[row]
         if self.grammar is not None:
             self.grammar.advance(seq.output_token_ids)
+            if self.grammar.accepted_stop:  # under ignore_eos too: the grammar ends it there
+                seq.ended_on_stop_token = True
         if self.detokenizer is None or self.text_at_end:
             return None
         check_stop = len(seq.output_token_ids) >= params.min_tokens

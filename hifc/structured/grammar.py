@@ -118,6 +118,11 @@ class GrammarState:
         """The grammar accepted a stop token, or cannot go on."""
         return self.rejected or self.matcher.is_terminated()
 
+    @property
+    def accepted_stop(self) -> bool:
+        """The last token fed was a stop token the grammar accepted: it ended the sequence."""
+        return not self.rejected and self.matcher.is_terminated()
+
 
 # guided sequences per xgrammar thread in a step's bitmask fill: fewer rows per thread cost
 # more in handing out the work than they save (64 rows of a JSON schema on the GPU machine's

@@ -118,6 +118,20 @@ def test_the_token_that_stops_a_sequence_is_left_out_of_its_text(llm, stop):
     assert length.finish_reason == "length" and length.outputs[0].text.endswith(piece)
 
 
+@pytest.mark.parametrize("stop", [[], ["@never@"]])
+@pytest.mark.parametrize("ignore_eos", [False, True])
+def test_a_grammar_ends_its_sequence_at_the_eos_it_accepts(llm, stop, ignore_eos):
+    """Under ignore_eos too; the EOS is left out of the text as above."""
+    pytest.importorskip("xgrammar")
+    params = dict(temperature=1.0, seed=1, max_tokens=20, skip_special_tokens=False, stop=stop,
+                  ignore_eos=ignore_eos,
+                  structured_outputs=StructuredOutputsParams(choice=["flash", "dram"]))
+    cut, kept = _gen(llm, **params), _gen(llm, include_stop_str_in_output=True, **params)
+    assert cut.token_ids[-1] == EOS and cut.finish_reason == "stop"
+    assert cut.outputs[0].text in ("flash", "dram")
+    assert kept.outputs[0].text == cut.outputs[0].text + "<|im_end|>"
+
+
 def test_stop_strings_report_the_string_and_can_be_kept(llm):
     free = _gen(llm, temperature=0, max_tokens=16, ignore_eos=True).text
     stop = next((free[i:i + 2] for i in range(2, len(free) - 2) if free[i:i + 2].strip()), None)
