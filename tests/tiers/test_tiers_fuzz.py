@@ -251,5 +251,4 @@ class TierRun:
 
 @pytest.mark.parametrize("seed", range(40))
 def test_random_runs_never_return_wrong_kv(tmp_path, seed):
-    torch.manual_seed(seed)
     TierRun(seed, str(tmp_path / "cache.kvc")).run()
