@@ -18,6 +18,10 @@ MAX_LOGIT_BIAS = 100.0  # OpenAI's range for a logit bias; larger values are cla
 GREEDY_TEMPERATURE = 1e-5
 # Above this every token is about equally likely; larger values (or inf) mean nothing more.
 MAX_TEMPERATURE = 100.0
+# completions per request at most: each is a sequence of its own, built when the request is
+# added, so a larger n is refused up front rather than filling memory (the server keeps
+# OpenAI's lower limit)
+MAX_N = 4096
 
 
 class RequestOutputKind(IntEnum):
@@ -122,8 +126,8 @@ class SamplingParams:
     def _check_sampling(self) -> None:
         if not _is_int(self.n):
             raise ValueError(f"n must be an integer, got {_short(self.n)}")
-        if self.n < 1:
-            raise ValueError(f"n must be at least 1, got {self.n}")
+        if not 1 <= self.n <= MAX_N:
+            raise ValueError(f"n must be in [1, {MAX_N}], got {_short(self.n)}")
         for name in ("presence_penalty", "frequency_penalty"):
             value = _finite(name, getattr(self, name))
             if not -2.0 <= value <= 2.0:

@@ -266,7 +266,9 @@ def test_abort_ends_every_completion(llm):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(n=0), "n must be at least 1"),
+    (dict(n=0), r"n must be in \[1, 4096\], got 0"),
+    (dict(n=4097), r"n must be in \[1, 4096\]"),
+    (dict(n=10 ** 20), "an integer of 67 bits"),  # refused before it builds any sequence
     (dict(n=1.5), "n must be an integer"),
     (dict(presence_penalty=2.5), r"presence_penalty must be in \[-2, 2\], got 2.5"),
     (dict(frequency_penalty=-2.1), r"frequency_penalty must be in \[-2, 2\]"),
