@@ -94,5 +94,7 @@ def test_fifty_streams_with_disconnects_leave_nothing_allocated(server):
     assert after["hifc_swap_out_blocks_total"] > before["hifc_swap_out_blocks_total"]
     done = f"vllm:request_success_total{{finished_reason=length,model_name={MODEL_NAME}}}"
     done_before, done_after = before.get(done, 0), after[done]
-    assert done_after - done_before == len(finished)
+    # every stream read to its end is counted; a client that left may have left only after the
+    # server had finished its request (a loaded machine can run the client behind the server)
+    assert len(finished) <= done_after - done_before <= len(finished) + len(left)
     assert httpx.get(f"{server.base_url}/health").status_code == 200
