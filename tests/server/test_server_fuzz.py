@@ -59,30 +59,27 @@ def random_request(rng: random.Random) -> tuple[str, dict]:
     return (CHAT if chat else C), body
 
 
-def texts(path: str, body: dict, raw: str) -> dict[int, str]:
-    """Choice index -> its text, from a JSON answer or a whole event stream (which must end
-    with [DONE] and carry no error event)."""
+def choices(path: str, body: dict, raw: str) -> dict[int, tuple[str, str | None]]:
+    """Choice index -> (its text, its finish reason), from a JSON answer or a whole event stream
+    (which must end with [DONE] and carry no error event)."""
     chat = path == CHAT
     if not body["stream"]:
-        return {c["index"]: (c["message"]["content"] or "") if chat else c["text"]
-                for c in json.loads(raw)["choices"]}
+        return {c["index"]: ((c["message"]["content"] or "") if chat else c["text"],
+                             c["finish_reason"]) for c in json.loads(raw)["choices"]}
     events = [line[6:] for line in raw.splitlines() if line.startswith("data: ")]
     assert events and events[-1] == "[DONE]", raw[-300:]
-    out: dict[int, str] = {}
+    out: dict[int, tuple[str, str | None]] = {}
     for event in map(json.loads, events[:-1]):
         assert "error" not in event, event
         for c in event["choices"]:
             piece = (c.get("delta", {}).get("content") or "") if chat else c["text"]
-            out[c["index"]] = out.get(c["index"], "") + piece
+            text, finish = out.get(c["index"], ("", None))
+            out[c["index"]] = (text + piece, c.get("finish_reason") or finish)
     return out
 
 
-def finish_reasons(path: str, body: dict, raw: str) -> dict[int, str]:
-    if not body["stream"]:
-        return {c["index"]: c["finish_reason"] for c in json.loads(raw)["choices"]}
-    return {c["index"]: c["finish_reason"]
-            for event in raw.splitlines() if event.startswith("data: {")
-            for c in json.loads(event[6:])["choices"] if c.get("finish_reason")}
+def texts(path: str, body: dict, raw: str) -> dict[int, str]:
+    return {index: text for index, (text, _) in choices(path, body, raw).items()}
 
 
 def post(http: httpx.Client, path: str, body: dict) -> tuple[int, str]:
@@ -93,7 +90,7 @@ def post(http: httpx.Client, path: str, body: dict) -> tuple[int, str]:
     return resp.status_code, resp.text
 
 
-def check_constraint(body: dict, text: str, finish: str) -> None:
+def check_constraint(body: dict, text: str, finish: str | None) -> None:
     if finish != "stop" or any(name in body for name in CONFLICTING):
         return
     if "guided_choice" in body:
@@ -110,10 +107,11 @@ def check(http: httpx.Client, path: str, body: dict, status: int, raw: str) -> N
         error = json.loads(raw)["error"]
         assert set(error) == {"message", "type", "param", "code"} and error["message"], error
         return
-    got = texts(path, body, raw)
+    found = choices(path, body, raw)
+    got = {index: text for index, (text, _) in found.items()}
     assert sorted(got) == list(range(len(got))) and got, (body, raw[:300])
-    for index, finish in finish_reasons(path, body, raw).items():
-        check_constraint(body, got[index], finish)
+    for text, finish in found.values():
+        check_constraint(body, text, finish)
     if body.get("temperature") == 0 and body.get("n", 1) == 1:  # the same text the other way
         other = {**body, "stream": not body["stream"]}
         other.pop("stream_options", None)

@@ -10,7 +10,7 @@ from hifc.tiers import KVGeometry, TierConfig, make_tier
 from hifc.tiers.flash.cache_file import read_superblock
 from hifc.tiers.flash.kvikio_io import kvikio_available
 from hifc.tiers.flash.layout import LAYOUTS
-from tests.tiers.tier_helpers import SMALL, SMALL_FP8, random_kv
+from tests.tiers.tier_helpers import SMALL, SMALL_FP8, random_kv, same_bytes
 
 SALT = hashlib.sha256(b"model A").digest()
 OTHER_DIGEST = "0" * 31 + "1"
@@ -21,10 +21,6 @@ def fp8_kv(num_blocks, device="cpu", seed=0):
     kv = random_kv(SMALL_FP8, num_blocks, device, seed)
     kv.view(torch.uint8)[0, 0, 0, 0, 0, :2] = torch.tensor([0x7F, 0xFF], dtype=torch.uint8)
     return kv
-
-
-def same_bytes(a, b):
-    return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
 
 
 def round_trip(tier, kv, owner=(3, 1), seed=0):

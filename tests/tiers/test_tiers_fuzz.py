@@ -14,7 +14,6 @@ What must hold in every run:
   every block is reservable again.
 """
 import hashlib
-import os
 import random
 
 import pytest
@@ -24,6 +23,7 @@ from hifc.dtypes import torch_dtype
 from hifc.tiers import ErrorKind, KVGeometry, TierConfig, make_tier
 from hifc.tiers.flash.layout import LAYOUTS
 from hifc.tiers.flash.prefix_index import key_of
+from tests.tiers.tier_helpers import flip_byte, same_bytes
 
 GPU_BLOCKS = 6
 STEPS = 120
@@ -33,10 +33,6 @@ GEOMETRIES = (KVGeometry(2, 2, 32, 16, "float16"), KVGeometry(3, 1, 5, 3, "bfloa
 OPS = {"prefix_write": 6, "prefix_read": 6, "lookup": 3, "swap_out": 4, "swap_in": 4,
        "free": 1, "hold": 2, "release": 2, "wait": 2, "restart": 1, "flip_byte": 1,
        "arm_fault": 1}
-
-
-def same_bytes(a, b):
-    return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
 
 
 class TierRun:
@@ -225,12 +221,7 @@ class TierRun:
             offset = layout.data_file_offset(self.rng.randrange(self.geometry.num_layers),
                                              self.rng.randrange(2), block)
             offset += self.rng.randrange(self.geometry.slice_bytes)
-        fd = os.open(self.path, os.O_RDWR)
-        try:
-            old = os.pread(fd, 1, offset)
-            os.pwrite(fd, bytes([old[0] ^ 0x10]), offset)
-        finally:
-            os.close(fd)
+        flip_byte(self.path, offset, mask=0x10)
         self.damaged.add(block)
 
     def arm_fault(self):

@@ -8,7 +8,7 @@ import torch
 
 from hifc.tiers import ErrorKind, KVGeometry
 from hifc.tiers.flash.layout import HEADER_BYTES, LAYOUTS
-from tests.tiers.tier_helpers import random_kv
+from tests.tiers.tier_helpers import flip_byte, random_kv
 
 GEOMETRY = KVGeometry(2, 2, 16, 8, "float16")  # 512-byte slices
 
@@ -25,15 +25,6 @@ def read_back(tier, ids, owner=(4, 2)):
     back = torch.full((2, 2, len(ids), 8, 2, 16), 3.0, dtype=torch.float16)
     job = tier.wait(tier.submit_swap_in(back, list(zip(ids, range(len(ids)))), owner))
     return job, back
-
-
-def flip_byte(path, offset):
-    fd = os.open(path, os.O_RDWR)
-    try:
-        old = os.pread(fd, 1, offset)
-        os.pwrite(fd, bytes([old[0] ^ 0x40]), offset)
-    finally:
-        os.close(fd)
 
 
 def stored_byte_offsets(layout, block, rng, samples_per_slice=3):
@@ -57,12 +48,12 @@ def test_any_corrupted_byte_is_rejected(flash, tmp_path, layout):
     offsets = list(stored_byte_offsets(tier.layout, ids[1], random.Random(7)))
     assert len(offsets) > 20
     for offset in offsets:
-        flip_byte(path, offset)
+        flip_byte(path, offset, mask=0x40)
         job, back = read_back(tier, ids)
         assert not job.ok and job.error_kind is ErrorKind.INTEGRITY, (offset, job.error)
         assert f"FC block {ids[1]}" in job.error
         assert (back[:, :, 1] == 3.0).all(), "a rejected block reached the KV cache"
-        flip_byte(path, offset)  # repair
+        flip_byte(path, offset, mask=0x40)  # repair
     job, back = read_back(tier, ids)
     assert job.ok and torch.equal(back, kv)
 

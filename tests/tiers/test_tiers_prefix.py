@@ -15,7 +15,7 @@ from hifc.analysis.swaptrace import load_trace
 from hifc.analysis.wafsim import WafSimConfig, replay
 from hifc.tiers import ErrorKind, JobStatus, KVGeometry, TierConfig
 from hifc.tiers.flash.layout import HEADER_BYTES, LAYOUTS
-from tests.tiers.tier_helpers import SMALL, gated, random_kv
+from tests.tiers.tier_helpers import SMALL, flip_byte, gated, random_kv, same_bytes
 
 SALT = hashlib.sha256(b"model A").digest()
 OTHER_SALT = hashlib.sha256(b"model B").digest()
@@ -40,19 +40,6 @@ def load(tier, hashes, salt=SALT, geometry=SMALL):
                       dtype=getattr(torch, geometry.dtype))
     job = tier.wait(tier.submit_prefix_read(back, [(h, i) for i, h in enumerate(hashes)], salt))
     return job, back
-
-
-def same_bytes(a, b):
-    return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
-
-
-def flip_byte(path, offset):
-    fd = os.open(path, os.O_RDWR)
-    try:
-        old = os.pread(fd, 1, offset)
-        os.pwrite(fd, bytes([old[0] ^ 0x20]), offset)
-    finally:
-        os.close(fd)
 
 
 @pytest.mark.parametrize("policy", POLICIES)

@@ -1,6 +1,7 @@
 """Helpers shared by the tier tests (import as ``tests.tiers.tier_helpers``)."""
 from __future__ import annotations
 
+import os
 import threading
 
 import torch
@@ -17,6 +18,21 @@ def random_kv(geometry: KVGeometry, num_blocks: int, device="cpu", seed: int = 0
     shape = (geometry.num_layers, 2, num_blocks, geometry.block_size, geometry.num_kv_heads,
              geometry.head_dim)
     return torch.randn(shape, generator=gen).to(torch_dtype(geometry.dtype)).to(device)
+
+
+def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit for bit equal (NaNs and signed zeros included)."""
+    return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+def flip_byte(path, offset: int, mask: int = 0x20) -> None:
+    """XOR the byte at ``offset`` of the file with ``mask``, as a media error would."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        old = os.pread(fd, 1, offset)
+        os.pwrite(fd, bytes([old[0] ^ mask]), offset)
+    finally:
+        os.close(fd)
 
 
 SMALL = KVGeometry(num_layers=2, num_kv_heads=2, head_dim=32, block_size=16, dtype="float16")
