@@ -37,7 +37,10 @@ program, four loads in flight (``rows_config``). Probe, 8B projections at M = 4 
 this kernel): QKV 15.6 / 15.2, O 13.3 / 11.2, down 32.4 / 30.2; in the engine, decode steps at
 batch 2-16 run 1.3-2.2% faster (8B) and 1.7-3.5% (32B at batch 4 and 16). It also takes 25..32
 rows in a 32-row tile (batch 32), where it is launched with PDL as the kernels around it are and
-cuBLASLt is not (``FULL_TILE_ROWS``).
+cuBLASLt is not (``FULL_TILE_ROWS``). Wide weights (the QKV and gate-up projections) swap the
+product's sides, so that the weight tile, not the row tile, is the MMA's M side: Hopper then
+runs wgmma straight from shared memory rather than mma.sync through registers (8B gate-up at 32
+rows 83.0 -> 78.6 us on an H100; decode steps at batch 32 1.7% faster, docs/RESULTS.md).
 
 The QKV and down GEMVs are not launched with PDL (``triton_pdl``), but they release their
 dependents as they start: the attention after the QKV projection, launched with PDL, then takes
@@ -83,6 +86,10 @@ ROWS_SHARED_BYTES = 200 * 1024  # the stages' tiles stay within this much shared
 # gate-up ones are, see the module doc): a program prefetches this many K slices of its weight
 # rows into L2 while the kernel before it finishes.
 PREFETCH_SLICES = 2
+# From this many output features the small-M kernel takes the weight tile as the MMA's M side
+# (``rows_config``), and from SWAP_WIDE_N on in 128-row tiles.
+SWAP_MIN_N = 96 * 64
+SWAP_WIDE_N = 160 * 64
 
 
 def rows_block_m(m: int) -> int:
@@ -93,13 +100,24 @@ def rows_block_m(m: int) -> int:
 
 
 def rows_config(n: int, m: int = 2) -> dict[str, int]:
-    """The small-M kernel's launch configuration for N output features and M rows, from the
-    probe's sweep (8B and 32B projections, M = 2..32): 64 weight rows per program in 256-wide K
-    slices, or 32 rows in 512-wide slices where 64-row tiles would be fewer than 80 programs;
-    four loads in flight where their tiles fit the shared memory, else three."""
+    """The small-M kernel's launch configuration for N output features and M rows.
+
+    From SWAP_MIN_N features on, the weight tile is the MMA's M side (``swap``; on Hopper
+    that runs wgmma, where a row tile of 16 or 32 as the M side runs mma.sync): 64 weight rows
+    per program in 256-wide K slices, three loads in flight, or past SWAP_WIDE_N features 128
+    rows in 128-wide slices, four in flight (the probe's sweep on an H100, 8B QKV and gate-up
+    at M = 4, 16, 32). Below it (the 8B O and down projections, where 64-row programs would be
+    too few for the SMs) 64 weight rows in 256-wide slices, or 32 rows in 512-wide slices where
+    64-row tiles would be fewer than 80 programs; four loads in flight where their tiles fit
+    the shared memory, else three."""
+    if n >= SWAP_WIDE_N:
+        return dict(block_n=128, block_k=128, stages=4, warps=4, swap=True)
+    if n >= SWAP_MIN_N:
+        return dict(block_n=64, block_k=256, stages=3, warps=4, swap=True)
     config = (dict(block_n=64, block_k=256) if n >= 80 * 64 else dict(block_n=32, block_k=512))
     tile_bytes = (rows_block_m(m) + config["block_n"]) * config["block_k"] * 2
-    return dict(config, stages=4 if 4 * tile_bytes <= ROWS_SHARED_BYTES else 3, warps=4)
+    return dict(config, stages=4 if 4 * tile_bytes <= ROWS_SHARED_BYTES else 3, warps=4,
+                swap=False)
 
 
 # what the kernel computes its input from
@@ -177,7 +195,7 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, N, stride_wn,
 def _rows_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, M, N, stride_xm, stride_wn, stride_om,
                  K_STEPS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, STAGES: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr):
+                 SWAP: tl.constexpr, PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr):
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -186,19 +204,33 @@ def _rows_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, M, N, stride_xm, stride_wn, st
     if PDL:
         prefetch_rows(w_ptr, offs_n, n_ok, stride_wn, PREFETCH_LINES)
         enter()
-    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
     w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for _ in tl.range(0, K_STEPS, num_stages=STAGES):
-        x = tl.load(x_ptrs, mask=m_ok[:, None], other=0.0)
-        w = tl.load(w_ptrs, mask=n_ok[:, None], other=0.0)
-        acc = tl.dot(x, tl.trans(w), acc)
-        x_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :],
-             acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+    if SWAP:  # out^T = W x^T: the weight tile is the MMA's M side (wgmma on Hopper)
+        xt_ptrs = x_ptr + offs_m[None, :] * stride_xm + offs_k[:, None]
+        acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for _ in tl.range(0, K_STEPS, num_stages=STAGES):
+            xt = tl.load(xt_ptrs, mask=m_ok[None, :], other=0.0)
+            w = tl.load(w_ptrs, mask=n_ok[:, None], other=0.0)
+            acc_t = tl.dot(w, xt, acc_t)
+            xt_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
+        if HAS_BIAS:
+            acc_t += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+        tl.store(out_ptr + offs_m[None, :] * stride_om + offs_n[:, None],
+                 acc_t.to(out_ptr.dtype.element_ty), mask=m_ok[None, :] & n_ok[:, None])
+    else:
+        x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for _ in tl.range(0, K_STEPS, num_stages=STAGES):
+            x = tl.load(x_ptrs, mask=m_ok[:, None], other=0.0)
+            w = tl.load(w_ptrs, mask=n_ok[:, None], other=0.0)
+            acc = tl.dot(x, tl.trans(w), acc)
+            x_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :],
+                 acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
 def _rows_fit(x: torch.Tensor, weight: torch.Tensor, width: int, max_rows: int,
@@ -283,7 +315,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 def gemm_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
               out: torch.Tensor | None = None, block_n: int | None = None,
               block_k: int | None = None, stages: int | None = None,
-              warps: int | None = None) -> torch.Tensor:
+              warps: int | None = None, swap: bool | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for inputs ``usable_rows`` accepts -> [M, N] (into ``out``
     if given, contiguous along N); the configuration ``rows_config`` gives unless given."""
     m, k = x.shape
@@ -293,12 +325,13 @@ def gemm_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
     block_k = block_k or config["block_k"]
     stages = stages or config["stages"]
     warps = warps or config["warps"]
+    swap = config["swap"] if swap is None else swap
     if out is None:
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     _rows_kernel[(triton.cdiv(n, block_n),)](
         x, weight, weight if bias is None else bias, out, m, n, x.stride(0), weight.stride(0),
         out.stride(0), K_STEPS=k // block_k, BLOCK_M=rows_block_m(m), BLOCK_N=block_n,
-        BLOCK_K=block_k, STAGES=stages, HAS_BIAS=bias is not None,
+        BLOCK_K=block_k, STAGES=stages, HAS_BIAS=bias is not None, SWAP=swap,
         PREFETCH_LINES=triton_pdl.prefetch_lines(k, weight.element_size(),
                                                  PREFETCH_SLICES * block_k),
         **triton_pdl.launch_options(x.device), num_warps=warps)

@@ -41,17 +41,21 @@ def test_gemv_matches_float32_linear(device, dtype, n, k, bias):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("m,n,k,bias", [(2, 40, 1024, False), (5, 72, 1536, True),
-                                        (16, 6144, 4096, False), (24, 72, 1024, True),
-                                        (32, 4096, 1024, False)])
-def test_rows_kernel_matches_float32_linear(device, dtype, m, n, k, bias):
+@pytest.mark.parametrize("m,n,k,bias,swap", [
+    (2, 40, 1024, False, None), (5, 72, 1536, True, None), (16, 6144, 4096, False, None),
+    (24, 72, 1024, True, None), (32, 4096, 1024, False, None), (3, 6144, 1024, True, None),
+    (32, 10240, 512, False, None), (5, 72, 1536, True, True), (29, 136, 512, True, True),
+    (4, 6144, 1024, False, False)])
+def test_rows_kernel_matches_float32_linear(device, dtype, m, n, k, bias, swap):
+    # swap None: as rows_config gives (6144 and 10240 features swap the product's sides);
+    # forced either way on masked row and feature tiles
     if device == "cpu" and dtype == torch.bfloat16:
         pytest.skip("Triton's interpreter gets bf16 tl.dot wrong")
     gen = torch.Generator().manual_seed(m + n + k)
     x = torch.randn(m, k, generator=gen).to(dtype).to(device)
     w = (torch.randn(n, k, generator=gen) / k ** 0.5).to(dtype).to(device)
     b = torch.randn(n, generator=gen).to(dtype).to(device) if bias else None
-    out = triton_gemv.gemm_rows(x, w, b)
+    out = triton_gemv.gemm_rows(x, w, b, swap=swap)
     ref = F.linear(x.float(), w.float(), None if b is None else b.float())
     assert out.shape == (m, n) and out.dtype == dtype
     tol = _tol(dtype)
@@ -400,7 +404,8 @@ def test_gemv_compiles_to_wide_loads_for_hopper():
             assert ptx.index(RELEASE) < first_load
         else:
             assert_prefetch_then_wait(ptx, False)  # launched without PDL
-    for (n, m), pdl in itertools.product(((4096, 2), (6144, 16), (4096, 32), (6144, 32)),
+    for (n, m), pdl in itertools.product(((4096, 2), (6144, 16), (4096, 32), (6144, 32),
+                                          (28672, 4), (28672, 32)),
                                          (False, True)):  # each rows_config gives
         config = triton_gemv.rows_config(n, m)
         ptx = compile_ptx(triton_gemv._rows_kernel,
@@ -409,9 +414,14 @@ def test_gemv_compiles_to_wide_loads_for_hopper():
                            "stride_wn": "i32", "stride_om": "i32"},
                           dict(K_STEPS=8, BLOCK_M=triton_gemv.rows_block_m(m),
                                BLOCK_N=config["block_n"], BLOCK_K=config["block_k"],
-                               STAGES=config["stages"], HAS_BIAS=False, PDL=pdl,
-                               PREFETCH_LINES=16), config["warps"])
-        assert "cp.async" in ptx and "mma.sync" in ptx  # pipelined, on tensor cores
+                               STAGES=config["stages"], HAS_BIAS=False,
+                               SWAP=config["swap"], PDL=pdl, PREFETCH_LINES=16),
+                          config["warps"])
+        assert "cp.async" in ptx  # pipelined
+        # on tensor cores: wgmma where the weight tile is the M side (wide weights)
+        assert config["swap"] == (n >= triton_gemv.SWAP_MIN_N)
+        assert ("wgmma.mma_async" in ptx) == config["swap"]
+        assert ("mma.sync" in ptx) != config["swap"]
         assert_prefetch_then_wait(ptx, pdl)
 
 
