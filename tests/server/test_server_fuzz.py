@@ -78,8 +78,9 @@ def choices(path: str, body: dict, raw: str) -> dict[int, tuple[str, str | None]
     return out
 
 
-def texts(path: str, body: dict, raw: str) -> dict[int, str]:
-    return {index: text for index, (text, _) in choices(path, body, raw).items()}
+def texts(found: dict[int, tuple[str, str | None]]) -> dict[int, str]:
+    """Choice index -> its text, from what ``choices`` found."""
+    return {index: text for index, (text, _) in found.items()}
 
 
 def post(http: httpx.Client, path: str, body: dict) -> tuple[int, str]:
@@ -108,7 +109,7 @@ def check(http: httpx.Client, path: str, body: dict, status: int, raw: str) -> N
         assert set(error) == {"message", "type", "param", "code"} and error["message"], error
         return
     found = choices(path, body, raw)
-    got = {index: text for index, (text, _) in found.items()}
+    got = texts(found)
     assert sorted(got) == list(range(len(got))) and got, (body, raw[:300])
     for text, finish in found.values():
         check_constraint(body, text, finish)
@@ -116,7 +117,7 @@ def check(http: httpx.Client, path: str, body: dict, status: int, raw: str) -> N
         other = {**body, "stream": not body["stream"]}
         other.pop("stream_options", None)
         status, again = post(http, path, other)
-        assert status == 200 and texts(path, other, again) == got, (body, raw, again)
+        assert status == 200 and texts(choices(path, other, again)) == got, (body, raw, again)
 
 
 @pytest.mark.parametrize("seed", range(8))
