@@ -156,6 +156,36 @@ def test_a_corrupted_record_becomes_a_miss(flash, tmp_path, layout):
     assert read.ok and read.blocks_ok == 4 and same_bytes(back[:, :, :4], kv[:, :, 4:8])
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_record_whose_payload_failed_is_not_indexed_again_at_open(flash, tmp_path, layout):
+    tier = flash(layout=layout, num_blocks=16)
+    kv = random_kv(SMALL, 8)
+    hashes = chain(4)
+    job = store(tier, kv, [4, 5, 6, 7], hashes)
+    bad = job.tier_blocks[2]
+    path = tmp_path / "cache.kvc"
+    header = tier.layout.header_file_offset(bad)
+    intact = path.read_bytes()[header:header + HEADER_BYTES]
+    assert intact.startswith(b"HIFCREC1")
+    flip_byte(path, tier.layout.data_file_offset(0, 1, bad) + 3)
+    read, _ = load(tier, hashes)
+    assert read.error_kind is ErrorKind.INTEGRITY and read.blocks_ok == 2
+    # the header, which alone looks valid, is zeroed on the file; the records beside it are not
+    after = path.read_bytes()
+    assert after[header:header + HEADER_BYTES] == bytes(HEADER_BYTES)
+    for block in job.tier_blocks[:2] + job.tier_blocks[3:]:
+        at = tier.layout.header_file_offset(block)
+        assert after[at:at + 8] == b"HIFCREC1"
+    tier.close()
+
+    again = flash(layout=layout, num_blocks=16)
+    stats = again.stats()
+    assert stats["prefix_store_scan_records"] == 3 and stats["prefix_store_blocks"] == 3
+    assert again.lookup_prefix(hashes, SALT) == 2 and again.lookup_prefix(hashes[3:], SALT) == 1
+    read, back = load(again, hashes[:2])
+    assert read.ok and same_bytes(back[:, :, :2], kv[:, :, 4:6])
+
+
 def test_a_corrupted_header_is_not_indexed_at_open(flash, tmp_path):
     tier = flash(num_blocks=16)
     kv = random_kv(SMALL, 8)

@@ -16,7 +16,8 @@ swap-in: (IO) read the runs into staging -> (WORK, or CPU for CPU caches) verify
   (magic, kind, block id, geometry, header crc, and epoch + owner or salt + hash) and slice crc
   on the host set -> only then scatter the blocks that passed into their destination blocks. A
   record that fails verification is never copied into the KV cache; the chunk then fails with
-  the first error.
+  the first error. A prefix record whose header passed and whose payload did not gets its
+  header page zeroed on the file, so that no later run indexes it again.
 
 What a record's header holds is a stamp (:mod:`hifc.tiers.flash.records`): ``SwapStamp`` for a
 preempted sequence's blocks (``swap_out``/``swap_in``), ``PrefixStamp`` for prefix-store blocks
@@ -39,7 +40,7 @@ from typing import Callable
 import torch
 
 from hifc.tiers.flash.hostcopy import gather_with_crcs, int_view, verify_then_scatter
-from hifc.tiers.flash.io_base import FileIO, IOPriority, host_view
+from hifc.tiers.flash.io_base import FileIO, IOPriority, aligned_empty, host_view
 from hifc.tiers.geometry import runs_of
 from hifc.tiers.jobs import IntegrityError, ShortReadError
 from hifc.dtypes import copy_dtype
@@ -264,16 +265,22 @@ class ChunkMover:
         host = host_view(buffers.host[:nbytes])
         g = self.geometry
         rejected: list[IntegrityError] = []
+        torn: list[int] = []  # tier blocks whose header passed and whose payload did not
 
         def verify(i: int) -> bool:
             at = plan.header_offset + i * plan.header_stride
             try:
                 stored = stamp.verify(host[at:at + HEADER_BYTES], i, first_block + i,
                                       g.num_slices, g.slice_bytes)
+            except IntegrityError as exc:
+                rejected.append(exc)
+                return False
+            try:
                 computed = slice_crcs(host, self._slice_offsets(plan, i), g.slice_bytes)
                 verify_slices(first_block + i, stored, computed, g.num_layers)
             except IntegrityError as exc:
                 rejected.append(exc)
+                torn.append(first_block + i)
                 return False
             return True
 
@@ -287,8 +294,25 @@ class ChunkMover:
         if on_delivered is not None:
             for i in delivered:
                 on_delivered(i)
+        if torn and isinstance(stamp, PrefixStamp):
+            self._invalidate(torn)
         if rejected:
             raise rejected[0]
+
+    def _invalidate(self, blocks: list[int]) -> None:
+        """Zero the header pages of prefix records whose payload failed its crcs, so that the
+        scan of a later run does not index them again (the header alone looks valid). The
+        records are pinned by the read that found them: nothing else writes those blocks now.
+        Best effort: where the write fails, the record is still dropped from this run's index
+        and a later run's read rejects it again."""
+        page = aligned_empty(HEADER_BYTES, torch.device("cpu"))
+        page.zero_()
+        for block in blocks:
+            try:
+                self.io.write(page, self.layout.header_file_offset(block),
+                              IOPriority.PREFIX_WRITE)
+            except OSError:
+                pass
 
     def _scatter_verified(self, kv, dst_ids, delivered: list[int], ready, plan,
                           buffers: StagingBuffers, work: WorkBuffer) -> None:
