@@ -186,6 +186,25 @@ def test_a_record_whose_payload_failed_is_not_indexed_again_at_open(flash, tmp_p
     assert read.ok and same_bytes(back[:, :, :2], kv[:, :, 4:6])
 
 
+def test_a_failed_header_invalidation_leaves_the_read_an_integrity_failure(flash, tmp_path):
+    tier = flash(num_blocks=16, fault_injection=True)
+    kv = random_kv(SMALL, 8)
+    hashes = chain(2)
+    job = store(tier, kv, [0, 1], hashes)
+    flip_byte(tmp_path / "cache.kvc", tier.layout.data_file_offset(0, 0, job.tier_blocks[1]))
+    tier.faults.arm("write", "eio")  # the write that would zero the record's header
+    read, back = load(tier, hashes)
+    assert read.error_kind is ErrorKind.INTEGRITY and read.blocks_ok == 1
+    assert tier.faults.hits == 1 and tier.lookup_prefix(hashes, SALT) == 1
+    tier.close()
+    again = flash(num_blocks=16)  # the header is intact: indexed, and rejected when read
+    assert again.lookup_prefix(hashes, SALT) == 2
+    read, _ = load(again, hashes)
+    assert read.error_kind is ErrorKind.INTEGRITY and read.blocks_ok == 1
+    again.close()
+    assert flash(num_blocks=16).lookup_prefix(hashes, SALT) == 1  # that read zeroed it
+
+
 def test_a_corrupted_header_is_not_indexed_at_open(flash, tmp_path):
     tier = flash(num_blocks=16)
     kv = random_kv(SMALL, 8)
