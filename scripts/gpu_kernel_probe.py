@@ -707,12 +707,13 @@ def rows_part(name, s, dev, dtype, ms=(2, 4, 8, 16, 24, 32)):
     over a range of configurations, over weight copies that do not fit the L2 cache; the best
     configurations per projection and M, and the module's default configuration."""
     rows = []
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
     for label, (n, k) in projection_shapes(s).items():
         if label == "lm_head":
             continue
         ws_ = weight_copies(n, k, dev, dtype)
         for m in ms:
-            default = tuple(rows_config(n, m)[key] for key in CONFIG_KEYS)
+            default = tuple(rows_config(n, m, sms)[key] for key in CONFIG_KEYS)
             x = torch.randn(m, k, device=dev, dtype=dtype)
             configs = [c for c in rows_configs(rows_block_m(m)) if not k % c[1]]
             row, tried = sweep_configs(gemm_rows, x, ws_, configs, 4, model=name, proj=label,

@@ -40,7 +40,8 @@ rows in a 32-row tile (batch 32), where it is launched with PDL as the kernels a
 cuBLASLt is not (``FULL_TILE_ROWS``). Wide weights (the QKV and gate-up projections) swap the
 product's sides, so that the weight tile, not the row tile, is the MMA's M side: Hopper then
 runs wgmma straight from shared memory rather than mma.sync through registers (8B gate-up at 32
-rows 83.0 -> 78.6 us on an H100; decode steps at batch 32 1.7% faster, docs/RESULTS.md).
+rows 83.0 -> 78.6 us on an H100; decode steps at batch 32 0.9-1.7% faster on two H100s,
+docs/RESULTS.md).
 
 The QKV and down GEMVs are not launched with PDL (``triton_pdl``), but they release their
 dependents as they start: the attention after the QKV projection, launched with PDL, then takes
@@ -57,6 +58,9 @@ a multiple of 512 takes these paths, whether in a CUDA graph or not. Imports wit
 ``usable`` checks then say False.
 """
 from __future__ import annotations
+
+import functools
+from fractions import Fraction
 
 import torch
 
@@ -87,7 +91,8 @@ ROWS_SHARED_BYTES = 200 * 1024  # the stages' tiles stay within this much shared
 # rows into L2 while the kernel before it finishes.
 PREFETCH_SLICES = 2
 # From this many output features the small-M kernel takes the weight tile as the MMA's M side
-# (``rows_config``), and from SWAP_WIDE_N on in 128-row tiles.
+# (``rows_config``), and from SWAP_WIDE_N on in 128-row tiles where their last wave of programs
+# leaves no more SMs idle than 64-row tiles' would.
 SWAP_MIN_N = 96 * 64
 SWAP_WIDE_N = 160 * 64
 
@@ -99,18 +104,30 @@ def rows_block_m(m: int) -> int:
     return 16 if m <= 16 else 32
 
 
-def rows_config(n: int, m: int = 2) -> dict[str, int]:
-    """The small-M kernel's launch configuration for N output features and M rows.
+def _wave_use(programs: int, sms: int) -> Fraction:
+    """The share of SM slots the programs fill over their waves, one program per SM (what the
+    swapped tiles' shared memory allows)."""
+    return Fraction(programs, -(-programs // sms) * sms)
+
+
+def rows_config(n: int, m: int = 2, sms: int | None = None) -> dict[str, int]:
+    """The small-M kernel's launch configuration for N output features and M rows on a device
+    of ``sms`` SMs (None: not considered).
 
     From SWAP_MIN_N features on, the weight tile is the MMA's M side (``swap``; on Hopper
     that runs wgmma, where a row tile of 16 or 32 as the M side runs mma.sync): 64 weight rows
-    per program in 256-wide K slices, three loads in flight, or past SWAP_WIDE_N features 128
-    rows in 128-wide slices, four in flight (the probe's sweep on an H100, 8B QKV and gate-up
-    at M = 4, 16, 32). Below it (the 8B O and down projections, where 64-row programs would be
-    too few for the SMs) 64 weight rows in 256-wide slices, or 32 rows in 512-wide slices where
-    64-row tiles would be fewer than 80 programs; four loads in flight where their tiles fit
-    the shared memory, else three."""
-    if n >= SWAP_WIDE_N:
+    per program in 256-wide K slices, three loads in flight. Past SWAP_WIDE_N features, 128
+    rows in 128-wide slices, four in flight, unless their waves of programs fill fewer of the
+    SMs than 64-row tiles' would (the probe's sweep on an H100 chose 128 rows for the 8B
+    gate-up, 224 programs on 132 SMs, a share as good as 448 64-row programs'; the 32B gate-up's
+    432 128-row programs leave most SMs of a fourth wave idle, and its batch-16 decode steps
+    took 0.4% longer in them than in 864 of 64 rows, docs/RESULTS.md). Below SWAP_MIN_N (the
+    8B O and down projections, where 64-row programs would be too few for the SMs) 64 weight
+    rows in 256-wide slices, or 32 rows in 512-wide slices where 64-row tiles would be fewer
+    than 80 programs; four loads in flight where their tiles fit the shared memory, else
+    three."""
+    if n >= SWAP_WIDE_N and (sms is None or _wave_use(-(-n // 128), sms)
+                             >= _wave_use(-(-n // 64), sms)):
         return dict(block_n=128, block_k=128, stages=4, warps=4, swap=True)
     if n >= SWAP_MIN_N:
         return dict(block_n=64, block_k=256, stages=3, warps=4, swap=True)
@@ -303,6 +320,11 @@ def _launch(x, weight, bias, out, prologue, *, residual=None, norm_weight=None, 
     return out
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
          out: torch.Tensor | None = None, block_n: int = BLOCK_N, block_k: int = BLOCK_K,
          stages: int = NUM_STAGES, warps: int = NUM_WARPS) -> torch.Tensor:
@@ -320,7 +342,7 @@ def gemm_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
     if given, contiguous along N); the configuration ``rows_config`` gives unless given."""
     m, k = x.shape
     n = weight.shape[0]
-    config = rows_config(n, m)
+    config = rows_config(n, m, _sm_count(x.device) if x.is_cuda else None)
     block_n = block_n or config["block_n"]
     block_k = block_k or config["block_k"]
     stages = stages or config["stages"]

@@ -79,6 +79,20 @@ def _assert_projects_normed(out, normed, w, b, device, dtype):
                           atol=2 * tol * two_launches.abs().max().item())
 
 
+def test_wide_weights_take_128_row_tiles_unless_their_last_wave_leaves_more_sms_idle():
+    def rows(n, sms=None):
+        config = triton_gemv.rows_config(n, 32, sms)
+        assert config["swap"]
+        return config["block_n"]
+
+    assert rows(6144, 132) == rows(7168, 132) == 64  # 8B and 32B QKV: below SWAP_WIDE_N
+    # 8B gate-up: 224 programs fill 85% of two waves on 132 SMs, as 448 of 64 rows do
+    assert rows(28672, 132) == 128
+    # 32B gate-up: 432 programs fill 82% of four waves, 864 of 64 rows 94% of seven
+    assert rows(55296, 132) == 64
+    assert rows(55296, 114) == rows(55296) == 128  # 95% either way; no SM count given
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("residual,unit_offset,bias", [(True, False, False), (False, False, True),
