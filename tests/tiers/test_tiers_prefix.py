@@ -128,14 +128,22 @@ def test_a_different_salt_finds_nothing_and_overwrites_in_turn(flash):
     assert tier.stats()["prefix_store_blocks"] == 8
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_a_corrupted_record_becomes_a_miss(flash, tmp_path, layout):
+def four_stored_one_damaged(flash, path, layout, which, layer, kind, offset):
+    """A tier of 16 blocks holding a chain of four prefix records (GPU blocks 4-7 of ``kv``),
+    a byte of record ``which``'s (layer, K/V) slice flipped on the file: (tier, kv, hashes,
+    the damaged record's tier block)."""
     tier = flash(layout=layout, num_blocks=16)
     kv = random_kv(SMALL, 8)
     hashes = chain(4)
-    job = store(tier, kv, [4, 5, 6, 7], hashes)
-    bad = job.tier_blocks[1]
-    flip_byte(tmp_path / "cache.kvc", tier.layout.data_file_offset(1, 0, bad) + 9)
+    bad = store(tier, kv, [4, 5, 6, 7], hashes).tier_blocks[which]
+    flip_byte(path, tier.layout.data_file_offset(layer, kind, bad) + offset)
+    return tier, kv, hashes, bad
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_corrupted_record_becomes_a_miss(flash, tmp_path, layout):
+    tier, kv, hashes, bad = four_stored_one_damaged(flash, tmp_path / "cache.kvc", layout, 1, 1,
+                                                    0, 9)
     read, back = load(tier, hashes)
     assert read.status is JobStatus.FAILED and read.error_kind is ErrorKind.INTEGRITY
     assert f"FC block {bad} layer 1 K" in read.error
@@ -151,31 +159,26 @@ def test_a_corrupted_record_becomes_a_miss(flash, tmp_path, layout):
     assert rewritten.tier_blocks != [bad] and tier.lookup_prefix(hashes, SALT) == 4
     tier.close()
     again = flash(layout=layout, num_blocks=16)
-    # the torn record's header is intact, but the newer record of that hash wins at open
+    # the torn record's header was zeroed; the newer record of that hash is found at open
     read, back = load(again, hashes)
     assert read.ok and read.blocks_ok == 4 and same_bytes(back[:, :, :4], kv[:, :, 4:8])
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_a_record_whose_payload_failed_is_not_indexed_again_at_open(flash, tmp_path, layout):
-    tier = flash(layout=layout, num_blocks=16)
-    kv = random_kv(SMALL, 8)
-    hashes = chain(4)
-    job = store(tier, kv, [4, 5, 6, 7], hashes)
-    bad = job.tier_blocks[2]
     path = tmp_path / "cache.kvc"
-    header = tier.layout.header_file_offset(bad)
-    intact = path.read_bytes()[header:header + HEADER_BYTES]
-    assert intact.startswith(b"HIFCREC1")
-    flip_byte(path, tier.layout.data_file_offset(0, 1, bad) + 3)
+    tier, kv, hashes, bad = four_stored_one_damaged(flash, path, layout, 2, 0, 1, 3)
+    headers = [tier.layout.header_file_offset(b) for b in range(16)]
+    before = path.read_bytes()
+    written = [b for b, at in enumerate(headers) if before[at:at + 8] == b"HIFCREC1"]
+    assert len(written) == 4 and bad in written
     read, _ = load(tier, hashes)
     assert read.error_kind is ErrorKind.INTEGRITY and read.blocks_ok == 2
     # the header, which alone looks valid, is zeroed on the file; the records beside it are not
     after = path.read_bytes()
-    assert after[header:header + HEADER_BYTES] == bytes(HEADER_BYTES)
-    for block in job.tier_blocks[:2] + job.tier_blocks[3:]:
-        at = tier.layout.header_file_offset(block)
-        assert after[at:at + 8] == b"HIFCREC1"
+    assert after[headers[bad]:headers[bad] + HEADER_BYTES] == bytes(HEADER_BYTES)
+    assert [b for b, at in enumerate(headers) if after[at:at + 8] == b"HIFCREC1"] \
+        == [b for b in written if b != bad]
     tier.close()
 
     again = flash(layout=layout, num_blocks=16)
