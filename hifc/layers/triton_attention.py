@@ -735,7 +735,6 @@ class TritonAttentionBackend:
         self.dense_prefill = dense_prefill
         self.fused_shapes = FusedShapes(num_layers)
         self._dense: tuple[AttentionMetadata, int | None] | None = None  # this step's choice
-        self._num_sms: dict[torch.device, int] = {}
         # (step metadata, decodes) -> the metadata of its decodes and of the rest
         self._apart: tuple[AttentionMetadata, int, AttentionMetadata,
                            AttentionMetadata] | None = None
@@ -745,10 +744,7 @@ class TritonAttentionBackend:
         self._graph_caps: dict[int, list[int]] = {}
 
     def num_sms(self, device: torch.device) -> int:
-        if device not in self._num_sms:
-            self._num_sms[device] = (torch.cuda.get_device_properties(device).multi_processor_count
-                                     if device.type == "cuda" else 1)
-        return self._num_sms[device]
+        return triton_pdl.sm_count(device) if device.type == "cuda" else 1
 
     def plan(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
              sliding_window: int | None = None) -> LaunchPlan:

@@ -59,9 +59,6 @@ a multiple of 512 takes these paths, whether in a CUDA graph or not. Imports wit
 """
 from __future__ import annotations
 
-import functools
-from fractions import Fraction
-
 import torch
 
 from hifc.layers import triton_pdl
@@ -104,10 +101,13 @@ def rows_block_m(m: int) -> int:
     return 16 if m <= 16 else 32
 
 
-def _wave_use(programs: int, sms: int) -> Fraction:
-    """The share of SM slots the programs fill over their waves, one program per SM (what the
-    swapped tiles' shared memory allows)."""
-    return Fraction(programs, -(-programs // sms) * sms)
+def _fills_as_well(rows: int, other: int, n: int, sms: int) -> bool:
+    """Whether programs of ``rows`` weight rows fill at least as large a share of the SM slots
+    over their waves as programs of ``other`` rows, one program per SM (what the swapped
+    tiles' shared memory allows)."""
+    programs, other_programs = -(-n // rows), -(-n // other)
+    slots, other_slots = (-(-p // sms) * sms for p in (programs, other_programs))
+    return programs * other_slots >= other_programs * slots
 
 
 def rows_config(n: int, m: int = 2, sms: int | None = None) -> dict[str, int]:
@@ -126,8 +126,7 @@ def rows_config(n: int, m: int = 2, sms: int | None = None) -> dict[str, int]:
     rows in 256-wide slices, or 32 rows in 512-wide slices where 64-row tiles would be fewer
     than 80 programs; four loads in flight where their tiles fit the shared memory, else
     three."""
-    if n >= SWAP_WIDE_N and (sms is None or _wave_use(-(-n // 128), sms)
-                             >= _wave_use(-(-n // 64), sms)):
+    if n >= SWAP_WIDE_N and (sms is None or _fills_as_well(128, 64, n, sms)):
         return dict(block_n=128, block_k=128, stages=4, warps=4, swap=True)
     if n >= SWAP_MIN_N:
         return dict(block_n=64, block_k=256, stages=3, warps=4, swap=True)
@@ -320,11 +319,6 @@ def _launch(x, weight, bias, out, prologue, *, residual=None, norm_weight=None, 
     return out
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
          out: torch.Tensor | None = None, block_n: int = BLOCK_N, block_k: int = BLOCK_K,
          stages: int = NUM_STAGES, warps: int = NUM_WARPS) -> torch.Tensor:
@@ -342,7 +336,7 @@ def gemm_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
     if given, contiguous along N); the configuration ``rows_config`` gives unless given."""
     m, k = x.shape
     n = weight.shape[0]
-    config = rows_config(n, m, _sm_count(x.device) if x.is_cuda else None)
+    config = rows_config(n, m, triton_pdl.sm_count(x.device) if x.is_cuda else None)
     block_n = block_n or config["block_n"]
     block_k = block_k or config["block_k"]
     stages = stages or config["stages"]

@@ -59,6 +59,17 @@ def enabled(device: torch.device) -> bool:
     return _enabled[index]
 
 
+_sm_counts: dict[int, int] = {}
+
+
+def sm_count(device: torch.device) -> int:
+    """The SMs of a CUDA device (what launch plans divide their programs over)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _sm_counts:
+        _sm_counts[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _sm_counts[index]
+
+
 def options(pdl: bool) -> dict:
     """A kernel launch's keywords for ``pdl``: its PDL constexpr and, when on, the launch
     attribute."""
