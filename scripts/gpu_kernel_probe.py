@@ -56,7 +56,7 @@ from hifc.bench.probes import profile_kernels
 from hifc.layers.attention import AttentionMetadata, write_kv_cache
 from hifc.layers.triton_attention import (LaunchPlan, TritonAttentionBackend, paged_attention,
                                           plan_launch)
-from hifc.layers import triton_fused
+from hifc.layers import triton_fused, triton_pdl
 from hifc.layers.triton_gemv import (ROWS_SHARED_BYTES, gemm_rows, gemv, gemv_add_sumsq,
                                      gemv_norm_sumsq, gemv_rms_norm, gemv_silu_mul, rows_block_m,
                                      rows_config)
@@ -707,7 +707,7 @@ def rows_part(name, s, dev, dtype, ms=(2, 4, 8, 16, 24, 32)):
     over a range of configurations, over weight copies that do not fit the L2 cache; the best
     configurations per projection and M, and the module's default configuration."""
     rows = []
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    sms = triton_pdl.sm_count(torch.device(dev))
     for label, (n, k) in projection_shapes(s).items():
         if label == "lm_head":
             continue
