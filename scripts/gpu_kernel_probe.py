@@ -338,7 +338,7 @@ def versions(name, s, dev, dtype, copy_gbps, other_path):
               ("govreport b32", [rng.randrange(4500, 17400) for _ in range(32)], 32768),
               ("govreport b64", [rng.randrange(4500, 17400) for _ in range(64)], 32768)]
     scale = s["d"] ** -0.5
-    num_sms = TritonAttentionBackend().num_sms(dev)
+    num_sms = triton_pdl.sm_count(dev)
     rows = []
     for label, seq_lens, cap in cases:
         batch = len(seq_lens)
@@ -707,7 +707,7 @@ def rows_part(name, s, dev, dtype, ms=(2, 4, 8, 16, 24, 32)):
     over a range of configurations, over weight copies that do not fit the L2 cache; the best
     configurations per projection and M, and the module's default configuration."""
     rows = []
-    sms = triton_pdl.sm_count(torch.device(dev))
+    sms = triton_pdl.sm_count(dev)
     for label, (n, k) in projection_shapes(s).items():
         if label == "lm_head":
             continue

@@ -128,7 +128,7 @@ def test_a_different_salt_finds_nothing_and_overwrites_in_turn(flash):
     assert tier.stats()["prefix_store_blocks"] == 8
 
 
-def four_stored_one_damaged(flash, path, layout, which, layer, kind, offset):
+def four_stored_one_damaged(flash, path, layout, *, which, layer, kind, offset):
     """A tier of 16 blocks holding a chain of four prefix records (GPU blocks 4-7 of ``kv``),
     a byte of record ``which``'s (layer, K/V) slice flipped on the file: (tier, kv, hashes,
     the damaged record's tier block)."""
@@ -142,8 +142,8 @@ def four_stored_one_damaged(flash, path, layout, which, layer, kind, offset):
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_a_corrupted_record_becomes_a_miss(flash, tmp_path, layout):
-    tier, kv, hashes, bad = four_stored_one_damaged(flash, tmp_path / "cache.kvc", layout, 1, 1,
-                                                    0, 9)
+    tier, kv, hashes, bad = four_stored_one_damaged(flash, tmp_path / "cache.kvc", layout,
+                                                    which=1, layer=1, kind=0, offset=9)
     read, back = load(tier, hashes)
     assert read.status is JobStatus.FAILED and read.error_kind is ErrorKind.INTEGRITY
     assert f"FC block {bad} layer 1 K" in read.error
@@ -167,7 +167,8 @@ def test_a_corrupted_record_becomes_a_miss(flash, tmp_path, layout):
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_a_record_whose_payload_failed_is_not_indexed_again_at_open(flash, tmp_path, layout):
     path = tmp_path / "cache.kvc"
-    tier, kv, hashes, bad = four_stored_one_damaged(flash, path, layout, 2, 0, 1, 3)
+    tier, kv, hashes, bad = four_stored_one_damaged(flash, path, layout, which=2, layer=0,
+                                                    kind=1, offset=3)
     headers = [tier.layout.header_file_offset(b) for b in range(16)]
     before = path.read_bytes()
     written = [b for b, at in enumerate(headers) if before[at:at + 8] == b"HIFCREC1"]
