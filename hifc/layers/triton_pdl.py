@@ -31,6 +31,7 @@ it is off.
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -48,26 +49,30 @@ LINE_BYTES = 128  # an L2 cache line
 _enabled: dict[int, bool] = {}
 
 
+def _index(device: torch.device) -> int:
+    """A CUDA device's index (the current device where it names none)."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def enabled(device: torch.device) -> bool:
     """Whether kernels on this device launch with PDL."""
     if triton is None or device.type != "cuda" or interpreting():
         return False
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = _index(device)
     if index not in _enabled:
         _enabled[index] = (torch.cuda.get_device_capability(index)[0] >= 9
                            and os.environ.get("HIFC_PDL", "1") != "0")
     return _enabled[index]
 
 
-_sm_counts: dict[int, int] = {}
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def sm_count(device: torch.device) -> int:
     """The SMs of a CUDA device (what launch plans divide their programs over)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _sm_counts:
-        _sm_counts[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _sm_counts[index]
+    return _sm_count(_index(device))
 
 
 def options(pdl: bool) -> dict:
