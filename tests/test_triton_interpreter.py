@@ -1,5 +1,5 @@
 """The Triton kernels' CPU cases (attention, KV write, fused norm/SiLU/rotary, sampling
-penalties, greedy argmax, padded decode through Triton) in a child pytest with
+penalties, greedy argmax, host transfers, padded decode through Triton) in a child pytest with
 TRITON_INTERPRET=1, one child per test file, so that the default suite runs them. The children
 start together as soon as the session's tests are collected (tests/conftest.py), beside the rest
 of the suite; each one's output goes to the terminal when it ends.
@@ -29,7 +29,7 @@ import torch
 FILES = ["tests/layers/test_triton_attention.py", "tests/layers/test_triton_fused.py",
          "tests/layers/test_triton_gemv.py",
          "tests/layers/test_triton_penalties.py", "tests/layers/test_triton_argmax.py",
-         "tests/layers/test_triton_bitmask.py",
+         "tests/layers/test_triton_bitmask.py", "tests/layers/test_triton_host_io.py",
          "tests/runtime/test_decode_graphs_triton.py"]
 SELECTION = ("not split_kv_on_mixed_batch and not (mixed_batch_8b_shape and not 8b_shape[16-) "
              "and not (head_shapes and -256-) "

@@ -17,8 +17,8 @@ docs/RESULTS.md). They release their dependents as they start (``release``), so 
 after them (the attention after the QKV projection) launches early all the same.
 
 The contract each such kernel keeps (``enter`` below): before the wait it reads only what no
-kernel of the current step writes (weights, rotary tables, the step's inputs that the host
-copied before the step's first kernel, which is not launched with PDL) and it writes nothing;
+kernel of the current step writes (weights, rotary tables, the step's inputs, loaded
+before the step's first kernel, which is not launched with PDL) and it writes nothing;
 L2 prefetches of anything are allowed (L2 is the point of coherence, so a line prefetched
 before a write is never stale). It releases its own dependents right after the wait, so
 dependents launch only once it runs, and at most one kernel ahead of the running one waits

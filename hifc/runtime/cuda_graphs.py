@@ -2,11 +2,11 @@
 ``chunk_tokens``, per batch size of decodes beside one prompt chunk).
 
 A decode-only step of n sequences is padded to the smallest captured size b >= n. Its inputs are
-packed into one pinned host buffer (``hifc.runtime.inputs.write_decode_inputs``), copied to the
-device buffer the graphs were captured over in one transfer (then the input ids the previous
-step sampled on the device, where the host does not know them yet, are copied into their rows),
-and graph b is replayed; the logits
-of the n real rows go to the (eager, per-request seeded) sampler. Prefill and mixed steps, and
+packed into one pinned host buffer (``hifc.runtime.inputs.write_decode_inputs``), loaded into
+the device buffer the graphs were captured over by one kernel (``triton_host_io.load_packed``,
+which reads the input ids the previous step sampled where they are, on the device, and of each
+block table only what the sequence reaches), and graph b is replayed; the logits of the n real
+rows go to the (eager, per-request seeded) sampler. Prefill and mixed steps, and
 decode batches above the largest size, run eagerly, except, with ``chunk_tokens`` C: a step of
 n decodes followed by one prompt chunk of 2..C known tokens (what the scheduler makes of a
 long prompt under ``long_prefill_token_threshold``) replays a graph of b >= n decode rows plus
@@ -48,6 +48,7 @@ from functools import cached_property, partial
 import torch
 
 from hifc.core.scheduler import ScheduledSeq
+from hifc.layers import triton_host_io
 from hifc.layers.attention import AttentionBackend, AttentionContext, AttentionMetadata
 from hifc.layers.triton_jit import meet_kernels
 from hifc.runtime.inputs import (ChunkInputLayout, DecodeInputLayout, PendingInputs, TableRows,
@@ -103,17 +104,17 @@ def graphs_unsupported_reason(device: torch.device, backend: AttentionBackend,
 
 class _InputBuffers:
     """The pinned host buffer a layout's steps are packed into, and the device buffer the
-    graphs read (the same memory without CUDA); ``write`` packs a step, ``views`` reads the
-    device buffer as the forward's inputs."""
+    graphs read (the same memory without CUDA), which starts as a batch of padding rows;
+    ``write`` packs a step, ``views`` reads the device buffer as the forward's inputs."""
 
-    def __init__(self, layout, write, views, device: torch.device):
+    def __init__(self, layout, write, views, block_size: int, device: torch.device):
         self.layout, self.write, self.views = layout, write, views
         pin = device.type == "cuda"
         self.host = torch.zeros(layout.numel, dtype=torch.int32, pin_memory=pin)
         self.host_array = self.host.numpy()  # the same memory, filled row by row
-        self.device = (torch.zeros(layout.numel, dtype=torch.int32, device=device) if pin
-                       else self.host)
         self.rows = TableRows((layout.numel - layout.block_tables_offset) // layout.max_blocks)
+        write([], layout.max_batch, block_size, layout, self.host_array, self.rows)
+        self.device = self.host.to(device) if pin else self.host
 
 
 class DecodeGraphs:
@@ -140,11 +141,14 @@ class DecodeGraphs:
         self.layout = DecodeInputLayout(max(batch_sizes), -(-max_model_len // block_size))
         self._copied = (torch.cuda.Event() if device.type == "cuda"  # host buffers free again
                         else None)
-        self.inputs = _InputBuffers(self.layout, write_decode_inputs, decode_input_views, device)
+        # the sampled ids a step without pending tokens loads with (it reads none)
+        self._no_sampled = torch.zeros(1, dtype=torch.long, device=device)
+        self.inputs = _InputBuffers(self.layout, write_decode_inputs, decode_input_views,
+                                    block_size, device)
         self.chunk_layout = (ChunkInputLayout(max(batch_sizes), self.layout.max_blocks,
                                               chunk_tokens) if chunk_tokens else None)
         self.chunk_inputs = (_InputBuffers(self.chunk_layout, write_chunk_inputs,
-                                           chunk_input_views, device)
+                                           chunk_input_views, block_size, device)
                              if chunk_tokens else None)
         self.context_caps = backend.graph_context_caps(max_model_len)  # the chunk graphs'
         # batch size -> its decode graphs' caps
@@ -205,21 +209,29 @@ class DecodeGraphs:
     def _load(self, work: list[ScheduledSeq], batch: int,
               pending: PendingInputs | None = None, chunk: bool = False) -> list[int]:
         """Pack the step (sized by batch_size_for, or with ``chunk`` by chunk_batch_for, so
-        known to fit) into its host buffer, start the copy to the device buffer, then put the
-        ``pending`` ids (on the device) into their rows' input ids: their index among the
-        step's tokens, which is their row in either layout."""
+        known to fit) into its host buffer with the ``pending`` ids' places (their index among
+        the step's tokens, which is their row in either layout) and queue its load into the
+        device buffer, which reads those ids where the previous step sampled them, on the
+        device (``triton_host_io.load_packed``: a kernel, no copy-engine transfer)."""
         buffers = self.chunk_inputs if chunk else self.inputs
         if self._copied is not None:
-            self._copied.synchronize()  # the previous step's copy has read the host buffers
+            self._copied.synchronize()  # the previous step's load has read the host buffers
         seq_lens = buffers.write(work, batch, self.block_size, buffers.layout, buffers.host_array,
                                  buffers.rows)
-        if self._copied is not None:
-            n = buffers.layout.prefix_len(batch)
-            buffers.device[:n].copy_(buffers.host[:n], non_blocking=True)
-            self._copied.record()
+        if self._copied is None:  # one buffer: put the pending ids in place
+            if pending is not None:
+                index, token_ids = pending.gather()
+                input_ids = buffers.views(buffers.device, buffers.layout, batch).input_ids
+                input_ids.index_copy_(0, index, token_ids.to(torch.int32))
+            return seq_lens
+        sampled = self._no_sampled
         if pending is not None:
-            input_ids = buffers.views(buffers.device, buffers.layout, batch).input_ids
-            input_ids.index_copy_(0, pending.index, pending.token_ids.to(torch.int32))
+            buffers.host_array[pending.index] = [-1 - row for row in pending.rows]
+            sampled = pending.sampled
+        triton_host_io.load_packed(buffers.host, buffers.device, sampled,
+                                   block_size=self.block_size,
+                                   **buffers.layout.load_fields(batch))
+        self._copied.record()
         return seq_lens
 
     def chunk_batch_for(self, work: list[ScheduledSeq]) -> int | None:

@@ -32,11 +32,19 @@ def build_input_ids(work: list[ScheduledSeq], device) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class PendingInputs:
-    """Where a step's pending tokens go (index [P] long among its flattened tokens; in a
-    decode-only step, the row) and their ids (token_ids [P] long), on the device."""
+    """A step's pending tokens: where they go (``index`` among its flattened tokens; in a
+    decode-only step, the row), and their rows of the ids the previous step sampled
+    (``sampled`` [S] long, on the device)."""
 
-    index: torch.Tensor
-    token_ids: torch.Tensor
+    index: list[int]
+    rows: list[int]
+    sampled: torch.Tensor
+
+    def gather(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(index [P] long, token ids [P] long), both on the sampled ids' device."""
+        both = to_device(self.index + self.rows, torch.long, self.sampled.device)  # one copy
+        n = len(self.index)
+        return both[:n], self.sampled.index_select(0, both[n:])
 
 
 def pending_token_sources(work: list[ScheduledSeq],
@@ -138,6 +146,13 @@ class DecodeInputLayout:
     def prefix_len(self, batch: int) -> int:
         """Elements a batch of ``batch`` rows occupies from the start of the buffer."""
         return self.block_tables_offset + batch * self.max_blocks
+
+    def load_fields(self, batch: int) -> dict[str, int]:
+        """Where a batch of ``batch`` rows keeps what ``triton_host_io.load_packed`` copies:
+        the fields before the block tables, its input ids, its sequence lengths, its table
+        rows."""
+        return dict(header_len=self.block_tables_offset, ids_len=batch,
+                    seq_lens_at=3 * self.max_batch, num_rows=batch, max_blocks=self.max_blocks)
 
 
 @dataclass(frozen=True)
@@ -294,6 +309,13 @@ class ChunkInputLayout:
     def prefix_len(self, batch: int) -> int:
         """Elements a graph of ``batch`` decode rows reads from the start of the buffer."""
         return self.block_tables_offset + (batch + 2) * self.max_blocks
+
+    def load_fields(self, batch: int) -> dict[str, int]:
+        """As :meth:`DecodeInputLayout.load_fields`: a graph of ``batch`` decode rows reads
+        batch + chunk + 1 input ids and batch + 2 sequences."""
+        return dict(header_len=self.block_tables_offset, ids_len=batch + self.chunk + 1,
+                    seq_lens_at=3 * self.max_tokens, num_rows=batch + 2,
+                    max_blocks=self.max_blocks)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ import torch
 
 from hifc.core.scheduler import ScheduledSeq, SchedulerOutput
 from hifc.core.sequence import Sequence
-from hifc.layers import sampling_ops
+from hifc.layers import sampling_ops, triton_host_io
 from hifc.layers.attention import AttentionBackend, AttentionContext
 from hifc.layers.gemm_tuning import Tuned, prompt_rows
 from hifc.layers.linear import tune_projections
@@ -36,7 +36,7 @@ from hifc.runtime import inputs
 from hifc.runtime.cuda_graphs import DecodeGraphs, capture_sizes, graphs_unsupported_reason
 from hifc.runtime.sampling_inputs import (PenaltyRows, StepConstraints, StepPacker,
                                           build_sampling_batch)
-from hifc.runtime.step_result import DeviceTokens, LaunchedStep, PromptLogprobsPart
+from hifc.runtime.step_result import DeviceTokens, HostSlots, LaunchedStep, PromptLogprobsPart
 from hifc.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -98,6 +98,7 @@ class ModelRunner:
         self.decode_graphs: DecodeGraphs | None = None
         self.num_padded_decode_steps = 0  # steps run through decode_graphs (replayed or not)
         self._last_sampled: DeviceTokens | None = None  # the last launched step's ids
+        self.host_slots: HostSlots | None = None  # where sampled ids reach the host (CUDA)
         self.followers = followers  # the other tensor-parallel ranks (None: one rank)
         self.tuned_projections: list[Tuned] = []  # tune_projections' outcomes
 
@@ -116,6 +117,8 @@ class ModelRunner:
         the tuned GEMMs)."""
         tuning = (partial(self.tune_projections, max_num_seqs, max_num_batched_tokens)
                   if tune else None)
+        if triton_host_io.usable(self.device):
+            self.host_slots = HostSlots(max_num_seqs)
         self._run_passes(self._padded_decode_graphs(max_model_len, max_num_seqs, chunk_tokens),
                          capture, self._warm_up_steps(max_model_len), tuning)
 
@@ -219,8 +222,11 @@ class ModelRunner:
         def run_step(step: list[ScheduledSeq]) -> None:
             last["logits"] = self.eager_logits(step)
 
-        def passes() -> None:  # the sampler's on a step's logits, then the backend's own
+        def passes() -> None:  # the sampler's and its ids' store on a step's logits, then
+            # the backend's own
             self.sampler.warm_up(last["logits"])
+            if self.host_slots is not None:
+                self.host_slots.store(sampling_ops.argmax(last["logits"][:1]))
             self.backend.warm_up(self.model.tp.split(self.model.arch.num_attention_heads),
                                  self.kv_caches[0])
 
@@ -272,7 +278,7 @@ class ModelRunner:
                                self.kv_scales)
         input_ids = inputs.build_input_ids(work, self.device)
         if pending is not None:
-            input_ids.index_copy_(0, pending.index, pending.token_ids)
+            input_ids.index_copy_(0, *pending.gather())
         positions = inputs.build_positions(work, self.device)
         return self.model(input_ids, positions, ctx), meta.query_start_loc_cpu
 
@@ -298,14 +304,10 @@ class ModelRunner:
 
     def _pending_inputs(self, work: list[ScheduledSeq],
                         previous: DeviceTokens | None) -> inputs.PendingInputs | None:
-        """The step's pending tokens, gathered from the ids ``previous`` (the last launched
-        step) sampled; None if the step has none."""
+        """The step's pending tokens, among the ids ``previous`` (the last launched step)
+        sampled; None if the step has none."""
         index, rows = inputs.pending_token_sources(work, previous.rows if previous else {})
-        if not index:
-            return None
-        both = inputs.to_device(index + rows, torch.long, self.device)  # one transfer
-        return inputs.PendingInputs(both[:len(index)],
-                             previous.token_ids.index_select(0, both[len(index):]))
+        return inputs.PendingInputs(index, rows, previous.token_ids) if index else None
 
     @torch.inference_mode()
     def launch_forward(self, out: SchedulerOutput, seqs: list[Sequence]) -> QueuedForward:
@@ -351,7 +353,7 @@ class ModelRunner:
         prompt_parts = (self._prompt_logprobs(work, seqs, forward.spans, forward.hidden,
                                               forward.query_start_loc)
                         if forward.hidden is not None else [])
-        return LaunchedStep(self.device, sampled, prompt_parts)
+        return LaunchedStep(self.device, sampled, prompt_parts, self.host_slots)
 
     @torch.inference_mode()
     def follow(self, work: list[ScheduledSeq], spans: list[tuple[int, int, int]]) -> None:
