@@ -12,8 +12,8 @@ directly (PCIe reads and posted writes):
 - ``load_packed`` copies a packed step (``hifc.runtime.inputs``' layouts) into the device
   buffer its CUDA graphs read: the fields before the block tables whole, and of each row's
   block table only the entries its sequence length reaches (a table row is as wide as
-  ``max_model_len`` allows: at 131,072 tokens, batch 32 copied 1 MiB per step, most of it
-  never read). An input id below zero is a pending token, ``-1 - r`` for row ``r`` of the
+  ``max_model_len`` allows: 2,048 entries at 131,072 tokens in 64-token blocks, of which a
+  4k-token context reads 64). An input id below zero is a pending token, ``-1 - r`` for row ``r`` of the
   previous step's sampled ids (on the device), which it reads in their place.
 - ``store_to_host`` writes a small device tensor into pinned host memory.
 
@@ -36,12 +36,11 @@ from hifc.layers.triton_jit import tl, triton
 BLOCK = 1024  # elements per program (and per pass of a block table row)
 
 
-@_jit(do_not_specialize=["header_len", "ids_len", "seq_lens_at", "tables_at", "max_blocks",
-                         "block_size", "num_header_programs"],
+@_jit(do_not_specialize=["header_len", "ids_len", "seq_lens_at", "max_blocks", "block_size",
+                         "num_header_programs"],
       do_not_specialize_on_alignment=["host_ptr", "dev_ptr", "sampled_ptr"])
 def _load_packed_kernel(host_ptr, dev_ptr, sampled_ptr, header_len, ids_len, seq_lens_at,
-                        tables_at, max_blocks, block_size, num_header_programs,
-                        BLOCK: tl.constexpr):
+                        max_blocks, block_size, num_header_programs, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     if pid < num_header_programs:
         offs = pid * BLOCK + tl.arange(0, BLOCK)
@@ -53,7 +52,7 @@ def _load_packed_kernel(host_ptr, dev_ptr, sampled_ptr, header_len, ids_len, seq
     else:
         row = pid - num_header_programs
         used = tl.cdiv(tl.load(host_ptr + seq_lens_at + row), block_size)
-        base = tables_at + row.to(tl.int64) * max_blocks
+        base = header_len + row.to(tl.int64) * max_blocks  # the tables follow the header
         for start in range(0, used, BLOCK):
             offs = start + tl.arange(0, BLOCK)
             inside = offs < used
@@ -91,8 +90,8 @@ def load_packed(host: torch.Tensor, device_buffer: torch.Tensor, sampled: torch.
                          f"buffers of {host.numel()} and {device_buffer.numel()}")
     header_programs = triton.cdiv(header_len, BLOCK)
     _load_packed_kernel[(header_programs + num_rows,)](
-        host, device_buffer, sampled, header_len, ids_len, seq_lens_at, header_len,
-        max_blocks, block_size, header_programs, BLOCK=BLOCK)
+        host, device_buffer, sampled, header_len, ids_len, seq_lens_at, max_blocks, block_size,
+        header_programs, BLOCK=BLOCK)
 
 
 def store_to_host(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:

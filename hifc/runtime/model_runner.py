@@ -222,7 +222,7 @@ class ModelRunner:
         def run_step(step: list[ScheduledSeq]) -> None:
             last["logits"] = self.eager_logits(step)
 
-        def passes() -> None:  # the sampler's and its ids' store on a step's logits, then
+        def passes() -> None:  # on a step's logits the sampler's and the ids' store, then
             # the backend's own
             self.sampler.warm_up(last["logits"])
             if self.host_slots is not None:
