@@ -17,9 +17,9 @@ directly (PCIe reads and posted writes):
   previous step's sampled ids (on the device), which it reads in their place.
 - ``store_to_host`` writes a small device tensor into pinned host memory.
 
-On H100s batch-1 decode steps of the 8B preset took 12-27 us less so (0.2-0.5%) and batch-32
-steps 19-44 us less; the block tables' width made no visible difference at 64-token blocks
-(docs/RESULTS.md).
+On H100s and an H200 batch-1 decode steps of the 8B preset took 12-27 us less so (0.2-0.5%)
+and batch-32 steps 19-44 us less; the block tables' width made no visible difference at
+64-token blocks (docs/RESULTS.md).
 
 Pinned memory is written and read by the host only once the kernel that reads or writes it
 has completed (an event after it). Variants do not depend on the sizes or alignments of their
