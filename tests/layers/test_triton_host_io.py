@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from hifc.core.scheduler import PENDING_TOKEN, ScheduledSeq
+from hifc.core.scheduler import PENDING_TOKEN
 from hifc.layers import triton_host_io
 from hifc.runtime.inputs import (ChunkInputLayout, DecodeInputLayout, write_chunk_inputs,
                                  write_decode_inputs)
-from hifc.sampling_params import SamplingParams
 from tests.layers.triton_devices import DEVICES
+from tests.runtime.helpers import chunk_work, decode_work
 
 BLOCK_SIZE = 4
 UNTOUCHED = -7  # what the device buffer holds where the load writes nothing
@@ -22,10 +22,9 @@ def host_buffer(numel: int, device: str) -> torch.Tensor:
     return torch.zeros(numel, dtype=torch.int32, pin_memory=device == "cuda")
 
 
-def decode(request_id: str, token: int, context: int, num_blocks: int) -> ScheduledSeq:
-    """A decode at position ``context`` whose table holds ``num_blocks`` blocks (ids from 100)."""
-    return ScheduledSeq(request_id, [token], context, list(range(100, 100 + num_blocks)),
-                        SamplingParams(temperature=0.0))
+def with_tokens(work, tokens):
+    """``work`` with each decode's token replaced (PENDING_TOKEN: sampled by the step before)."""
+    return [w._replace(token_ids=[t]) for w, t in zip(work, tokens)] + work[len(tokens):]
 
 
 def load(layout, write, work, batch, pending, sampled, device):
@@ -59,8 +58,8 @@ def expected(host, layout, seq_lens, pending, sampled):
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_decode_step_loads_with_its_pending_ids_and_the_tables_it_reaches(device):
     layout = DecodeInputLayout(max_batch=8, max_blocks=1200)  # rows wider than one pass
-    work = [decode("a", PENDING_TOKEN, 9, 3), decode("b", 17, 0, 1),
-            decode("c", PENDING_TOKEN, 4400, 1101), decode("d", PENDING_TOKEN, 2, 1)]
+    work = with_tokens(decode_work([10, 1, 4401, 3], BLOCK_SIZE),
+                       [PENDING_TOKEN, 17, PENDING_TOKEN, PENDING_TOKEN])
     sampled = torch.tensor([11, 22, 33, 2**31 - 1])
     pending = {0: 2, 2: 0, 3: 3}  # the previous step's rows, in any order
     host, dev = load(layout, write_decode_inputs, work, 6, pending, sampled, device)
@@ -72,16 +71,14 @@ def test_a_decode_step_loads_with_its_pending_ids_and_the_tables_it_reaches(devi
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_step_without_pending_ids_and_a_chunk_step_load(device):
     layout = ChunkInputLayout(max_batch=4, max_blocks=40, chunk=8)
-    chunk = ScheduledSeq("p", [5, 6, 7, 8, 9], 60, list(range(200, 217)),
-                         SamplingParams(temperature=0.0))
-    work = [decode("a", PENDING_TOKEN, 30, 8), chunk]
+    work = with_tokens(chunk_work([31], 60, 5, BLOCK_SIZE), [PENDING_TOKEN])
     sampled = torch.tensor([41])
     host, dev = load(layout, write_chunk_inputs, work, 2, {0: 0}, sampled, device)
     # two decode rows (one padding), the chunk's 65 tokens, the padding sequence's 4
     seq_lens = [31, 1, 65, 4]
     assert dev.tolist() == expected(host, layout, seq_lens, {0: 0}, [41]).tolist()
     decodes = DecodeInputLayout(max_batch=2, max_blocks=5)
-    host, dev = load(decodes, write_decode_inputs, [decode("b", 3, 4, 2)], 1, {},
+    host, dev = load(decodes, write_decode_inputs, decode_work([5], BLOCK_SIZE), 1, {},
                      torch.zeros(1, dtype=torch.long), device)
     assert dev.tolist() == expected(host, decodes, [5], {}, []).tolist()
 
