@@ -401,10 +401,11 @@ class AttentionBackend(Protocol):
         first prompt chunks take compile then."""
         ...
 
-    def warm_up(self, num_q_heads: int, kv_cache: torch.Tensor) -> None:
+    def warm_up(self, num_q_heads: int, kv_cache: torch.Tensor,
+                layers: Sequence[LayerAttention]) -> None:
         """At start-up, after the runner's warm-up steps: compile the kernels that only some
         later steps reach (``num_q_heads``: the query heads of a layer on this device;
-        ``kv_cache``: one layer's cache)."""
+        ``kv_cache``: one layer's cache; ``layers``: the model's ``attention_layers``)."""
         ...
 
 
@@ -426,7 +427,8 @@ class TorchAttentionBackend:
     def warm_up_shapes(self) -> list[tuple[int, int]]:
         return []  # it compiles nothing
 
-    def warm_up(self, num_q_heads: int, kv_cache: torch.Tensor) -> None:
+    def warm_up(self, num_q_heads: int, kv_cache: torch.Tensor,
+                layers: Sequence[LayerAttention]) -> None:
         pass  # it compiles nothing
 
     def forward(self, q, k, v, kv_cache, meta, scale, sliding_window=None, logit_softcap=None,

@@ -18,6 +18,9 @@ kernels save on an 8k-token prompt (~20 ms over 32 layers). ``FusedShapes`` keep
 step takes the fused kernels when all its shapes were built before, when each was seen before
 (a length that recurs, as in fixed-length benchmarks), or when the attention it saves over the
 model's layers outweighs the builds (a fresh prompt of ~15k tokens or more on the 8B preset).
+That price holds once cuDNN has compiled the kernel of each kind of call: the first call of a
+kind in a machine compiles it, 0.7-0.9 s on an H100 (later processes find it on disk), so
+``warm_up`` meets every kind at start-up.
 
 Needs 16-bit q/k/v, no sliding window, no soft-capping and a 16-bit cache (the caller checks
 those), and cached context of at most MAX_GATHER_BYTES per chunk (128k tokens of the 8B preset).
@@ -26,6 +29,9 @@ shorter than DENSE_PREFILL_MIN_TOKENS). On the CPU (Triton's interpreter, tests)
 CPU flash kernel stands in for cuDNN.
 """
 from __future__ import annotations
+
+import logging
+import time
 
 import torch
 import torch.nn.functional as F
@@ -45,6 +51,15 @@ MAX_TRACKED_SHAPES = 4096  # shapes remembered; past this the record starts agai
 # a chunk's cached keys and values are gathered into one temporary tensor: at most this large
 # (the KV cache was sized leaving room for the model's activations, not for such copies)
 MAX_GATHER_BYTES = 512 << 20
+# The chunks ``warm_up`` attends: fresh and after cached keys, of lengths that are whole
+# 64-token tiles and that are not. cuDNN compiles a kernel for each kind of call it first meets
+# in a machine (causal or not, with or without the log-sum-exp, lengths whole tiles or not):
+# 0.7-0.9 s each on an H100, against ~65 ms for a new shape of a kind met before
+# (docs/RESULTS.md).
+WARM_UP_TOKENS = (DENSE_PREFILL_MIN_TOKENS, DENSE_PREFILL_MIN_TOKENS + 8)
+WARM_UP_CONTEXTS = (0, 1024, 1032)
+
+logger = logging.getLogger(__name__)
 
 
 class FusedShapes:
@@ -132,6 +147,42 @@ def dense_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         over_own = attend_with_lse(qs, ks, vs, scale, causal=True)
         merge_attention(*over_context, *over_own, out[start:end])
     return out
+
+
+def warm_up(num_q_heads: int, kv_cache: torch.Tensor,
+            scale: float) -> list[tuple[int, int, float]]:
+    """Attend one chunk of each of WARM_UP_TOKENS after each of WARM_UP_CONTEXTS cached keys
+    through the fused kernels, laid out as a step's chunks are (q and k rotated into tensors of
+    their own, v a view of the QKV projection's output), the cached keys read from the first
+    block of ``kv_cache`` (one layer's, 16-bit; nothing is written), so that the kernels cuDNN
+    compiles for them are compiled before a request's step needs them. Returns (cached keys,
+    tokens, seconds) of each chunk."""
+    _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
+    device, dtype = kv_cache.device, kv_cache.dtype
+    timed = []
+    for context in WARM_UP_CONTEXTS:
+        for n in WARM_UP_TOKENS:
+            qkv = torch.zeros(n, (num_q_heads + 2 * num_kv_heads) * head_dim, dtype=dtype,
+                              device=device)
+            q = torch.zeros(n, num_q_heads, head_dim, dtype=dtype, device=device)
+            k = torch.zeros(n, num_kv_heads, head_dim, dtype=dtype, device=device)
+            v = qkv[:, (num_q_heads + num_kv_heads) * head_dim:].view(n, num_kv_heads, head_dim)
+            blocks = -(-(context + n) // block_size)
+            meta = AttentionMetadata(
+                slot_mapping=torch.zeros(n, dtype=torch.long, device=device),
+                query_start_loc=torch.tensor([0, n], dtype=torch.int32, device=device),
+                seq_lens=torch.tensor([context + n], dtype=torch.int32, device=device),
+                block_tables=torch.zeros(1, blocks, dtype=torch.int32, device=device),
+                query_start_loc_cpu=[0, n], seq_lens_cpu=[context + n], max_query_len=n,
+                max_seq_len=context + n, block_size=block_size)
+            started = time.perf_counter()
+            dense_prefill_attention(q, k, v, kv_cache, meta, scale)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            timed.append((context, n, time.perf_counter() - started))
+    logger.info("the fused prompt attention met %d kinds of chunk in %.2f s (longest %.2f s)",
+                len(timed), sum(t for *_, t in timed), max(t for *_, t in timed))
+    return timed
 
 
 def _causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:

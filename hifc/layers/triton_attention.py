@@ -49,13 +49,16 @@ Imports on machines without Triton or a GPU; the backend raises there when calle
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from hifc.layers.attention import FP8, AttentionMetadata, Rope, check_kv_scale, write_kv_cache
+from hifc.layers.attention import (FP8, AttentionMetadata, LayerAttention, Rope, check_kv_scale,
+                                   write_kv_cache)
 from hifc.layers.dense_attention import (FusedShapes, chunk_call_shapes, dense_chunks_after,
-                                         dense_prefill_attention, merge_attention)
+                                         dense_prefill_attention)
+from hifc.layers.dense_attention import warm_up as warm_up_fused
 
 # without Triton (a CPU-only install) this module imports and the backend refuses to run
 from hifc.layers import triton_pdl
@@ -816,16 +819,18 @@ class TritonAttentionBackend:
     def warm_up_shapes(self) -> list[tuple[int, int]]:
         return warm_up_shapes()
 
-    def warm_up(self, num_q_heads: int, kv_cache: torch.Tensor) -> None:
-        """Compile the fused prompt path's merge kernel (its first use is a chunk over cached
-        context, once a chunk shape recurs): a 16-bit cache, the dense path allowed."""
-        if self.dense_prefill is False or kv_cache.dtype not in (torch.bfloat16, torch.float16):
+    def warm_up(self, num_q_heads: int, kv_cache: torch.Tensor,
+                layers: Sequence[LayerAttention]) -> None:
+        """Where a layer can take the fused prompt path (a 16-bit cache, the path allowed, a
+        layer without a window or soft-capping), meet its kinds of call
+        (``dense_attention.warm_up``): cuDNN's kernels and the merge kernel, whose first use is
+        otherwise a request's chunk once its shape recurs."""
+        fused = [layer for layer in layers
+                 if layer.sliding_window is None and layer.logit_softcap is None]
+        if (self.dense_prefill is False or not fused
+                or kv_cache.dtype not in (torch.bfloat16, torch.float16)):
             return
-        head_dim = kv_cache.shape[-1]
-        o = torch.zeros(1, num_q_heads, 2, head_dim, dtype=kv_cache.dtype, device=kv_cache.device)
-        lse = torch.zeros(1, num_q_heads, 2, dtype=torch.float32, device=kv_cache.device)
-        merge_attention(o, lse, o, lse, torch.empty(2, num_q_heads, head_dim, dtype=o.dtype,
-                                                      device=o.device))
+        warm_up_fused(num_q_heads, kv_cache, fused[0].scale)
 
     def _decodes_plan(self, q: torch.Tensor, kv_cache: torch.Tensor, decodes: AttentionMetadata,
                       sliding_window: int | None) -> LaunchPlan:

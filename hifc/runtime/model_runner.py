@@ -228,7 +228,7 @@ class ModelRunner:
             if self.host_slots is not None:
                 self.host_slots.store(sampling_ops.argmax(last["logits"][:1]))
             self.backend.warm_up(self.model.tp.split(self.model.arch.num_attention_heads),
-                                 self.kv_caches[0])
+                                 self.kv_caches[0], self.model.attention_layers)
 
         return [partial(run_step, step) for step in work] + [passes]
 

@@ -16,8 +16,8 @@ from unittest import mock
 import pytest
 import torch
 
-from hifc.layers import triton_fused
-from hifc.layers.attention import (AttentionMetadata, Rope, TorchAttentionBackend,
+from hifc.layers import dense_attention, triton_fused
+from hifc.layers.attention import (AttentionMetadata, LayerAttention, Rope, TorchAttentionBackend,
                                    reference_paged_attention, write_kv_cache)
 from hifc.layers.dense_attention import (GRAPH_BUILD_SECONDS, SECONDS_SAVED_PER_FLOP, FusedShapes,
                                          dense_chunks_after)
@@ -803,6 +803,56 @@ def test_prompt_chunks_after_cached_context_and_decodes_attend_densely(dtype, bl
                          seed=block_size + len(query_lens))
         assert dense_chunks_after(step[-1], dtype, 1) == query_lens.count(1)
         check(TritonAttentionBackend(dense_prefill=True), *step, dtype)
+
+
+@device_test
+def test_warm_up_meets_each_kind_of_fused_call():
+    # Fresh chunks and chunks after cached keys, their lengths whole 64-token tiles or not (the
+    # kinds cuDNN compiles a kernel for), v laid out as a step's (a view of the QKV output);
+    # the cache is only read.
+    calls = []
+    causal_call, lse_call = dense_attention._causal, dense_attention.attend_with_lse
+
+    def causal(q, k, v, scale):
+        calls.append(("causal", q.shape[2], k.shape[2], v.stride(2)))
+        return causal_call(q, k, v, scale)
+
+    def with_lse(q, k, v, scale, causal):
+        calls.append(("own keys" if causal else "cached keys", q.shape[2], k.shape[2],
+                      v.stride(2)))
+        return lse_call(q, k, v, scale, causal)
+
+    gen = torch.Generator().manual_seed(3)
+    kv_cache = torch.randn(2, 3, 64, 2, 32, generator=gen).to(DEVICE, torch.float16)
+    before = kv_cache.clone()
+    with (mock.patch.object(dense_attention, "_causal", causal),
+          mock.patch.object(dense_attention, "attend_with_lse", with_lse)):
+        timed = dense_attention.warm_up(8, kv_cache, 0.125)
+    assert torch.equal(kv_cache, before)
+    assert len(timed) == (len(dense_attention.WARM_UP_TOKENS)
+                          * len(dense_attention.WARM_UP_CONTEXTS))
+    kinds = {(kind, q_len % 64 == 0, k_len % 64 == 0) for kind, q_len, k_len, _ in calls}
+    assert kinds == {("causal", True, True), ("causal", False, False),
+                     ("own keys", True, True), ("own keys", False, False),
+                     ("cached keys", True, True), ("cached keys", False, True),
+                     ("cached keys", True, False), ("cached keys", False, False)}
+    assert {stride for kind, *_, stride in calls if kind != "cached keys"} == {(8 + 2 * 2) * 32}
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
+def test_backend_warms_the_fused_path_where_a_layer_can_take_it():
+    plain, windowed = LayerAttention(0.125), LayerAttention(0.5, sliding_window=64)
+    capped = LayerAttention(0.25, logit_softcap=50.0)
+    cache = torch.zeros(2, 1, 16, 2, 32, dtype=torch.float16)
+    cases = [(TritonAttentionBackend(), cache, [windowed, plain], 0.125),
+             (TritonAttentionBackend(), cache, [windowed, capped], None),
+             (TritonAttentionBackend(dense_prefill=False), cache, [plain], None),
+             (TritonAttentionBackend(), cache.float(), [plain], None),
+             (TritonAttentionBackend(), cache.to(torch.float8_e4m3fn), [plain], None)]
+    for backend, kv_cache, layers, scale in cases:
+        with mock.patch("hifc.layers.triton_attention.warm_up_fused") as warm:
+            backend.warm_up(8, kv_cache, layers)
+        assert warm.call_args == (mock.call(8, kv_cache, scale) if scale else None)
 
 
 def test_fused_kernels_are_taken_once_their_shapes_pay_or_recur():
