@@ -62,6 +62,8 @@ logger = logging.getLogger(__name__)
 
 
 FP8_MIN_CAPABILITY = (8, 9)  # Triton converts float8_e4m3fn on Ada and Hopper GPUs and later
+# torch's cuDNN and flash attention, the Triton backend's fused prompt path, run on Ampere and later
+FUSED_PROMPT_MIN_CAPABILITY = (8, 0)
 
 
 def attention_backend(name: str, device: torch.device, kv_dtype: torch.dtype,
@@ -72,14 +74,15 @@ def attention_backend(name: str, device: torch.device, kv_dtype: torch.dtype,
         return TorchAttentionBackend()
     if device.type != "cuda":
         raise ValueError("attention_backend 'triton' needs a CUDA device")
-    if kv_dtype == torch.float8_e4m3fn:
-        capability = torch.cuda.get_device_capability(device)
-        if capability < FP8_MIN_CAPABILITY:
-            raise ValueError(f"kv_cache_dtype fp8 with the triton attention backend needs a GPU "
-                             f"of compute capability 8.9 or later (this one: "
-                             f"{capability[0]}.{capability[1]}); use attention_backend torch")
+    capability = torch.cuda.get_device_capability(device)
+    if kv_dtype == torch.float8_e4m3fn and capability < FP8_MIN_CAPABILITY:
+        raise ValueError(f"kv_cache_dtype fp8 with the triton attention backend needs a GPU "
+                         f"of compute capability 8.9 or later (this one: "
+                         f"{capability[0]}.{capability[1]}); use attention_backend torch")
     from hifc.layers.triton_attention import TritonAttentionBackend
-    return TritonAttentionBackend(num_layers=num_layers)
+    return TritonAttentionBackend(
+        dense_prefill=None if capability >= FUSED_PROMPT_MIN_CAPABILITY else False,
+        num_layers=num_layers)
 
 
 @dataclasses.dataclass(frozen=True)
