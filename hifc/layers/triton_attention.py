@@ -826,11 +826,17 @@ class TritonAttentionBackend:
         (``dense_attention.warm_up``): cuDNN's kernels and the merge kernel, whose first use is
         otherwise a request's chunk once its shape recurs."""
         fused = [layer for layer in layers
-                 if layer.sliding_window is None and layer.logit_softcap is None]
-        if (self.dense_prefill is False or not fused
-                or kv_cache.dtype not in (torch.bfloat16, torch.float16)):
-            return
-        warm_up_fused(num_q_heads, kv_cache, fused[0].scale)
+                 if self._fused_allowed(layer.sliding_window, layer.logit_softcap, kv_cache)]
+        if fused:
+            warm_up_fused(num_q_heads, kv_cache, fused[0].scale)
+
+    def _fused_allowed(self, sliding_window: int | None, logit_softcap: float | None,
+                       kv_cache: torch.Tensor) -> bool:
+        """Whether a layer's prompt chunks may take the fused path at all (``dense_prefill``
+        not off, no window, no soft-capping, a 16-bit cache); ``dense_chunks_after`` and
+        ``FusedShapes`` then decide step by step."""
+        return (self.dense_prefill is not False and sliding_window is None
+                and logit_softcap is None and kv_cache.dtype in (torch.bfloat16, torch.float16))
 
     def _decodes_plan(self, q: torch.Tensor, kv_cache: torch.Tensor, decodes: AttentionMetadata,
                       sliding_window: int | None) -> LaunchPlan:
@@ -863,9 +869,8 @@ class TritonAttentionBackend:
                 return paged_attention(q, kv_cache, meta, scale, whole_step_plan, out,
                                        sliding_window, logit_softcap, kv_scale, rope=rope, k=k,
                                        v=v)
-        dense = (self._dense_chunks_after(q, k, v, meta) if self.dense_prefill is not False
-                 and sliding_window is None and logit_softcap is None and kv_cache.dtype != FP8
-                 else None)
+        dense = (self._dense_chunks_after(q, k, v, meta)
+                 if self._fused_allowed(sliding_window, logit_softcap, kv_cache) else None)
         # a tile of the chunks' shape would run each decode row at 1/BLOCK_Q of its rows
         decodes = dense if dense is not None else meta.num_leading_decodes
         apart = 0 < decodes < meta.num_seqs
