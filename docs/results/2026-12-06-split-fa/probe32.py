@@ -5,7 +5,7 @@ import argparse, json, sys, time
 from pathlib import Path
 import torch
 import torch.nn.functional as F
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "2026-12-05-swap-ab"))  # its kernels.py
 import kernels as kv
 import triton, triton.language as tl
 from hifc.layers.triton_gemv import gemm_rows, rows_config

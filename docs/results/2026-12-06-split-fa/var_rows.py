@@ -2,7 +2,7 @@
 the probe's fastest configuration per (N, K, row tile) where it beat the default)."""
 import json, sys
 from pathlib import Path
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "2026-12-05-swap-ab"))  # its kernels.py
 from hifc.layers import triton_gemv
 
 variant, best_path = sys.argv[1], sys.argv[2]
