@@ -705,7 +705,12 @@ def rows_configs(block_m: int) -> list[tuple[int, ...]]:
 def rows_part(name, s, dev, dtype, ms=(2, 4, 8, 16, 24, 32)):
     """Projections at M = ms (small decode batches): cuBLAS against hifc's small-M kernel
     over a range of configurations, over weight copies that do not fit the L2 cache; the best
-    configurations per projection and M, and the module's default configuration."""
+    configurations per projection and M, and the module's default configuration.
+
+    The launches run back to back, each waiting under PDL for the one before; a step puts
+    other kernels between them. A grid that leaves SMs idle can time slower here than in a
+    step: the 32B down projection's 80 programs took 110 us here against 100 us split three
+    ways over K, and the engine's steps were level with either (docs/RESULTS.md)."""
     rows = []
     sms = triton_pdl.sm_count(dev)
     for label, (n, k) in projection_shapes(s).items():
