@@ -709,8 +709,9 @@ def rows_part(name, s, dev, dtype, ms=(2, 4, 8, 16, 24, 32)):
 
     The launches run back to back, each waiting under PDL for the one before; a step puts
     other kernels between them. A grid that leaves SMs idle can time slower here than in a
-    step: the 32B down projection's 80 programs took 110 us here against 100 us split three
-    ways over K, and the engine's steps were level with either (docs/RESULTS.md)."""
+    step: timed so, the 32B down projection's 80 programs took 110 us at 32 rows and a tiling
+    split three ways over K 100 us, yet the engine's steps were level with either
+    (docs/RESULTS.md, 2026-12-06)."""
     rows = []
     sms = triton_pdl.sm_count(dev)
     for label, (n, k) in projection_shapes(s).items():
