@@ -825,10 +825,11 @@ class TritonAttentionBackend:
         layer without a window or soft-capping), meet its kinds of call
         (``dense_attention.warm_up``): cuDNN's kernels and the merge kernel, whose first use is
         otherwise a request's chunk once its shape recurs."""
-        fused = [layer for layer in layers
-                 if self._fused_allowed(layer.sliding_window, layer.logit_softcap, kv_cache)]
-        if fused:
-            warm_up_fused(num_q_heads, kv_cache, fused[0].scale)
+        fused = next((layer for layer in layers
+                      if self._fused_allowed(layer.sliding_window, layer.logit_softcap,
+                                             kv_cache)), None)
+        if fused is not None:
+            warm_up_fused(num_q_heads, kv_cache, fused.scale)
 
     def _fused_allowed(self, sliding_window: int | None, logit_softcap: float | None,
                        kv_cache: torch.Tensor) -> bool:

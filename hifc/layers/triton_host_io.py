@@ -13,8 +13,8 @@ directly (PCIe reads and posted writes):
   buffer its CUDA graphs read: the fields before the block tables whole, and of each row's
   block table only the entries its sequence length reaches (a table row is as wide as
   ``max_model_len`` allows: 2,048 entries at 131,072 tokens in 64-token blocks, of which a
-  4k-token context reads 64). An input id below zero is a pending token, ``-1 - r`` for row ``r`` of the
-  previous step's sampled ids (on the device), which it reads in their place.
+  4k-token context reads 64). An input id below zero is a pending token, ``-1 - r`` for row
+  ``r`` of the previous step's sampled ids (on the device), which it reads in their place.
 - ``store_to_host`` writes a small device tensor into pinned host memory.
 
 On H100s and an H200 batch-1 decode steps of the 8B preset took 12-27 us less so (0.2-0.5%)
