@@ -19,7 +19,7 @@ import torch
 from hifc.layers import triton_pdl
 from hifc.layers.triton_jit import interpreting, tl, triton
 from hifc.layers.triton_jit import jit as _jit
-from hifc.layers.triton_pdl import enter
+from hifc.layers.triton_pdl import enter_releasing_first
 
 if triton is not None:
     from triton.language.extra import libdevice
@@ -53,7 +53,7 @@ def _rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, summed_ptr,
                      HIDDEN: tl.constexpr, BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                      UNIT_OFFSET: tl.constexpr, PDL: tl.constexpr):
     if PDL:
-        enter()
+        enter_releasing_first()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < HIDDEN
@@ -111,7 +111,7 @@ def _silu_and_mul_kernel(gate_up_ptr, out_ptr, stride_in, stride_out,
                          INTERMEDIATE: tl.constexpr, BLOCK: tl.constexpr,
                          PRECISE_EXP: tl.constexpr, PDL: tl.constexpr):
     if PDL:
-        enter()
+        enter_releasing_first()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < INTERMEDIATE

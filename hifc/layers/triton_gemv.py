@@ -48,9 +48,9 @@ dependents as they start: the attention after the QKV projection, launched with 
 the SMs the GEMV's programs leave and prefetches its first K/V tile while the weight streams
 (8B batch-1 forwards 0.5-1.4% shorter on an H100 and an H200, docs/RESULTS.md). The O GEMV
 (``gemv_add_sumsq``, after the attention) and the gate-up GEMV after it (``gemv_norm_sumsq``)
-are launched with PDL: they wait for the kernel before them as they start and then release
-their dependents (8B batch-1 steps 0.2-0.3% shorter on H100s, not measured on an H200; with
-every GEMV on PDL they were 2% longer).
+are launched with PDL (8B batch-1 steps 0.2-0.3% shorter on H100s, not measured on an H200;
+with every GEMV on PDL they were 2% longer). They and the small-M kernel release their dependents
+before they wait for the kernel before them (``triton_pdl``).
 
 Float32 sums run in another order than cuBLAS's, so results differ from ``F.linear`` in the last
 bits; every projection of 16-bit rows on CUDA whose count ``takes_rows`` or is one and whose K is
@@ -65,7 +65,7 @@ from hifc.layers import triton_pdl
 from hifc.layers.triton_fused import norm_weighted, round_to
 from hifc.layers.triton_jit import jit as _jit
 from hifc.layers.triton_jit import tl, triton
-from hifc.layers.triton_pdl import enter, prefetch_rows, release
+from hifc.layers.triton_pdl import enter_releasing_first, prefetch_rows, release
 
 BLOCK_N = 16
 BLOCK_K = 512
@@ -148,8 +148,8 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, N, stride_wn,
                  HAS_RESIDUAL: tl.constexpr, UNIT_OFFSET: tl.constexpr,
                  NORM_BLOCK: tl.constexpr, ADD_SUMSQ: tl.constexpr, RELEASE: tl.constexpr,
                  PDL: tl.constexpr):
-    if PDL:  # launched with PDL: wait for the kernel before, then let the next one launch
-        enter()
+    if PDL:  # launched with PDL: let the next kernel launch, then wait for the one before
+        enter_releasing_first()
     elif RELEASE:  # let a PDL-launched kernel after this one start and prefetch meanwhile
         release()
     pid = tl.program_id(0)
@@ -219,7 +219,7 @@ def _rows_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, M, N, stride_xm, stride_wn, st
     n_ok = offs_n < N
     if PDL:
         prefetch_rows(w_ptr, offs_n, n_ok, stride_wn, PREFETCH_LINES)
-        enter()
+        enter_releasing_first()
     w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
     if SWAP:  # out^T = W x^T: the weight tile is the MMA's M side (wgmma on Hopper)
         xt_ptrs = x_ptr + offs_m[None, :] * stride_xm + offs_k[:, None]

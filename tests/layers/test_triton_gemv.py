@@ -410,9 +410,9 @@ def test_gemv_compiles_to_wide_loads_for_hopper():
         assert "cp.async" in ptx  # weight slices loaded ahead of their use (pipelined)
         assert "mma" not in ptx  # no tensor cores for one row
         first_load = min(ptx.index(load) for load in ("ld.global", "cp.async") if load in ptx)
-        if pdl:  # it waits for the kernel before it, then releases, before its first load
+        if pdl:  # it releases, then waits for the kernel before it, before its first load
             assert ptx.count(WAIT) == 1 and ptx.count(RELEASE) == 1
-            assert ptx.index(WAIT) < ptx.index(RELEASE) < first_load
+            assert ptx.index(RELEASE) < ptx.index(WAIT) < first_load
         elif release:  # its dependents released before its first load, and no wait
             assert WAIT not in ptx and ptx.count(RELEASE) == 1
             assert ptx.index(RELEASE) < first_load
@@ -436,7 +436,7 @@ def test_gemv_compiles_to_wide_loads_for_hopper():
         assert config["swap"] == (n >= triton_gemv.SWAP_MIN_N)
         assert ("wgmma.mma_async" in ptx) == config["swap"]
         assert ("mma.sync" in ptx) != config["swap"]
-        assert_prefetch_then_wait(ptx, pdl)
+        assert_prefetch_then_wait(ptx, pdl, releasing_first=True)
 
 
 @pytest.mark.gpu

@@ -14,13 +14,14 @@ WAIT, RELEASE, PREFETCH = ("griddepcontrol.wait", "griddepcontrol.launch_depende
                            "prefetch.global.L2")
 
 
-def assert_prefetch_then_wait(ptx: str, pdl: bool) -> None:
-    """With PDL the kernel prefetches into L2, then waits, then releases its dependents;
-    without it, none of the three."""
+def assert_prefetch_then_wait(ptx: str, pdl: bool, releasing_first: bool = False) -> None:
+    """With PDL the kernel prefetches into L2, then waits, then releases its dependents (or
+    releases them before it waits); without it, none of the three."""
     if not pdl:
         assert WAIT not in ptx and RELEASE not in ptx and PREFETCH not in ptx
         return
-    assert ptx.index(PREFETCH) < ptx.index(WAIT) < ptx.index(RELEASE)
+    assert ptx.index(PREFETCH) < ptx.index(WAIT)
+    assert (ptx.index(RELEASE) < ptx.index(WAIT)) == releasing_first
     assert ptx.count(WAIT) == 1
 
 
@@ -81,10 +82,11 @@ def test_elementwise_and_merge_kernels_wait_before_reading(pdl):
         "stride_o_h": "i32"},
         dict(NUM_Q_HEADS=32, HEAD_DIM=128, HEAD_DIM_PAD=128, NUM_SEGMENTS=64, SEGMENTS_PAD=64,
              PRELOAD=True, PDL=pdl), 4)
-    for ptx in (norm, silu, merge):
+    for ptx, releasing_first in ((norm, True), (silu, True), (merge, False)):
         assert (WAIT in ptx) == pdl and (RELEASE in ptx) == pdl and PREFETCH not in ptx
         if pdl:  # the wait comes before the first global load
-            assert ptx.index(WAIT) < ptx.index("ld.global") and ptx.index(WAIT) < ptx.index(RELEASE)
+            assert ptx.index(WAIT) < ptx.index("ld.global")
+            assert (ptx.index(RELEASE) < ptx.index(WAIT)) == releasing_first
 
 
 @pytest.mark.skipif(not HAS_TRITON or INTERPRET, reason="needs triton, kernels compiled")
