@@ -67,7 +67,7 @@ FUSED_PROMPT_MIN_CAPABILITY = (8, 0)
 
 
 def attention_backend(name: str, device: torch.device, kv_dtype: torch.dtype,
-                      num_layers: int) -> AttentionBackend:
+                      num_layers: int, max_chunk_tokens: int = 0) -> AttentionBackend:
     if name == "auto":
         name = "triton" if device.type == "cuda" else "torch"
     if name == "torch":
@@ -82,7 +82,7 @@ def attention_backend(name: str, device: torch.device, kv_dtype: torch.dtype,
     from hifc.layers.triton_attention import TritonAttentionBackend
     return TritonAttentionBackend(
         dense_prefill=None if capability >= FUSED_PROMPT_MIN_CAPABILITY else False,
-        num_layers=num_layers)
+        num_layers=num_layers, max_chunk_tokens=max_chunk_tokens)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,7 +141,7 @@ class LLMEngine:
         self.runner = ModelRunner(
             loaded.model, kv_cache,
             attention_backend(config.attention_backend, self.device, self.kv_dtype,
-                              self.arch.num_hidden_layers),
+                              self.arch.num_hidden_layers, self.limits.max_num_batched_tokens),
             config.block_size, self.device, config.seed, kv_scales, followers=self.tp)
         # after the KV cache exists, before any sequence holds a block; CPU / torch backend:
         # decode stays unpadded

@@ -14,10 +14,15 @@ then merges the two normalised results, weighting each row by the exp of its log
 
 cuDNN builds an execution graph for each new shape (lengths, heads, strides) it is called with,
 which cost ~62-68 ms of host time per shape on the H200 (cuDNN 9.19), more than the fused
-kernels save on an 8k-token prompt (~20 ms over 32 layers). ``FusedShapes`` keeps the rule: a
-step takes the fused kernels when all its shapes were built before, when each was seen before
-(a length that recurs, as in fixed-length benchmarks), or when the attention it saves over the
-model's layers outweighs the builds (a fresh prompt of ~15k tokens or more on the 8B preset).
+kernels save on an 8k-token prompt (~20 ms over 32 layers). A fresh chunk therefore attends in
+tensors of its own whose length is rounded up to a multiple of ``DENSE_PAD_TOKENS`` (zero rows
+after its own, which the causal mask keeps from every real query), so that prompts of varied
+lengths share a few graphs, which start-up builds up to ``PREBUILT_TOKENS`` (``warm_up``).
+``FusedShapes`` keeps the rule: a step's chunks take the fused kernels when all their
+shapes were built before, when each was seen before (a length that recurs), or when the
+attention they save over the model's layers outweighs the builds (a fresh prompt of ~15k
+tokens or more on the 8B preset); failing that, the fresh chunks at the step's end may take
+them alone, the chunks before them staying with the paged kernel (``fresh_suffix``).
 That price holds once cuDNN has compiled the kernel of each kind of call: the first call of a
 kind in a machine compiles it, 0.7-0.9 s on an H100 (later processes find it on disk), so
 ``warm_up`` meets every kind at start-up.
@@ -43,6 +48,8 @@ from hifc.layers.triton_jit import tl, triton
 
 DENSE_PREFILL_MIN_TOKENS = 512  # a chunk this long attends through torch's fused kernels
 DENSE_PREFILL_MAX_SEQS = 8  # they run once per chunk: no more chunks than this in a step
+DENSE_PAD_TOKENS = 512  # a fresh chunk attends in a length rounded up to a multiple of this
+PREBUILT_TOKENS = 8192  # start-up builds the fresh chunks' graphs up to this length
 # H200, 8B shapes (scripts/gpu_kernel_probe.py --parts builds,dense): a new shape's graph build,
 # and the time the fused kernels (~595 TFLOP/s) save per FLOP against the paged kernel (~355)
 GRAPH_BUILD_SECONDS = 0.065
@@ -52,10 +59,10 @@ MAX_TRACKED_SHAPES = 4096  # shapes remembered; past this the record starts agai
 # (the KV cache was sized leaving room for the model's activations, not for such copies)
 MAX_GATHER_BYTES = 512 << 20
 # The chunks ``warm_up`` attends: fresh and after cached keys, of lengths that are whole
-# 64-token tiles and that are not. cuDNN compiles a kernel for each kind of call it first meets
-# in a machine (causal or not, with or without the log-sum-exp, lengths whole tiles or not):
-# 0.7-0.9 s each on an H100, against ~65 ms for a new shape of a kind met before
-# (docs/RESULTS.md).
+# 64-token tiles and that are not (a fresh one padded). cuDNN compiles a kernel for each kind of
+# call it first meets in a machine (causal or not, with or without the log-sum-exp, lengths
+# whole tiles or not): 0.7-0.9 s each on an H100, against ~65 ms for a new shape of a kind met
+# before (docs/RESULTS.md).
 WARM_UP_TOKENS = (DENSE_PREFILL_MIN_TOKENS, DENSE_PREFILL_MIN_TOKENS + 8)
 WARM_UP_CONTEXTS = (0, 1024, 1032)
 
@@ -69,17 +76,31 @@ class FusedShapes:
         self.num_layers = num_layers  # layers a step's shapes serve once built
         self.seen: dict[tuple, bool] = {}  # shape -> built
 
-    def take(self, shapes: list[tuple], flops: int) -> bool:
-        """Whether a step with these call shapes, attending ``flops`` per layer through them,
-        takes the fused kernels (recording the shapes as built if so, as seen if not)."""
+    def pays(self, shapes: list[tuple], flops: int) -> bool:
+        """Whether calls of these shapes, attending ``flops`` per layer through them, take the
+        fused kernels: each shape built or seen before, or the attention saved over the
+        model's layers outweighing the new builds. Records nothing."""
         new = [shape for shape in shapes if not self.seen.get(shape)]
-        take = (all(shape in self.seen for shape in new) or flops * self.num_layers
+        return (all(shape in self.seen for shape in new) or flops * self.num_layers
                 * SECONDS_SAVED_PER_FLOP > GRAPH_BUILD_SECONDS * len(set(new)))
+
+    def record(self, shapes: list[tuple], built: bool) -> None:
+        """Record the shapes as built (the fused kernels took them) or as seen."""
         if len(self.seen) + len(shapes) > MAX_TRACKED_SHAPES:
             self.seen.clear()
         for shape in shapes:
-            self.seen[shape] = self.seen.get(shape, False) or take
+            self.seen[shape] = self.seen.get(shape, False) or built
+
+    def take(self, shapes: list[tuple], flops: int) -> bool:
+        """``pays``, recording the shapes as built if so, as seen if not."""
+        take = self.pays(shapes, flops)
+        self.record(shapes, take)
         return take
+
+
+def padded(tokens: int) -> int:
+    """The length a fresh chunk of ``tokens`` attends in: a multiple of DENSE_PAD_TOKENS."""
+    return -(-tokens // DENSE_PAD_TOKENS) * DENSE_PAD_TOKENS
 
 
 def _spans(meta: AttentionMetadata) -> list[tuple[int, int, int, int]]:
@@ -107,15 +128,43 @@ def dense_chunks_after(meta: AttentionMetadata, dtype: torch.dtype,
     return decodes if longest_context * token_bytes <= MAX_GATHER_BYTES else None
 
 
+def fresh_suffix(meta: AttentionMetadata, first: int) -> int | None:
+    """The first sequence of the fresh prompt chunks (no cached context) that end the step
+    after sequence ``first``, when they suit the fused kernels on their own (as
+    ``dense_chunks_after`` takes chunks) and a chunk over cached context comes before them;
+    None otherwise."""
+    spans = _spans(meta)
+    start = len(spans)
+    while start > first and spans[start - 1][3] == 0:
+        start -= 1
+    chunks = [end - begin for _, begin, end, _ in spans[start:]]
+    if (start == first or not 1 <= len(chunks) <= DENSE_PREFILL_MAX_SEQS or min(chunks) < 2
+            or max(chunks) < DENSE_PREFILL_MIN_TOKENS):
+        return None
+    return start
+
+
+def fresh_shape(length: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
+                dtype: torch.dtype) -> tuple:
+    """The shape of a fresh chunk's call, padded to ``length``: its q, k and v are tensors of
+    their own, token-major (``_padded_heads``)."""
+    return ("causal", length, (num_q_heads, head_dim), (num_kv_heads, head_dim), dtype,
+            num_q_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim)
+
+
 def chunk_call_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       meta: AttentionMetadata) -> tuple[list[tuple], int]:
     """The fused-kernel calls ``dense_prefill_attention`` makes for these chunks, as the shapes
-    cuDNN builds a graph for, and the attention FLOPs of one layer over them."""
+    cuDNN builds a graph for, and the attention FLOPs of one layer over them (a padded chunk's
+    own, not its padding's)."""
     layout = (q.shape[1:], k.shape[1:], q.dtype, q.stride(0), k.stride(0), v.stride(0))
     shapes, pairs = [], 0
     for _, start, end, context in _spans(meta):
         n = end - start
-        if n:
+        if n and not context:
+            shapes.append(fresh_shape(padded(n), q.shape[1], k.shape[1], q.shape[2], q.dtype))
+            pairs += n * (n + 1) // 2
+        elif n:
             shapes.append(("causal", n, *layout))
             if context:
                 shapes.append(("over context", n, context, *layout))
@@ -135,13 +184,14 @@ def dense_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if out is None and (len(spans) != 1 or spans[0][3]):
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     for i, start, end, context in spans:
-        qs, ks, vs = (x[start:end].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+        n = end - start
         if context == 0:
-            o = _causal(qs, ks, vs, scale)
+            o = _causal(*(_padded_heads(x[start:end], padded(n)) for x in (q, k, v)), scale)
             if out is None:
-                return o[0].transpose(0, 1)
-            out[start:end] = o[0].transpose(0, 1)
+                return o[0, :, :n].transpose(0, 1)
+            out[start:end] = o[0, :, :n].transpose(0, 1)
             continue
+        qs, ks, vs = (x[start:end].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
         kc, vc = _cached_keys(kv_cache, meta.block_tables[i], context, meta.block_size)
         over_context = attend_with_lse(qs, kc, vc, scale, causal=False)
         over_own = attend_with_lse(qs, ks, vs, scale, causal=True)
@@ -149,40 +199,60 @@ def dense_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return out
 
 
-def warm_up(num_q_heads: int, kv_cache: torch.Tensor,
-            scale: float) -> list[tuple[int, int, float]]:
+def warm_up(num_q_heads: int, kv_cache: torch.Tensor, scale: float,
+            max_chunk_tokens: int = 0) -> list[tuple[int, int, float]]:
     """Attend one chunk of each of WARM_UP_TOKENS after each of WARM_UP_CONTEXTS cached keys
     through the fused kernels, laid out as a step's chunks are (q and k rotated into tensors of
     their own, v a view of the QKV projection's output), the cached keys read from the first
     block of ``kv_cache`` (one layer's, 16-bit; nothing is written), so that the kernels cuDNN
-    compiles for them are compiled before a request's step needs them. Returns (cached keys,
-    tokens, seconds) of each chunk."""
+    compiles for them are compiled before a request's step needs them; then a fresh chunk of
+    each padded length up to ``max_chunk_tokens`` (a step's most, at most PREBUILT_TOKENS), so
+    that cuDNN has built the graphs of a step's fresh chunks. Returns (cached keys, tokens,
+    seconds) of each chunk."""
     _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
     device, dtype = kv_cache.device, kv_cache.dtype
     timed = []
-    for context in WARM_UP_CONTEXTS:
-        for n in WARM_UP_TOKENS:
-            qkv = torch.zeros(n, (num_q_heads + 2 * num_kv_heads) * head_dim, dtype=dtype,
-                              device=device)
-            q = torch.zeros(n, num_q_heads, head_dim, dtype=dtype, device=device)
-            k = torch.zeros(n, num_kv_heads, head_dim, dtype=dtype, device=device)
-            v = qkv[:, (num_q_heads + num_kv_heads) * head_dim:].view(n, num_kv_heads, head_dim)
-            blocks = -(-(context + n) // block_size)
-            meta = AttentionMetadata(
-                slot_mapping=torch.zeros(n, dtype=torch.long, device=device),
-                query_start_loc=torch.tensor([0, n], dtype=torch.int32, device=device),
-                seq_lens=torch.tensor([context + n], dtype=torch.int32, device=device),
-                block_tables=torch.zeros(1, blocks, dtype=torch.int32, device=device),
-                query_start_loc_cpu=[0, n], seq_lens_cpu=[context + n], max_query_len=n,
-                max_seq_len=context + n, block_size=block_size)
-            started = time.perf_counter()
-            dense_prefill_attention(q, k, v, kv_cache, meta, scale)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            timed.append((context, n, time.perf_counter() - started))
-    logger.info("the fused prompt attention met %d kinds of chunk in %.2f s (longest %.2f s)",
-                len(timed), sum(t for *_, t in timed), max(t for *_, t in timed))
+    fresh = range(DENSE_PAD_TOKENS, min(padded(max_chunk_tokens), PREBUILT_TOKENS) + 1,
+                  DENSE_PAD_TOKENS)
+    met = {padded(n) for n in WARM_UP_TOKENS}
+    chunks = ([(context, n) for context in WARM_UP_CONTEXTS for n in WARM_UP_TOKENS]
+              + [(0, n) for n in fresh if n not in met])
+    for context, n in chunks:
+        qkv = torch.zeros(n, (num_q_heads + 2 * num_kv_heads) * head_dim, dtype=dtype,
+                          device=device)
+        q = torch.zeros(n, num_q_heads, head_dim, dtype=dtype, device=device)
+        k = torch.zeros(n, num_kv_heads, head_dim, dtype=dtype, device=device)
+        v = qkv[:, (num_q_heads + num_kv_heads) * head_dim:].view(n, num_kv_heads, head_dim)
+        blocks = -(-(context + n) // block_size)
+        meta = AttentionMetadata(
+            slot_mapping=torch.zeros(n, dtype=torch.long, device=device),
+            query_start_loc=torch.tensor([0, n], dtype=torch.int32, device=device),
+            seq_lens=torch.tensor([context + n], dtype=torch.int32, device=device),
+            block_tables=torch.zeros(1, blocks, dtype=torch.int32, device=device),
+            query_start_loc_cpu=[0, n], seq_lens_cpu=[context + n], max_query_len=n,
+            max_seq_len=context + n, block_size=block_size)
+        started = time.perf_counter()
+        dense_prefill_attention(q, k, v, kv_cache, meta, scale)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        timed.append((context, n, time.perf_counter() - started))
+    logger.info("the fused prompt attention met %d chunks (%d kinds, fresh lengths up to %d) "
+                "in %.2f s (longest %.2f s)", len(timed),
+                len(WARM_UP_CONTEXTS) * len(WARM_UP_TOKENS), max(fresh, default=0),
+                sum(t for *_, t in timed), max(t for *_, t in timed))
     return timed
+
+
+def _padded_heads(x: torch.Tensor, length: int) -> torch.Tensor:
+    """A chunk's tokens x ([n, H, D]) as [1, H, length, D] heads, token-major, zero past n: x
+    itself where it is that already (n == length, contiguous), else a copy."""
+    n = x.shape[0]
+    if n == length and x.is_contiguous():
+        return x.transpose(0, 1).unsqueeze(0)
+    heads = x.new_empty(length, *x.shape[1:])
+    heads[:n] = x
+    heads[n:].zero_()
+    return heads.transpose(0, 1).unsqueeze(0)
 
 
 def _causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:

@@ -57,7 +57,8 @@ import torch
 from hifc.layers.attention import (FP8, AttentionMetadata, LayerAttention, Rope, check_kv_scale,
                                    write_kv_cache)
 from hifc.layers.dense_attention import (FusedShapes, chunk_call_shapes, dense_chunks_after,
-                                         dense_prefill_attention)
+                                         dense_prefill_attention, fresh_shape, fresh_suffix,
+                                         padded)
 from hifc.layers.dense_attention import warm_up as warm_up_fused
 
 # without Triton (a CPU-only install) this module imports and the backend refuses to run
@@ -727,20 +728,26 @@ class TritonAttentionBackend:
     dense_prefill: long prompt chunks through torch's fused kernels
     (:mod:`hifc.layers.dense_attention`): None (default) when they pay for their new shapes
     over ``num_layers`` layers, True always, False never.
+    max_chunk_tokens: the most tokens a step holds, up to which start-up's ``warm_up`` builds
+    the fused kernels' graphs of fresh chunks.
     """
 
     def __init__(self, split_kv: bool | None = None, triton_kv_write: bool = True,
-                 dense_prefill: bool | None = None, num_layers: int = 1):
+                 dense_prefill: bool | None = None, num_layers: int = 1,
+                 max_chunk_tokens: int = 0):
         if triton is None:
             raise RuntimeError("TritonAttentionBackend needs the triton package (and a CUDA GPU)")
         self.split_kv = split_kv
         self.triton_kv_write = triton_kv_write
         self.dense_prefill = dense_prefill
+        self.max_chunk_tokens = max_chunk_tokens
         self.fused_shapes = FusedShapes(num_layers)
-        self._dense: tuple[AttentionMetadata, int | None] | None = None  # this step's choice
-        # (step metadata, decodes) -> the metadata of its decodes and of the rest
-        self._apart: tuple[AttentionMetadata, int, AttentionMetadata,
-                           AttentionMetadata] | None = None
+        # this step's choice: (its metadata, (leading decodes, first fused sequence))
+        self._dense: tuple[AttentionMetadata, tuple[int | None, int | None]] | None = None
+        # (id of a step's metadata or of a part of it, split) -> (that metadata, the
+        # metadata of its sequences before the split and of those after)
+        self._apart: dict[tuple[int, int], tuple[AttentionMetadata, AttentionMetadata,
+                                                 AttentionMetadata]] = {}
         # the decode CUDA graphs' batch sizes and each one's context caps
         # (plan_decodes_as_graphs)
         self._graph_batches: list[int] = []
@@ -824,12 +831,17 @@ class TritonAttentionBackend:
         """Where a layer can take the fused prompt path (a 16-bit cache, the path allowed, a
         layer without a window or soft-capping), meet its kinds of call
         (``dense_attention.warm_up``): cuDNN's kernels and the merge kernel, whose first use is
-        otherwise a request's chunk once its shape recurs."""
+        otherwise a request's chunk once its shape recurs; and build the graphs of fresh chunks
+        up to ``max_chunk_tokens``, recorded as built."""
         fused = next((layer for layer in layers
                       if self._fused_allowed(layer.sliding_window, layer.logit_softcap,
                                              kv_cache)), None)
         if fused is not None:
-            warm_up_fused(num_q_heads, kv_cache, fused.scale)
+            timed = warm_up_fused(num_q_heads, kv_cache, fused.scale, self.max_chunk_tokens)
+            _, _, _, num_kv_heads, head_dim = kv_cache.shape
+            self.fused_shapes.record([fresh_shape(padded(n), num_q_heads, num_kv_heads, head_dim,
+                                                  kv_cache.dtype)
+                                      for context, n, _ in timed if not context], True)
 
     def _fused_allowed(self, sliding_window: int | None, logit_softcap: float | None,
                        kv_cache: torch.Tensor) -> bool:
@@ -870,10 +882,12 @@ class TritonAttentionBackend:
                 return paged_attention(q, kv_cache, meta, scale, whole_step_plan, out,
                                        sliding_window, logit_softcap, kv_scale, rope=rope, k=k,
                                        v=v)
-        dense = (self._dense_chunks_after(q, k, v, meta)
-                 if self._fused_allowed(sliding_window, logit_softcap, kv_cache) else None)
+        decodes, dense = (self._dense_chunks_after(q, k, v, meta)
+                          if self._fused_allowed(sliding_window, logit_softcap, kv_cache)
+                          else (None, None))
         # a tile of the chunks' shape would run each decode row at 1/BLOCK_Q of its rows
-        decodes = dense if dense is not None else meta.num_leading_decodes
+        if decodes is None:
+            decodes = meta.num_leading_decodes
         apart = 0 < decodes < meta.num_seqs
         if apart:
             first, rest = self._apart_metas(meta, decodes)
@@ -898,7 +912,7 @@ class TritonAttentionBackend:
                 q_rest, k_rest = rope.rotary(rope.positions, q, k)
             check_kv_scale(kv_cache, kv_scale)
             write_kv_cache(k_rest, v, kv_cache, meta.slot_mapping, kv_scale)
-        if not apart:
+        if not apart and (dense is None or dense == 0):
             if dense is not None:
                 return dense_prefill_attention(q_rest, k_rest, v_rest, kv_cache, meta, scale, out)
             return paged_attention(q_rest, kv_cache, meta, scale,
@@ -906,7 +920,9 @@ class TritonAttentionBackend:
                                    out, sliding_window, logit_softcap, kv_scale)
         if out is None:
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        if rotated_apart:
+        if not apart:
+            rest = meta
+        elif rotated_apart:
             paged_attention(q[:decodes], kv_cache, first, scale, first_plan, out[:decodes],
                             sliding_window, logit_softcap, kv_scale,
                             rope=Rope(rope.rotary, rope.positions[:decodes]), k=k[:decodes],
@@ -915,46 +931,83 @@ class TritonAttentionBackend:
             paged_attention(q_rest[:decodes], kv_cache, first, scale, first_plan, out[:decodes],
                             sliding_window, logit_softcap, kv_scale)
             q_rest, k_rest, v_rest = q_rest[decodes:], k_rest[decodes:], v_rest[decodes:]
+        rest_out = out[decodes:]
+        if dense is not None and dense > decodes:  # chunks before the fresh ones: paged
+            chunks, rest = self._apart_metas(rest, dense - decodes)
+            t = chunks.query_start_loc_cpu[-1]
+            paged_attention(q_rest[:t], kv_cache, chunks, scale,
+                            self.plan(q_rest[:t], kv_cache, chunks, sliding_window), rest_out[:t],
+                            sliding_window, logit_softcap, kv_scale)
+            q_rest, k_rest, v_rest, rest_out = q_rest[t:], k_rest[t:], v_rest[t:], rest_out[t:]
         if dense is not None:
-            dense_prefill_attention(q_rest, k_rest, v_rest, kv_cache, rest, scale, out[decodes:])
+            dense_prefill_attention(q_rest, k_rest, v_rest, kv_cache, rest, scale, rest_out)
         else:
             paged_attention(q_rest, kv_cache, rest, scale,
-                            self.plan(q_rest, kv_cache, rest, sliding_window), out[decodes:],
+                            self.plan(q_rest, kv_cache, rest, sliding_window), rest_out,
                             sliding_window, logit_softcap, kv_scale)
         return out
 
     def _dense_chunks_after(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                            meta: AttentionMetadata) -> int | None:
-        """``dense_chunks_after`` for this step, and with ``dense_prefill`` None only when
-        ``FusedShapes`` says the fused kernels pay (decided once per step: every layer passes
-        the same ``meta``)."""
+                            meta: AttentionMetadata) -> tuple[int | None, int | None]:
+        """(the step's leading decodes, the first sequence whose chunks attend through the
+        fused kernels), or (None, None) where none do: ``dense_chunks_after``, and with
+        ``dense_prefill`` None only when ``FusedShapes`` says the fused kernels pay for the
+        chunks, or else for the fresh chunks that end the step (``fresh_suffix``; the chunks
+        before them stay with the paged kernel). Decided once per step: every layer passes the
+        same ``meta``."""
         if self._dense is None or self._dense[0] is not meta:
             decodes = dense_chunks_after(meta, q.dtype, 2 * k[0].numel() * k.element_size())
+            start = decodes
             if decodes is not None and self.dense_prefill is None:
-                t = meta.query_start_loc_cpu[decodes]
-                rest = self._apart_metas(meta, decodes)[1] if decodes else meta
-                if not self.fused_shapes.take(*chunk_call_shapes(q[t:], k[t:], v[t:], rest)):
-                    decodes = None
-            self._dense = (meta, decodes)
+                start = self._fused_from(q, k, v, meta, decodes)
+            self._dense = (meta, (None, None) if start is None else (decodes, start))
         return self._dense[1]
+
+    def _fused_from(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    meta: AttentionMetadata, first: int) -> int | None:
+        """Of the chunks from sequence ``first`` on, where those that pay for their shapes
+        start (``_dense_chunks_after``), recording the shapes seen and built."""
+        def calls(start: int) -> tuple[list[tuple], int]:
+            t = meta.query_start_loc_cpu[start]
+            rest = self._apart_metas(meta, start)[1] if start else meta
+            return chunk_call_shapes(q[t:], k[t:], v[t:], rest)
+
+        shapes, flops = calls(first)
+        if self.fused_shapes.pays(shapes, flops):
+            self.fused_shapes.record(shapes, True)
+            return first
+        suffix = fresh_suffix(meta, first)
+        fresh = calls(suffix) if suffix is not None else None
+        if fresh is not None and self.fused_shapes.pays(*fresh):
+            self.fused_shapes.record(fresh[0], True)
+            self.fused_shapes.record([s for s in shapes if s not in fresh[0]], False)
+            return suffix
+        self.fused_shapes.record(shapes, False)
+        return None
 
     def _apart_metas(self, meta: AttentionMetadata,
                      decodes: int) -> tuple[AttentionMetadata, AttentionMetadata]:
-        """The metadata of the step's first ``decodes`` sequences and of those after them
-        (made once per step: every layer passes the same ``meta``). Both keep the step's
-        max_seq_len, which fixes a CUDA graph's launch plans."""
-        if self._apart is None or self._apart[0] is not meta or self._apart[1] != decodes:
+        """The metadata of the step's first ``decodes`` sequences (its leading decodes, or
+        those before the fresh chunks that attend apart) and of those after them (made once
+        per step: every layer passes the same ``meta``). Both keep the step's max_seq_len,
+        which fixes a CUDA graph's launch plans."""
+        key = (id(meta), decodes)
+        if key not in self._apart or self._apart[key][0] is not meta:
+            if len(self._apart) >= 4:  # a step needs at most three
+                self._apart.clear()
             d, qsl = decodes, meta.query_start_loc_cpu
+            t = qsl[d]  # their tokens
             first = AttentionMetadata(
-                meta.slot_mapping[:d], meta.query_start_loc[:d + 1], meta.seq_lens[:d],
-                meta.block_tables[:d], qsl[:d + 1], meta.seq_lens_cpu[:d], 1, meta.max_seq_len,
+                meta.slot_mapping[:t], meta.query_start_loc[:d + 1], meta.seq_lens[:d],
+                meta.block_tables[:d], qsl[:d + 1], meta.seq_lens_cpu[:d],
+                max(b - a for a, b in zip(qsl[:d], qsl[1:d + 1])), meta.max_seq_len,
                 meta.block_size)
             rest = AttentionMetadata(
-                meta.slot_mapping[d:], meta.query_start_loc[d:] - d, meta.seq_lens[d:],
-                meta.block_tables[d:], [x - d for x in qsl[d:]], meta.seq_lens_cpu[d:],
+                meta.slot_mapping[t:], meta.query_start_loc[d:] - t, meta.seq_lens[d:],
+                meta.block_tables[d:], [x - t for x in qsl[d:]], meta.seq_lens_cpu[d:],
                 meta.max_query_len, meta.max_seq_len, meta.block_size)
-            self._apart = (meta, decodes, first, rest)
-        return self._apart[2], self._apart[3]
+            self._apart[key] = (meta, first, rest)
+        return self._apart[key][1], self._apart[key][2]
 
 
 def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,

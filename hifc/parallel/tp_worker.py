@@ -53,7 +53,8 @@ def run_worker(config: EngineConfig, rank: int, rendezvous: Rendezvous,
                                     device)
         runner = ModelRunner(loaded.model, kv_cache,
                              attention_backend(config.attention_backend, device, kv_dtype,
-                                               loaded.arch.num_hidden_layers),
+                                               loaded.arch.num_hidden_layers,
+                                               setup.max_num_batched_tokens),
                              config.block_size, device, config.seed, kv_scales)
         runner.start_up(  # as rank 0's, whose passes' collectives these pair up with
             setup.max_model_len, config.max_num_seqs, setup.max_num_batched_tokens,

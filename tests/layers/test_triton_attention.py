@@ -20,7 +20,7 @@ from hifc.layers import dense_attention, triton_fused
 from hifc.layers.attention import (AttentionMetadata, LayerAttention, Rope, TorchAttentionBackend,
                                    reference_paged_attention, write_kv_cache)
 from hifc.layers.dense_attention import (GRAPH_BUILD_SECONDS, SECONDS_SAVED_PER_FLOP, FusedShapes,
-                                         dense_chunks_after)
+                                         chunk_call_shapes, dense_chunks_after, fresh_suffix)
 from hifc.layers.triton_attention import TritonAttentionBackend, _segments, plan_launch
 from hifc.layers.rotary import RotaryEmbedding
 from hifc.layers.triton_jit import jit, tl
@@ -806,6 +806,71 @@ def test_prompt_chunks_after_cached_context_and_decodes_attend_densely(dtype, bl
 
 
 @device_test
+def test_fresh_chunks_after_a_chunk_over_context_attend_densely_apart():
+    # FusedShapes has built the fresh chunks' padded shape but never met the chunk over cached
+    # context: the decodes and that chunk take the paged kernel, the fresh chunks after them
+    # the fused kernels; a second step of other fresh lengths in the same padded length too.
+    dtype = torch.float16
+    cases = [([1, 1, 40, 600, 530], [300, 90, 700, 0, 0]), ([1, 33, 1000], [64, 500, 0])]
+    backend = TritonAttentionBackend(num_layers=32)
+    for query_lens, context_lens in cases:
+        step = make_step(query_lens, context_lens, 8, 2, 128, 16, dtype, seed=sum(query_lens))
+        q, k, v, _, meta = step
+        fresh = max(i for i, c in enumerate(context_lens) if c) + 1
+        t = meta.query_start_loc_cpu[fresh]
+        rest = TritonAttentionBackend()._apart_metas(meta, fresh)[1]
+        backend.fused_shapes.record(chunk_call_shapes(q[t:], k[t:], v[t:], rest)[0], True)
+        dense_calls = []
+        real = dense_attention.dense_prefill_attention
+
+        def spy(q_, k_, v_, kv_cache, meta_, scale, out=None):
+            dense_calls.append(meta_.num_seqs)
+            return real(q_, k_, v_, kv_cache, meta_, scale, out)
+
+        with mock.patch("hifc.layers.triton_attention.dense_prefill_attention", spy):
+            check(backend, *step, dtype)
+        assert dense_calls == [len(query_lens) - fresh]
+        assert backend._dense_chunks_after(q, k, v, meta) == (query_lens.count(1), fresh)
+    # no shape built or seen: the paged kernel for all of them
+    step = make_step([1, 40, 600], [300, 700, 0], 8, 2, 128, 16, dtype, seed=5)
+    fresh_backend = TritonAttentionBackend(num_layers=32)
+    assert fresh_backend._dense_chunks_after(*step[:3], step[-1]) == (None, None)
+
+
+def test_fresh_chunks_share_their_padded_shape():
+    # as a step holds them: q and k tensors of their own, v a view of the QKV output
+    q, k = torch.zeros(3000, 8, 4), torch.zeros(3000, 2, 4)
+    v = torch.zeros(3000, (8 + 2 + 2) * 4)[:, 40:].view(3000, 2, 4)
+
+    def shapes(query_lens, context_lens=None):
+        meta = host_meta(query_lens, context_lens or [0] * len(query_lens))
+        t = sum(query_lens)
+        return chunk_call_shapes(q[:t], k[:t], v[:t], meta)[0]
+
+    assert shapes([600]) == shapes([1000]) == shapes([513])
+    assert shapes([600])[0][1] == 1024 and shapes([1025])[0][1] == 1536
+    assert shapes([1024]) == shapes([1000])  # in tensors of their own, whatever the length
+    assert shapes([600], [64]) != shapes([700], [64])  # after cached context: not padded
+    assert dense_attention.padded(1) == 512 and dense_attention.padded(512) == 512
+
+
+def test_a_fresh_chunk_is_copied_only_where_it_needs_padding_or_is_strided():
+    q = torch.randn(1536, 8, 4)
+    v = torch.randn(1536, (8 + 2 + 2) * 4)[:, 40:].view(1536, 2, 4)
+    whole = dense_attention._padded_heads(q[512:1536], 1024)  # a whole padded length already
+    assert whole.data_ptr() == q[512].data_ptr()
+    for x, n in ((q, 1000), (v, 1024)):  # short of the padded length; a view of the QKV output
+        heads = dense_attention._padded_heads(x[:n], 1024)
+        assert heads.data_ptr() != x.data_ptr()
+        assert torch.equal(heads[0, :, :n], x[:n].transpose(0, 1))
+        assert not heads[0, :, n:].any()
+        # the same layout as a chunk taken whole, so that both meet one cuDNN graph
+        assert heads.shape[1:] == (x.shape[1], 1024, 4) and heads.stride()[1:] == (
+            4, x.shape[1] * 4, 1)
+    assert whole.stride() == dense_attention._padded_heads(q[:1000], 1024).stride()
+
+
+@device_test
 def test_warm_up_meets_each_kind_of_fused_call():
     # Fresh chunks and chunks after cached keys, their lengths whole 64-token tiles or not (the
     # kinds cuDNN compiles a kernel for), v laid out as a step's (a view of the QKV output);
@@ -832,11 +897,39 @@ def test_warm_up_meets_each_kind_of_fused_call():
     assert len(timed) == (len(dense_attention.WARM_UP_TOKENS)
                           * len(dense_attention.WARM_UP_CONTEXTS))
     kinds = {(kind, q_len % 64 == 0, k_len % 64 == 0) for kind, q_len, k_len, _ in calls}
-    assert kinds == {("causal", True, True), ("causal", False, False),
+    assert kinds == {("causal", True, True),  # a fresh chunk attends in whole tiles, padded
                      ("own keys", True, True), ("own keys", False, False),
                      ("cached keys", True, True), ("cached keys", False, True),
                      ("cached keys", True, False), ("cached keys", False, False)}
-    assert {stride for kind, *_, stride in calls if kind != "cached keys"} == {(8 + 2 * 2) * 32}
+    # a fresh chunk in tensors of its own, a chunk after cached keys with v a view of the QKV
+    # output
+    assert {(q_len, stride) for kind, q_len, _, stride in calls if kind == "causal"} == {
+        (512, 2 * 32), (1024, 2 * 32)}
+    assert {stride for kind, *_, stride in calls if kind == "own keys"} == {(8 + 2 * 2) * 32}
+
+
+@device_test
+def test_warm_up_builds_the_fresh_chunks_a_step_can_hold():
+    lengths = []
+    real = dense_attention.dense_prefill_attention
+
+    def spy(q, k, v, kv_cache, meta, scale, out=None):
+        if not meta.seq_lens_cpu[0] - meta.max_query_len:  # a fresh chunk
+            lengths.append(meta.max_query_len)
+        return real(q, k, v, kv_cache, meta, scale, out)
+
+    kv_cache = torch.zeros(2, 3, 64, 2, 32, dtype=torch.float16, device=DEVICE)
+    with mock.patch.object(dense_attention, "dense_prefill_attention", spy):
+        backend = TritonAttentionBackend(num_layers=32, max_chunk_tokens=1500)
+        backend.warm_up(8, kv_cache, [LayerAttention(0.125)])
+        # the kinds' 512 and 520 (attended in 1,024), then 1,536
+        assert sorted(lengths) == [512, 520, 1536]
+        built = {shape for shape, done in backend.fused_shapes.seen.items() if done}
+        assert built == {dense_attention.fresh_shape(n, 8, 2, 32, torch.float16)
+                         for n in (512, 1024, 1536)}
+        lengths.clear()
+        dense_attention.warm_up(8, kv_cache, 0.125, 1 << 20)  # at most PREBUILT_TOKENS
+        assert max(lengths) == dense_attention.PREBUILT_TOKENS
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
@@ -852,7 +945,7 @@ def test_backend_warms_the_fused_path_where_a_layer_can_take_it():
     for backend, kv_cache, layers, scale in cases:
         with mock.patch("hifc.layers.triton_attention.warm_up_fused") as warm:
             backend.warm_up(8, kv_cache, layers)
-        assert warm.call_args == (mock.call(8, kv_cache, scale) if scale else None)
+        assert warm.call_args == (mock.call(8, kv_cache, scale, 0) if scale else None)
 
 
 def test_fused_kernels_are_taken_once_their_shapes_pay_or_recur():
@@ -865,21 +958,27 @@ def test_fused_kernels_are_taken_once_their_shapes_pay_or_recur():
     assert not shapes.take([("a",), ("d",), ("e",)], int(1.5 * build_pays))  # not two
     assert shapes.take([("d",), ("e",), ("a",)], 1)  # both seen before
     assert FusedShapes(num_layers=1).take([("a",)], int(2 * build_pays)) is False  # one layer
+    asked = FusedShapes(num_layers=32)
+    assert not asked.pays([("f",)], 1) and not asked.pays([("f",)], 1)  # asking records nothing
+    asked.record([("f",)], False)
+    assert asked.pays([("f",)], 1) and asked.seen == {("f",): False}
+
+
+def host_meta(query_lens, context_lens):
+    """A step's metadata on the host side only: what the dense-path rules read."""
+    qsl = [0]
+    for n in query_lens:
+        qsl.append(qsl[-1] + n)
+    seq_lens = [c + n for c, n in zip(context_lens, query_lens)]
+    return AttentionMetadata(slot_mapping=None, query_start_loc=None, seq_lens=None,
+                             block_tables=None, query_start_loc_cpu=qsl,
+                             seq_lens_cpu=seq_lens, max_query_len=max(query_lens),
+                             max_seq_len=max(seq_lens), block_size=16)
 
 
 def test_which_steps_attend_densely():
-    def meta(query_lens, context_lens):
-        qsl = [0]
-        for n in query_lens:
-            qsl.append(qsl[-1] + n)
-        seq_lens = [c + n for c, n in zip(context_lens, query_lens)]
-        return AttentionMetadata(slot_mapping=None, query_start_loc=None, seq_lens=None,
-                                 block_tables=None, query_start_loc_cpu=qsl,
-                                 seq_lens_cpu=seq_lens, max_query_len=max(query_lens),
-                                 max_seq_len=max(seq_lens), block_size=16)
-
     def dense(query_lens, context_lens, dtype=torch.bfloat16):
-        return dense_chunks_after(meta(query_lens, context_lens), dtype, 4096)  # 4 KiB a token
+        return dense_chunks_after(host_meta(query_lens, context_lens), dtype, 4096)  # 4 KiB
 
     assert dense([8192], [0]) == 0
     assert dense([600, 3, 20], [0, 0, 0], torch.float16) == 0
@@ -892,3 +991,16 @@ def test_which_steps_attend_densely():
     assert dense([1, 1], [5, 6]) is None  # decodes only
     assert dense([1, 600], [9, 131072]) == 1  # 512 MiB of cached K/V to gather: at the limit
     assert dense([1, 600], [9, 131073]) is None  # past it
+
+
+def test_which_fresh_chunks_may_attend_densely_apart():
+    def suffix(query_lens, context_lens, first=0):
+        return fresh_suffix(host_meta(query_lens, context_lens), first)
+
+    assert suffix([1, 1, 40, 600, 530], [300, 90, 700, 0, 0], 2) == 3
+    assert suffix([33, 1000], [500, 0]) == 1
+    assert suffix([600, 530], [0, 0]) is None  # all fresh: the whole group's rule
+    assert suffix([33, 1000, 20], [500, 0, 64]) is None  # not at the step's end
+    assert suffix([33, 300, 20], [500, 0, 0]) is None  # all short
+    assert suffix([33] + [600] * 9, [500] + [0] * 9) is None  # too many
+    assert suffix([33, 600, 1], [500, 0, 0]) is None  # a one-token chunk
