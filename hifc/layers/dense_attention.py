@@ -19,15 +19,14 @@ tensors of its own whose length is rounded up to a multiple of ``DENSE_PAD_TOKEN
 after its own, which the causal mask keeps from every real query), so that prompts of varied
 lengths share a few graphs, which start-up builds up to ``PREBUILT_TOKENS`` (``warm_up``;
 GovReport-like runs 0.9-1.4% faster on H100s, docs/RESULTS.md). A chunk of a whole padded length
-attends in place where its tensor is contiguous.
-``FusedShapes`` keeps the rule: a step's chunks take the fused kernels when all their
-shapes were built before, when each was seen before (a length that recurs), or when the
-attention they save over the model's layers outweighs the builds (a fresh prompt of ~15k
-tokens or more on the 8B preset); failing that, the fresh chunks at the step's end may take
-them alone, the chunks before them staying with the paged kernel (``fresh_suffix``).
-That price holds once cuDNN has compiled the kernel of each kind of call: the first call of a
-kind in a machine compiles it, 0.7-0.9 s on an H100 (later processes find it on disk), so
-``warm_up`` meets every kind at start-up.
+attends in place where its tensor is contiguous. ``FusedShapes`` keeps the rule: a step's chunks
+take the fused kernels when all their shapes were built before, when each was seen before (a
+length that recurs), or when the attention they save over the model's layers outweighs the
+builds (a fresh prompt of ~15k tokens or more on the 8B preset); failing that, the fresh chunks
+at the step's end may take them alone, the chunks before them staying with the paged kernel
+(``fresh_suffix``). A graph build costs that little once cuDNN has compiled the kernel of each
+kind of call: the first call of a kind in a machine compiles it, 0.7-0.9 s on an H100 (later
+processes find it on disk), so ``warm_up`` meets every kind at start-up.
 
 Needs 16-bit q/k/v, no sliding window, no soft-capping and a 16-bit cache (the caller checks
 those), and cached context of at most MAX_GATHER_BYTES per chunk (128k tokens of the 8B preset).
