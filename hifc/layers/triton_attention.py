@@ -973,17 +973,14 @@ class TritonAttentionBackend:
             return chunk_call_shapes(q[t:], k[t:], v[t:], rest)
 
         shapes, flops = calls(first)
-        if self.fused_shapes.pays(shapes, flops):
-            self.fused_shapes.record(shapes, True)
-            return first
-        suffix = fresh_suffix(meta, first)
-        fresh = calls(suffix) if suffix is not None else None
-        if fresh is not None and self.fused_shapes.pays(*fresh):
-            self.fused_shapes.record(fresh[0], True)
-            self.fused_shapes.record([s for s in shapes if s not in fresh[0]], False)
-            return suffix
-        self.fused_shapes.record(shapes, False)
-        return None
+        suffix = None
+        if not self.fused_shapes.pays(shapes, flops):
+            suffix = fresh_suffix(meta, first)
+        if suffix is None:  # the chunks as a whole
+            return first if self.fused_shapes.take(shapes, flops) else None
+        fresh, fresh_flops = calls(suffix)
+        self.fused_shapes.record([shape for shape in shapes if shape not in fresh], False)
+        return suffix if self.fused_shapes.take(fresh, fresh_flops) else None
 
     def _apart_metas(self, meta: AttentionMetadata,
                      decodes: int) -> tuple[AttentionMetadata, AttentionMetadata]:
