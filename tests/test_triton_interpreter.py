@@ -1,8 +1,9 @@
-"""The Triton kernels' CPU cases (attention, KV write, fused norm/SiLU/rotary, sampling
-penalties, greedy argmax, host transfers, padded decode through Triton) in a child pytest with
-TRITON_INTERPRET=1, one child per test file, so that the default suite runs them. The children
-start together as soon as the session's tests are collected (tests/conftest.py), beside the rest
-of the suite; each one's output goes to the terminal when it ends.
+"""The Triton kernels' CPU cases (attention, KV write, fused norm/SiLU/rotary, TMA prompt
+attention, sampling penalties, greedy argmax, host transfers, padded decode through Triton) in
+a child pytest with TRITON_INTERPRET=1, one child per test file, so that the default suite runs
+them. The children start together as soon as the session's tests are collected
+(tests/conftest.py), beside the rest of the suite; each one's output goes to the terminal when it
+ends.
 
 The variable must be set before triton is imported, and it would make every Triton test of this
 process interpret, so the cases run in their own process. Cases that need a real GPU skip there.
@@ -27,7 +28,7 @@ import pytest
 import torch
 
 FILES = ["tests/layers/test_triton_attention.py", "tests/layers/test_triton_fused.py",
-         "tests/layers/test_triton_gemv.py",
+         "tests/layers/test_triton_gemv.py", "tests/layers/test_triton_prompt_attention.py",
          "tests/layers/test_triton_penalties.py", "tests/layers/test_triton_argmax.py",
          "tests/layers/test_triton_bitmask.py", "tests/layers/test_triton_host_io.py",
          "tests/runtime/test_decode_graphs_triton.py"]

@@ -39,6 +39,10 @@ K/V itself (``rotates_in_launch``), instead of the RoPE + KV-write kernel before
 a step attends apart from its prompt chunks are planned, and rotated, as the decode CUDA graph of
 their padded batch size is (``plan_decodes_as_graphs``), so they compile no variant of their own.
 
+On Hopper GPUs, prompt chunks that this kernel would run in whole 128-row q blocks, unsplit,
+attend through a kernel of their own that loads each KV tile by TMA
+(:mod:`hifc.layers.triton_prompt_attention`), in 16-bit without a window or soft-capping.
+
 Prompt chunks of at least ``DENSE_PREFILL_MIN_TOKENS`` tokens (after any decodes of the step)
 attend through torch's fused kernels instead, cuDNN's first (:mod:`hifc.layers.dense_attention`),
 in 16-bit without a window, soft-capping or a float8 cache; the K/V are written to the cache as
@@ -62,16 +66,16 @@ from hifc.layers.dense_attention import (FusedShapes, chunk_call_shapes, dense_c
 from hifc.layers.dense_attention import warm_up as warm_up_fused
 
 # without Triton (a CPU-only install) this module imports and the backend refuses to run
-from hifc.layers import triton_pdl
+from hifc.layers import triton_pdl, triton_prompt_attention
 from hifc.dtypes import FP8_E4M3_MAX
 from hifc.layers.triton_fused import round_to
 from hifc.layers.triton_jit import jit as _jit
 from hifc.layers.triton_jit import interpreting, tl, triton
 from hifc.layers.triton_kv_write import quantize
 from hifc.layers.triton_pdl import enter, prefetch_l2
+from hifc.layers.triton_prompt_attention import LOG2E, find_seq_idx
 
 
-LOG2E = 1.4426950408889634
 # Decode batches that fill the GPU split contexts longer than this into segments of at least
 # this many keys (a last one of at most an eighth of that joins the one before), at most
 # BALANCED_MAX_SEGMENTS of them. 8B shapes on an H200, 32 contexts of
@@ -99,21 +103,6 @@ MIXED_MAX_SEGMENTS = 32
 # A decode-only launch whose KV heads' query heads x segments are at most this many partials
 # merges them in the program that finishes last, instead of in a merge kernel after it.
 MERGE_ROWS = 64
-
-
-@_jit
-def _find_seq_idx(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr):
-    """Last sequence i whose first q block (query_start_loc[i] // BLOCK_Q + i) is <= q_block."""
-    left = 0
-    right = num_seqs
-    while left < right:
-        mid = (left + right) // 2
-        first_block = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
-        if first_block <= q_block:
-            left = mid + 1
-        else:
-            right = mid
-    return left - 1
 
 
 @_jit
@@ -233,7 +222,7 @@ def _paged_attention_kernel(
         q_len = 1
         q_block_local = 0
     else:
-        seq = _find_seq_idx(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q)
+        seq = find_seq_idx(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q)
         q_start = tl.load(query_start_loc_ptr + seq)
         q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
         q_block_local = q_block - (q_start // BLOCK_Q + seq)
@@ -1019,7 +1008,10 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
 
     rope, k, v (a decode-only step, one token per sequence): q and the new keys k ([T, Hkv, D])
     are not rotated yet, and k and v are not in the cache. The launch rotates them and writes k
-    and v as ``rotary_write_kv_cache`` does (a negative slot skipped), then attends."""
+    and v as ``rotary_write_kv_cache`` does (a negative slot skipped), then attends.
+
+    Prompt chunks planned in whole ``MAX_BLOCK_M``-row q blocks without a split attend through
+    :mod:`hifc.layers.triton_prompt_attention` where it takes them (K/V loaded by TMA)."""
     check_kv_scale(kv_cache, kv_scale)
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = kv_cache.shape[-2]
@@ -1040,6 +1032,10 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
     head_dim_pad = max(16, _next_pow2(head_dim))
     num_seqs = meta.num_seqs
     decode_only = meta.max_query_len == 1 and num_tokens == num_seqs
+    if (plan.block_m == MAX_BLOCK_M and plan.num_segments == 1 and not decode_only
+            and triton_prompt_attention.takes(q, kv_cache, meta.block_size, sliding_window,
+                                              logit_softcap)):
+        return triton_prompt_attention.prompt_attention(q, kv_cache, meta, scale, out)
     # an upper bound (spare programs exit), but exactly one per sequence in a decode-only step
     num_q_blocks = num_seqs if decode_only else num_tokens // plan.block_q + num_seqs
     k_cache, v_cache = kv_cache[0], kv_cache[1]  # [NB, BS, Hkv, D]
