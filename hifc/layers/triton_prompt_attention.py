@@ -13,7 +13,7 @@ every row sees whole skip the causal mask. Slots past a sequence's end inside it
 hold whatever was there: their scores are masked and their values zeroed before the product.
 
 On an H100 (8B attention shapes, bf16, 64-token blocks; docs/RESULTS.md) this took 0.76-0.79 of
-the paged kernel's time for steps of 1,024-token chunks and 0.71-0.74 for chunks over 8-16k
+the paged kernel's time for steps of 1,024-token chunks and 0.73-0.74 for chunks over 8-16k
 cached keys, with 128-row q blocks, four warps and two stages.
 
 Takes (``takes``): a CUDA device of compute capability 9.0 or more, q and a cache of the same

@@ -34,9 +34,15 @@ elif INTERPRET:
     DEVICE = "cpu"
 else:
     DEVICE = None
-device_test = pytest.mark.gpu(pytest.mark.skipif(
+_needs_device = pytest.mark.skipif(
     DEVICE is None or not HAS_TRITON,
-    reason="needs a CUDA GPU with TMA and triton (or TRITON_INTERPRET=1)"))
+    reason="needs a CUDA GPU with TMA and triton (or TRITON_INTERPRET=1)")
+
+
+def device_test(fn):
+    return pytest.mark.gpu(_needs_device(fn))
+
+
 TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
 DTYPES = [torch.float16] if DEVICE == "cpu" else [torch.float16, torch.bfloat16]  # interpreter:
 # bf16 tl.dot is wrong there
