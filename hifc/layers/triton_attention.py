@@ -73,7 +73,7 @@ from hifc.layers.triton_jit import jit as _jit
 from hifc.layers.triton_jit import interpreting, tl, triton
 from hifc.layers.triton_kv_write import quantize
 from hifc.layers.triton_pdl import enter, prefetch_l2
-from hifc.layers.triton_prompt_attention import LOG2E, find_seq_idx
+from hifc.layers.triton_prompt_attention import LOG2E, find_seq_idx, fold_tile
 
 
 # Decode batches that fill the GPU split contexts longer than this into segments of at least
@@ -169,16 +169,7 @@ def _attend_tile(q, m_i, l_i, acc, tile, block_row, k_base, v_base, kv_end, firs
         if SLIDING:
             visible = visible & (key_pos[None, :] >= first_key[:, None])
         s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)  # a row may see nothing yet
-    else:
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = m_new
-    p = tl.exp2(s - m_safe[:, None])
-    alpha = tl.exp2(m_i - m_safe)
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-    return m_new, l_i, acc
+    return fold_tile(s, v, m_i, l_i, acc, MASKED, DOT_PRECISION)
 
 
 # Not specialised on the batch (num_seqs) or the block tables' width (stride_bt): Triton would

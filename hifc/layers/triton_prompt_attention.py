@@ -85,6 +85,23 @@ def find_seq_idx(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr):
 
 
 @_jit
+def fold_tile(s, v, m_i, l_i, acc, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Fold one KV tile's scores s ([M, TILE], log2 units; -inf where MASKED hides a key) and
+    values v ([TILE, D]) into the online softmax: the running max m_i and sum l_i ([M]) and
+    the accumulator acc ([M, D]); this kernel's and the paged one's."""
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    if MASKED:
+        m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)  # a row may see nothing yet
+    else:
+        m_safe = m_new
+    p = tl.exp2(s - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return m_new, l_i, acc
+
+
+@_jit
 def _attend_tile(q, m_i, l_i, acc, tile, block_row, k_desc, v_desc, kv_col, kv_end, last_key,
                  qk_scale, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, MASKED: tl.constexpr):
     """Fold KV tile ``tile`` into the online softmax; MASKED: the causal diagonal's tiles
@@ -100,16 +117,7 @@ def _attend_tile(q, m_i, l_i, acc, tile, block_row, k_desc, v_desc, kv_col, kv_e
         s = tl.where((key_pos[None, :] <= last_key[:, None]) & key_valid[None, :], s,
                      float("-inf"))
         v = tl.where(key_valid[:, None], v, 0.0)  # slots past the sequence: any bits
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)  # a row may see nothing yet
-    else:
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = m_new
-    p = tl.exp2(s - m_safe[:, None])
-    alpha = tl.exp2(m_i - m_safe)
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-    return m_new, l_i, acc
+    return fold_tile(s, v, m_i, l_i, acc, MASKED, "tf32")
 
 
 # Not specialised on the batch or the block tables' width (a variant each would compile
