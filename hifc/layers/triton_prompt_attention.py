@@ -8,8 +8,9 @@ the KV head's head_dim columns), which the copy engine loads into shared memory 
 tensor descriptor while the tensor cores work on the tile before (Triton pipelines the loads).
 The rest follows the paged kernel: a program owns one q block (BLOCK_Q new tokens of one
 sequence) and one KV head, the GROUP query heads of that KV head packed into its rows, found
-by binary search over ``query_start_loc``; the softmax is online, in fp32 and base 2; tiles
-every row sees whole skip the causal mask. Slots past a sequence's end inside its last block
+by binary search over ``query_start_loc`` (``find_seq_idx``); the softmax is online, in fp32
+and base 2 (``fold_tile``; both serve the paged kernel too); tiles every row sees whole skip
+the causal mask. Slots past a sequence's end inside its last block
 hold whatever was there: their scores are masked and their values zeroed before the product.
 
 On an H100 (8B attention shapes, bf16, 64-token blocks; docs/RESULTS.md) this took 0.76-0.79 of
