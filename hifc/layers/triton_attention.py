@@ -73,7 +73,7 @@ from hifc.layers.triton_jit import jit as _jit
 from hifc.layers.triton_jit import interpreting, tl, triton
 from hifc.layers.triton_kv_write import quantize
 from hifc.layers.triton_pdl import enter, prefetch_l2
-from hifc.layers.triton_prompt_attention import LOG2E, find_seq_idx, fold_tile
+from hifc.layers.triton_prompt_attention import LOG2E, fold_tile, locate_q_block
 
 
 # Decode batches that fill the GPU split contexts longer than this into segments of at least
@@ -213,10 +213,8 @@ def _paged_attention_kernel(
         q_len = 1
         q_block_local = 0
     else:
-        seq = find_seq_idx(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q)
-        q_start = tl.load(query_start_loc_ptr + seq)
-        q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
-        q_block_local = q_block - (q_start // BLOCK_Q + seq)
+        seq, q_start, q_len, q_block_local = locate_q_block(query_start_loc_ptr, q_block,
+                                                            num_seqs, BLOCK_Q)
         if q_block_local * BLOCK_Q >= q_len:
             return
     seq_len = tl.load(seq_lens_ptr + seq)

@@ -8,7 +8,7 @@ the KV head's head_dim columns), which the copy engine loads into shared memory 
 tensor descriptor while the tensor cores work on the tile before (Triton pipelines the loads).
 The rest follows the paged kernel: a program owns one q block (BLOCK_Q new tokens of one
 sequence) and one KV head, the GROUP query heads of that KV head packed into its rows, found
-by binary search over ``query_start_loc`` (``find_seq_idx``); the softmax is online, in fp32
+by binary search over ``query_start_loc`` (``locate_q_block``); the softmax is online, in fp32
 and base 2 (``fold_tile``; both serve the paged kernel too); tiles every row sees whole skip
 the causal mask. Slots past a sequence's end inside its last block
 hold whatever was there: their scores are masked and their values zeroed before the product.
@@ -71,9 +71,11 @@ def _has_tma(index: int) -> bool:
 
 
 @_jit
-def find_seq_idx(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr):
-    """Last sequence i whose first q block (query_start_loc[i] // BLOCK_Q + i) is <= q_block
-    (the q blocks of this kernel and of the paged one)."""
+def locate_q_block(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr):
+    """(sequence, its first token in the step, its new tokens, the q block's index among the
+    sequence's) of q block ``q_block``, in this kernel's grid and the paged one's: sequence i's
+    q blocks start at query_start_loc[i] // BLOCK_Q + i, so the sequence is found by binary
+    search. A q block past its sequence's tokens has nothing to do."""
     left = 0
     right = num_seqs
     while left < right:
@@ -82,7 +84,10 @@ def find_seq_idx(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr):
             left = mid + 1
         else:
             right = mid
-    return left - 1
+    seq = left - 1
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    return seq, q_start, q_len, q_block - (q_start // BLOCK_Q + seq)
 
 
 @_jit
@@ -133,10 +138,8 @@ def _prompt_attention_kernel(out_ptr, q_ptr, k_desc, v_desc, block_tables_ptr, s
                              BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr):
     q_block = tl.num_programs(0) - 1 - tl.program_id(0)  # later q blocks see more keys: first
     kv_head = tl.program_id(1)
-    seq = find_seq_idx(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q)
-    q_start = tl.load(query_start_loc_ptr + seq)
-    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
-    q_block_local = q_block - (q_start // BLOCK_Q + seq)
+    seq, q_start, q_len, q_block_local = locate_q_block(query_start_loc_ptr, q_block, num_seqs,
+                                                        BLOCK_Q)
     if q_block_local * BLOCK_Q >= q_len:
         return
     context_len = tl.load(seq_lens_ptr + seq) - q_len
