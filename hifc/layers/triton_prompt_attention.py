@@ -48,8 +48,7 @@ def takes(q: torch.Tensor, kv_cache: torch.Tensor, block_size: int,
           sliding_window: int | None, logit_softcap: float | None) -> bool:
     """Whether prompt chunks of q ([T, Hq, D]) over kv_cache ([2, NB, BS, Hkv, D]) attend
     here: on a CUDA device with TMA, where ``fits`` says the shapes and options do."""
-    return (q.is_cuda and _has_tma(q.device.index if q.device.index is not None
-                                   else torch.cuda.current_device())
+    return (q.is_cuda and _has_tma(q.device)
             and fits(q, kv_cache, block_size, sliding_window, logit_softcap))
 
 
@@ -65,9 +64,9 @@ def fits(q: torch.Tensor, kv_cache: torch.Tensor, block_size: int,
 
 
 @functools.lru_cache(maxsize=None)
-def _has_tma(index: int) -> bool:
+def _has_tma(device: torch.device) -> bool:
     return (triton is not None and not interpreting()
-            and torch.cuda.get_device_capability(index)[0] >= 9)
+            and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
 @_jit

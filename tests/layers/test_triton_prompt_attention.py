@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import os
-import random
 from unittest import mock
 
 import pytest
@@ -20,6 +19,7 @@ from hifc.layers.attention import reference_paged_attention, write_kv_cache
 from hifc.layers.triton_attention import TritonAttentionBackend
 from hifc.layers.triton_prompt_attention import fits, prompt_attention
 from tests.fixtures import paged_metadata
+from tests.layers.test_triton_attention import make_step as make_attention_step
 
 try:
     import triton  # noqa: F401
@@ -54,32 +54,15 @@ CONTEXT = [0, 200, 130, 0, 128]
 
 
 def make_step(num_q_heads, num_kv_heads, head_dim, block_size, dtype, seed=0):
-    """q of the new tokens, a cache holding every sequence's K/V (the new tokens' too, as the
-    backend writes them before it attends), the metadata, and K/V of the new tokens. Slots past
-    each sequence's end hold NaN: a kernel that lets them into its output fails."""
-    gen = torch.Generator().manual_seed(seed)
-    rng = random.Random(seed)
-    seq_lens = [c + n for c, n in zip(CONTEXT, QUERY)]
-    blocks = [-(-s // block_size) for s in seq_lens]
-    free = list(range(1, sum(blocks) + 3))
-    rng.shuffle(free)
-    tables = [[free.pop() for _ in range(n)] for n in blocks]
-    meta = paged_metadata(tables, CONTEXT, QUERY, block_size, DEVICE)
-
-    def rand(*shape):
-        return torch.randn(*shape, generator=gen).to(dtype).to(DEVICE)
-
-    kv_cache = torch.full((2, sum(blocks) + 3, block_size, num_kv_heads, head_dim), float("nan"),
-                          dtype=dtype, device=DEVICE)
-    for table, length in zip(tables, seq_lens):
-        slots = torch.tensor([table[p // block_size] * block_size + p % block_size
-                              for p in range(length)], device=DEVICE)
-        write_kv_cache(rand(length, num_kv_heads, head_dim), rand(length, num_kv_heads, head_dim),
-                       kv_cache, slots)
-    q = rand(sum(QUERY), num_q_heads, head_dim) * 2  # sharper softmax than unit scores
-    k = rand(sum(QUERY), num_kv_heads, head_dim)
-    v = rand(sum(QUERY), num_kv_heads, head_dim)
+    """test_triton_attention's step over QUERY / CONTEXT with the new tokens' K/V written to the
+    cache (as the backend writes them before it attends), and NaN in the slots past each
+    sequence's end: a kernel that lets them into its output fails."""
+    q, k, v, kv_cache, meta = make_attention_step(QUERY, CONTEXT, num_q_heads, num_kv_heads,
+                                                  head_dim, block_size, dtype, seed)
     write_kv_cache(k, v, kv_cache, meta.slot_mapping)
+    for i, length in enumerate(meta.seq_lens_cpu):
+        last = meta.block_tables[i, (length - 1) // block_size]
+        kv_cache[:, last, (length - 1) % block_size + 1:] = float("nan")
     return q, k, v, kv_cache, meta
 
 
