@@ -25,6 +25,7 @@ KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 DEFAULT_MODEL = "smollm2-135m"
+USAGE_CONTEXTS = ("llm", "server")
 
 
 @dataclass(frozen=True)
@@ -47,8 +48,9 @@ class EngineConfig:
         None, "longest sequence (default: the model's context, capped by the KV pool)")
     max_num_seqs: int = option(256, "most sequences in one batch")
     max_num_batched_tokens: int | None = option(
-        None, "most tokens in one step (default: max(8192, max_num_seqs) with chunked prefill, "
-        "else max(8192, max_model_len))")
+        None, "most tokens in one step (default with chunked prefill: 16384 outside a server on "
+        "a GPU of 70 GiB or more other than an A100, as vLLM's LLM class, else 8192, and at "
+        "least max_num_seqs; without it: max(8192, max_model_len))")
     num_gpu_blocks: int | None = option(None, "explicit KV pool size in blocks (also on CPU)")
     kv_cache_gib: float | None = option(None, "KV pool budget in GiB")
     gpu_memory_utilization: float = option(
@@ -94,6 +96,10 @@ class EngineConfig:
     cpu_threads: int | None = option(
         None, "torch CPU threads (default on CPU: usable cores - 1, unless OMP_NUM_THREADS is "
         "set)")
+    usage_context: str = option(
+        "llm", "who runs the engine (vLLM's usage context): llm (the LLM class, hifc generate, "
+        "the benchmarks) or server (hifc serve); it sets max_num_batched_tokens' default",
+        choices=USAGE_CONTEXTS, cli=False)
     tier: TierConfig = field(default_factory=TierConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
@@ -108,6 +114,7 @@ class EngineConfig:
         check_choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         check_choice("block_size", self.block_size, BLOCK_SIZES)
         check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        check_choice("usage_context", self.usage_context, USAGE_CONTEXTS)
         _positive_int("max_num_seqs", self.max_num_seqs)
         _non_negative_int("max_logprobs", self.max_logprobs)
         for name in ("max_model_len", "max_num_batched_tokens", "num_gpu_blocks"):
@@ -196,8 +203,10 @@ def add_engine_args(parser: argparse.ArgumentParser, **defaults) -> None:
     add_config_args(parser, EngineConfig, title="engine", defaults=defaults)
 
 
-def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig.from_options(**options_from_args(args, EngineConfig))
+def engine_config_from_args(args: argparse.Namespace, **fixed) -> EngineConfig:
+    """The config of the engine flags in ``args``, with ``fixed`` options (the server's
+    ``usage_context``) that have no flag."""
+    return EngineConfig.from_options(**options_from_args(args, EngineConfig), **fixed)
 
 
 def _positive_int(name: str, value) -> None:

@@ -1,10 +1,16 @@
 """The step's token budget: with chunked prefill, prompts longer than max_num_batched_tokens run
 (and give the outputs of one-step prefills); without it, the budget must hold max_model_len."""
+import types
+
 import pytest
+import torch
 
 from hifc import LLM, SamplingParams
+from hifc.config import EngineConfig
 from hifc.core.scheduler import longest_chunk_within
-from hifc.engine.limits import DEFAULT_BATCHED_TOKENS
+from hifc.engine.limits import DEFAULT_BATCHED_TOKENS, chunked_default
+from hifc.entrypoints.cli import build_parser
+from hifc.parallel import data_parallel
 from tests.runtime.helpers import output_tokens, random_prompts
 
 TINY = "random:tiny-llama"
@@ -71,6 +77,37 @@ def test_default_budget_with_chunked_prefill():
     assert llm.engine.limits.max_num_batched_tokens == 9000  # a decode token for each
     llm = LLM(TINY, device="cpu", block_size=16, num_gpu_blocks=128)
     assert llm.engine.limits.max_num_batched_tokens == DEFAULT_BATCHED_TOKENS
+
+
+@pytest.mark.parametrize("usage, name, gib, budget", [
+    ("llm", "NVIDIA H100 80GB HBM3", 79.2, 16384), ("llm", "NVIDIA H200", 139.8, 16384),
+    ("llm", "NVIDIA A100-SXM4-80GB", 79.2, 8192), ("llm", "NVIDIA L40S", 44.5, 8192),
+    ("server", "NVIDIA H100 80GB HBM3", 79.2, 8192)])
+def test_the_default_budget_is_vllms_for_the_usage_context_and_gpu(monkeypatch, usage, name,
+                                                                      gib, budget):
+    props = types.SimpleNamespace(name=name, total_memory=int(gib * (1 << 30)))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
+    assert chunked_default(usage, torch.device("cuda", 0)) == budget
+    assert chunked_default(usage, torch.device("cpu")) == DEFAULT_BATCHED_TOKENS
+
+
+def test_serve_builds_its_engine_in_the_server_usage_context(monkeypatch):
+    built = []
+
+    def build(config, engine_process):
+        built.append(config)
+        raise KeyboardInterrupt  # stop before the server starts
+
+    monkeypatch.setattr(data_parallel, "build_engine", build)
+    args = build_parser().parse_args(["serve", TINY, "--device", "cpu"])
+    with pytest.raises(KeyboardInterrupt):
+        args.func(args)
+    assert built[0].usage_context == "server"
+    assert EngineConfig().usage_context == "llm"
+    with pytest.raises(ValueError, match="usage_context must be one of llm, server"):
+        EngineConfig(usage_context="batch")
+    with pytest.raises(SystemExit):  # not a flag: the entry point decides it
+        build_parser().parse_args(["serve", TINY, "--usage-context", "llm"])
 
 
 def test_without_chunked_prefill_the_budget_must_hold_a_whole_prompt():

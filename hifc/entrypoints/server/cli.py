@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     if warning:
         logger.warning(warning)
     chat_template = read_chat_template(args.chat_template)
-    config = engine_config_from_args(args)
+    config = engine_config_from_args(args, usage_context="server")
     engine = build_engine(config, engine_process=args.engine_process)
     # By default clients see the alias or the file / directory name, never the full path.
     names = tuple(args.served_model_name or (engine.model_name,))
