@@ -18,8 +18,9 @@ CPU_DEFAULT_KV_GIB = 1.0
 _GIB = 1 << 30
 DEFAULT_BATCHED_TOKENS = 8192
 # vLLM's step budget for its LLM class on GPUs of LARGE_GPU_BYTES or more (A100s excepted, where
-# it measured lower throughput); its server keeps 8,192 there. 8B preset on an H100, 32 x 1,024
-# in, 128 out: 0.5% more out tok/s than at 8,192 (docs/RESULTS.md)
+# it measured lower throughput); its server keeps 8,192 there. 8B preset on H100s against 8,192:
+# GovReport-like 0.4-0.6% more out tok/s; 32 x 1,024 in, 128 out, 0.5% more on one machine and
+# 0.4% less on another, on average (docs/RESULTS.md)
 LARGE_GPU_BATCHED_TOKENS = 16384
 LARGE_GPU_BYTES = 70 * _GIB
 
