@@ -1,5 +1,6 @@
 """An explicit KV pool that cannot fit the device: a clear error before the allocation (the
 device's free memory faked; no GPU needed)."""
+from types import SimpleNamespace
 from unittest import mock
 
 import pytest
@@ -17,9 +18,12 @@ GIB = 1 << 30
 def limits(free_gib: float, **options):
     config = EngineConfig.from_options("random:ds-r1-llama-8b", block_size=64,
                                        max_model_len=4096, **options)
-    # the device has free_gib - 1 free, and torch's allocator holds 1 GiB of it unused
+    # the device (an 80 GiB H100) has free_gib - 1 free, and torch's allocator holds 1 GiB of
+    # it unused
+    props = SimpleNamespace(name="NVIDIA H100 80GB HBM3", total_memory=80 * GIB)
     with mock.patch.object(torch.cuda, "mem_get_info",
                            return_value=(int((free_gib - 1) * GIB), 80 * GIB)), \
+            mock.patch.object(torch.cuda, "get_device_properties", return_value=props), \
             mock.patch.object(torch.cuda, "memory_reserved", return_value=17 * GIB), \
             mock.patch.object(torch.cuda, "memory_allocated", return_value=16 * GIB):
         return resolve_limits(config, ARCH, torch.bfloat16, torch.device("cuda"))
