@@ -1,0 +1,4 @@
+# device call 5: the GPU engine, warm-up, async and budget tests on the new default budget, and
+# the budget the usage contexts resolve to on this GPU
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >/dev/null 2>&1; export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1; nvidia-smi --query-gpu=name --format=csv,noheader; S=$(date +%s); timeout 330 python3 -m pytest -q -m gpu -p no:cacheprovider tests/engine/test_gpu_engine.py tests/runtime/test_warm_up.py tests/engine/test_async_gpu.py tests/engine/test_step_budget.py tests/engine/test_limits.py 2>&1 | tail -6; echo "rc ${PIPESTATUS[0]} $(( $(date +%s) - S )) s"; python3 -c "
+import torch; from hifc.engine.limits import chunked_default as c; d=torch.device('cuda'); print('budget llm', c('llm', d), 'server', c('server', d), torch.cuda.get_device_properties(d).total_memory/2**30)"
