@@ -91,16 +91,20 @@ def test_the_default_budget_is_vllms_for_the_usage_context_and_gpu(monkeypatch, 
     assert chunked_default(usage, torch.device("cpu")) == DEFAULT_BATCHED_TOKENS
 
 
+class _Built(Exception):
+    """Raised in place of building the server's engine."""
+
+
 def test_serve_builds_its_engine_in_the_server_usage_context(monkeypatch):
     built = []
 
     def build(config, engine_process):
         built.append(config)
-        raise KeyboardInterrupt  # stop before the server starts
+        raise _Built
 
     monkeypatch.setattr(data_parallel, "build_engine", build)
     args = build_parser().parse_args(["serve", TINY, "--device", "cpu"])
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(_Built):
         args.func(args)
     assert built[0].usage_context == "server"
     assert EngineConfig().usage_context == "llm"
