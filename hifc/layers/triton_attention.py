@@ -97,12 +97,19 @@ MIXED_SPLIT_MAX_TOKENS = 1024
 # in 64 / 16 / 2 segments of 64-key tiles (12.6 / 24.0 / 128.0 us against 17.9 / 25.9 / 134.8
 # in 8 / 8 / 1; scripts/gpu_kernel_probe.py --parts decode).
 DECODE_PROGRAMS_PER_SM = 4
+# ... into at most EVEN_MAX_SEGMENTS, or EVEN_MERGED_SEGMENTS where the launch then merges its
+# partials itself (merges_in_launch): 8B shapes on an H100 at 4,096 keys, a batch-1 step took
+# 5.60-5.61 ms in 32 segments merged in the launch against 5.64-5.67 in 64 and their merge
+# kernel (5.82 in 16), and batch 2's 32 segments merged in the launch 5.98-5.99 ms against
+# 6.08-6.10 with the merge kernel (docs/RESULTS.md)
+EVEN_MAX_SEGMENTS = 64
+EVEN_MERGED_SEGMENTS = 32
 MIXED_SEGMENT_KEYS = 2048
 MIXED_SPLIT_ROWS = 8192
 MIXED_MAX_SEGMENTS = 32
 # A decode-only launch whose KV heads' query heads x segments are at most this many partials
 # merges them in the program that finishes last, instead of in a merge kernel after it.
-MERGE_ROWS = 64
+MERGE_ROWS = 128
 
 
 @_jit
@@ -524,7 +531,8 @@ def merges_in_launch(num_segments: int, group: int) -> bool:
     saving the merge kernel's launch: 8B shapes on an H200, a decode layer (QKV projection,
     attention, O projection) at batch 4 (16 segments) took 54.7 us against 57.2 with the merge
     kernel; at batch 1, 64 segments merged in four loads one after another took 46.4 against
-    41.8 (docs/RESULTS.md)."""
+    41.8; on an H100, 32 segments merged in one load shortened batch 1's steps (see
+    EVEN_MERGED_SEGMENTS; docs/RESULTS.md)."""
     return num_segments > 1 and _next_pow2(group) * _next_pow2(num_segments) <= MERGE_ROWS
 
 
@@ -622,8 +630,11 @@ def plan_launch(max_query_len: int, max_seq_len: int, num_seqs: int, num_q_heads
     few = 2 * programs <= num_sms
     # too many programs for an even split to give each about DECODE_PROGRAMS_PER_SM per SM
     crowded = 2 * programs > DECODE_PROGRAMS_PER_SM * num_sms
-    # an even split into about DECODE_PROGRAMS_PER_SM programs per SM, segments of a tile or more
-    even = min(DECODE_PROGRAMS_PER_SM * num_sms // programs, max_seq_len // tile, 64)
+    # an even split into about DECODE_PROGRAMS_PER_SM programs per SM, segments of a tile or more,
+    # fewer where that lets the launch merge its partials itself
+    cap = (EVEN_MERGED_SEGMENTS if merges_in_launch(EVEN_MERGED_SEGMENTS, group)
+           else EVEN_MAX_SEGMENTS)
+    even = min(DECODE_PROGRAMS_PER_SM * num_sms // programs, max_seq_len // tile, cap)
     auto = split_kv is None
     if auto:
         # Split a decode batch whose programs (one per sequence and KV head) would leave SMs

@@ -376,9 +376,12 @@ def test_same_result_as_torch_backend():
 def test_plan_splits_small_long_decodes_and_long_full_ones():
     common = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, elem_size=2, num_sms=132)
     # decodes: 64-key tiles, contexts split evenly into segments of a tile or more until there
-    # are about 4 programs per SM (8 programs per sequence)
+    # are about 4 programs per SM (8 programs per sequence), at most 32 where the launch then
+    # merges them itself (4 query heads x 32 segments), else 64
     one = plan_launch(1, 4096, 1, **common)
-    assert (one.tile, one.num_segments, one.segment_tiles) == (64, 64, 1)
+    assert (one.tile, one.num_segments, one.segment_tiles) == (64, 32, 1)
+    assert plan_launch(1, 4096, 1, **common | dict(num_q_heads=40)).num_segments == 64
+    assert plan_launch(1, 4096, 2, **common).num_segments == 32
     assert plan_launch(1, 4096, 4, **common).num_segments == 16
     assert plan_launch(1, 4096, 32, **common).num_segments == 2
     assert plan_launch(1, 4096, 33, **common).num_segments == 2
@@ -614,7 +617,7 @@ def test_decode_rope_in_the_attention_launch_refuses_other_steps(monkeypatch):
 
 
 @device_test
-@pytest.mark.parametrize("group,num_segments", [(8, 8), (4, 16), (5, 4)])
+@pytest.mark.parametrize("group,num_segments", [(8, 8), (4, 16), (5, 4), (4, 32)])
 def test_decode_merge_in_the_last_program(group, num_segments):
     # Decode-only launches of few segments merge each sequence's partials in the program of
     # its KV head that finishes last, and leave every arrival counter at zero for the next
@@ -636,9 +639,9 @@ def test_decode_merge_in_the_last_program(group, num_segments):
 
 def test_which_decode_launches_merge_in_the_launch():
     from hifc.layers.triton_attention import merges_in_launch
-    assert merges_in_launch(16, 4) and merges_in_launch(2, 4) and merges_in_launch(8, 5)
+    assert merges_in_launch(32, 4) and merges_in_launch(2, 4) and merges_in_launch(16, 5)
     assert not merges_in_launch(1, 4)  # nothing to merge
-    assert not merges_in_launch(64, 4) and not merges_in_launch(16, 5)  # too many partials
+    assert not merges_in_launch(64, 4) and not merges_in_launch(32, 5)  # too many partials
 
 
 def test_which_decode_steps_rotate_in_the_attention_launch():
@@ -656,8 +659,9 @@ def test_which_decode_steps_rotate_in_the_attention_launch():
 
 def test_decode_programs_of_one_tile_take_one_stage():
     common = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, elem_size=2, num_sms=132)
-    one_tile = plan_launch(1, 4096, 1, **common)
-    assert one_tile.num_segments * one_tile.tile >= 4096 and one_tile.num_stages == 1
+    one_tile = plan_launch(1, 2048, 1, **common)
+    assert one_tile.num_segments * one_tile.tile >= 2048 and one_tile.num_stages == 1
+    assert plan_launch(1, 4096, 1, **common).num_stages == 2  # 32 segments of 2 tiles
     assert plan_launch(1, 4096, 4, **common).num_stages == 2  # 16 segments of 4 tiles
     assert plan_launch(1, 8192, 32, **common).num_stages == 2  # balanced segments
 
