@@ -617,7 +617,7 @@ def test_decode_rope_in_the_attention_launch_refuses_other_steps(monkeypatch):
 
 
 @device_test
-@pytest.mark.parametrize("group,num_segments", [(8, 8), (4, 16), (5, 4), (4, 32)])
+@pytest.mark.parametrize("group,num_segments", [(8, 8), (4, 16), (5, 4), (4, 32), (5, 16)])
 def test_decode_merge_in_the_last_program(group, num_segments):
     # Decode-only launches of few segments merge each sequence's partials in the program of
     # its KV head that finishes last, and leave every arrival counter at zero for the next
