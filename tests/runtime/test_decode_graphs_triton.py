@@ -152,10 +152,10 @@ def test_graph_plans_depend_only_on_the_batch_size_and_cap():
     context cap: the plans graphs capture."""
     sizes = (1, 2, 4, 8, 16, 128)
     plans = {b: plan_launch(1, 32768, b, 32, 8, 128, 2, H200_SMS) for b in sizes}
-    assert [plans[b].num_segments for b in sizes] == [64, 32, 16, 8, 8, 8]
+    assert [plans[b].num_segments for b in sizes] == [32, 32, 16, 8, 8, 8]
     assert [plans[b].segment_tiles * plans[b].tile for b in sizes] == [64] * 4 + [4096] * 2
     short = {b: plan_launch(1, 4096, b, 32, 8, 128, 2, H200_SMS) for b in sizes}
-    assert [short[b].num_segments for b in sizes] == [64, 32, 16, 8, 4, 2]  # 128: balanced
+    assert [short[b].num_segments for b in sizes] == [32, 32, 16, 8, 4, 2]  # 128: balanced
     assert TritonAttentionBackend().graph_context_caps(32768) == [4096, 32768]
     assert TritonAttentionBackend().graph_context_caps(4096) == [4096]
     assert TritonAttentionBackend(split_kv=False).graph_context_caps(32768) == [32768]
@@ -170,14 +170,14 @@ def test_decode_graph_caps_stretch_the_short_cap_while_the_plan_is_the_same():
     """8B shapes (32 query heads, 8 KV heads, bf16), 132 SMs: a decode batch's short cap is
     the longest power-of-two multiple of 4,096 keys below max_model_len planned as 4,096 keys
     are (batch 32: an even split in two, up to 8,192 keys, where a 4,100-key step under a
-    131,072-key cap took one balanced segment per KV head); batch 1 plans 4,096 keys in one
-    stage, so its short cap stays; where max_model_len plans as the short cap (batches of at
-    most one program per two SMs split evenly under any cap), it alone."""
+    131,072-key cap took one balanced segment per KV head); where max_model_len plans as the
+    short cap (batches of at most one program per two SMs split evenly under any cap), it
+    alone."""
     kv_cache = torch.zeros(2, 1, 16, 8, 128, dtype=torch.bfloat16)
     sizes = [1, 2, 4, 8, 16, 24, 32, 40, 64, 128]
     backend = _H200Sized()
     caps = backend.plan_decodes_as_graphs(sizes, 131072, 32, kv_cache, torch.bfloat16)
-    assert caps == {1: [4096, 131072], 2: [131072], 4: [131072], 8: [131072],
+    assert caps == {1: [131072], 2: [131072], 4: [131072], 8: [131072],
                     16: [16384, 131072], 24: [8192, 131072],
                     32: [8192, 131072], 40: [8192, 131072], 64: [8192, 131072],
                     128: [8192, 131072]}
