@@ -25,11 +25,8 @@ set -uo pipefail
 out=${1:?usage: bash scripts/gpu_paper_run.sh OUTDIR [STAGE ...]}
 shift
 all=(fig4 fig6 fig3 analysis table3-8b table3-14b table3-mistral)
-stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=("${all[@]}")
-for s in "${stages[@]}"; do
-  [[ " ${all[*]} " == *" $s "* ]] || { echo "unknown stage '$s' (stages: ${all[*]})" >&2; exit 2; }
-done
+. "$(dirname "$0")/stages.sh"
+select_stages "$@"
 mkdir -p "$out"
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 flash="${HIFC_FLASH_DIR:-$PWD}/hifc-paper-$$.kv"  # the flash cache file, removed at exit

@@ -18,11 +18,8 @@ set -uo pipefail
 out=${1:?usage: bash scripts/gpu_speed_targets.sh OUTDIR [STAGE ...]}
 shift
 all=(decode-8b prefill-32k decode-32b e2e govreport)
-stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=("${all[@]}")
-for s in "${stages[@]}"; do
-  [[ " ${all[*]} " == *" $s "* ]] || { echo "unknown stage '$s' (stages: ${all[*]})" >&2; exit 2; }
-done
+. "$(dirname "$0")/stages.sh"
+select_stages "$@"
 mkdir -p "$out"
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 

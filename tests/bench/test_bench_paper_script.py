@@ -1,30 +1,24 @@
 """scripts/gpu_paper_run.sh: shell syntax, stage checks, and one stage's CPU analogue."""
 import json
-import os
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.bench.helpers import ROOT, parses, run_bash
+
 SCRIPT = ROOT / "scripts" / "gpu_paper_run.sh"
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 
 
 def run_script(*argv, smoke=True, timeout=120, flash_dir=None):
-    env = dict(os.environ, HIFC_SMOKE="1" if smoke else "0")
+    env = {"HIFC_SMOKE": "1" if smoke else "0"}
     if flash_dir is not None:
         env["HIFC_FLASH_DIR"] = str(flash_dir)
-    # the script calls python3: make it this interpreter (the project's virtualenv)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    return subprocess.run(["bash", str(SCRIPT), *map(str, argv)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return run_bash(SCRIPT, *argv, env=env, timeout=timeout)
 
 
 def test_script_parses():
-    assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
+    assert parses(SCRIPT)
 
 
 def test_unknown_stage_is_refused_before_anything_runs(tmp_path):

@@ -1,29 +1,22 @@
 """scripts/gpu_speed_targets.sh: shell syntax, stage checks, two stages' CPU analogues and the
 summary's verdicts."""
 import json
-import os
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.bench.helpers import ROOT, parses, run_bash
+
 SCRIPT = ROOT / "scripts" / "gpu_speed_targets.sh"
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 
 
 def run_script(*argv, timeout=180):
-    env = dict(os.environ, HIFC_SMOKE="1")
-    # the script calls python3: make it this interpreter (the project's virtualenv)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    return subprocess.run(["bash", str(SCRIPT), *map(str, argv)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return run_bash(SCRIPT, *argv, env={"HIFC_SMOKE": "1"}, timeout=timeout)
 
 
 def test_script_parses():
-    assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
+    assert parses(SCRIPT)
 
 
 def test_unknown_stage_is_refused_before_anything_runs(tmp_path):
