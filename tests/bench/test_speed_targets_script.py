@@ -54,7 +54,8 @@ def test_the_summary_reads_every_stage_written_and_judges_each_figure(tmp_path):
         "model": "random:ds-r1-qwen-32b",
         "decode": [dict(row, batch=1, step_over_floor=1.16),
                    dict(row, batch=32, step_over_floor=1.09),
-                   dict(row, batch=4, step_over_floor=1.5)]}))  # no target at batch 4
+                   dict(row, batch=4, step_over_floor=1.5),  # no target at batch 4
+                   dict(batch=128, context=4096, skipped="needs 8717 KV blocks")]}))
     (out / "prefill-32k.json").write_text(json.dumps({
         "model": "random:ds-r1-llama-8b", "decode": [],
         "prefill": dict(tokens=32768, fraction_of_matmul=0.76, fraction_of_sustained=0.92)}))
@@ -66,6 +67,8 @@ def test_the_summary_reads_every_stage_written_and_judges_each_figure(tmp_path):
     assert any(line.startswith("ds-r1-qwen-32b decode, batch 32,") and line.endswith(" met")
                and not line.endswith("NOT met") for line in lines)
     assert not any("batch 4," in line for line in lines)
+    assert any(line.startswith("ds-r1-qwen-32b decode, batch 128,") and "needs 8717" in line
+               and line.endswith("not run") for line in lines)
     assert any(line.startswith("ds-r1-llama-8b prefill, 32768 tokens") and ">= 0.75" in line
                and not line.endswith("NOT met") for line in lines)
     assert any(line.startswith("end to end, govreport-like, 2 prompts") for line in lines)
