@@ -32,14 +32,24 @@ def kv_bytes_per_token(engine) -> int:
     return engine.limits.block_bytes // engine.config.block_size
 
 
+def last_layer_tail(engine) -> int:
+    """Parameters of the last layer's output projection and MLP, which only a token whose
+    logits are needed goes through (every token's K/V comes before them)."""
+    last = engine.runner.model.model.layers[-1]
+    return sum(p.numel() for module in (last.self_attn.o_proj, last.mlp)
+               for p in module.parameters())
+
+
 def prefill_flops(engine, tokens: int) -> float:
-    """Matmul FLOPs of prefilling one prompt: layers on every token, lm_head on the last one,
-    causal attention (QK^T and PV over half the T x T square)."""
+    """Matmul FLOPs of prefilling one prompt, the work its first token needs: the layers on
+    every token but the last layer's output projection and MLP on the last one only, as the
+    lm_head, and causal attention (QK^T and PV over half the T x T square) but the last
+    layer's, of the last token only."""
     body, head = parameter_counts(engine)
     arch = engine.arch
-    attention = 2 * 2 * arch.num_hidden_layers * arch.num_attention_heads * arch.head_dim \
-        * tokens ** 2 / 2
-    return 2 * body * tokens + 2 * head + attention
+    per_key = 2 * 2 * arch.num_attention_heads * arch.head_dim  # a query against one key
+    attention = per_key * ((arch.num_hidden_layers - 1) * tokens ** 2 / 2 + tokens)
+    return 2 * body * tokens - 2 * last_layer_tail(engine) * (tokens - 1) + 2 * head + attention
 
 
 def decode_bytes(weight_bytes: int, kv_per_token: int, requests: list[tuple[int, int]],

@@ -47,10 +47,17 @@ class Gemma2DecoderLayer(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor,
                 residual: torch.Tensor | None, attn: AttentionContext,
-                rotary: RotaryEmbedding) -> tuple[torch.Tensor, torch.Tensor]:
-        """hidden: this layer's input minus ``residual`` ([T, H]); returns (mlp out, residual)."""
+                rotary: RotaryEmbedding,
+                keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden: this layer's input minus ``residual`` ([T, H]); returns (mlp out, residual)
+        of every row, or of the rows ``keep`` lists ([N, H]; every row's K/V is written)."""
         hidden, residual = self.input_layernorm(hidden, residual)
-        hidden, _ = self.post_attention_layernorm(self.self_attn(positions, hidden, attn, rotary))
+        if keep is not None:
+            residual = residual.index_select(0, keep)
+        hidden = self.self_attn(positions, hidden, attn, rotary, keep)
+        if not hidden.shape[0]:
+            return hidden, residual  # no row kept: [0, H] each
+        hidden, _ = self.post_attention_layernorm(hidden)
         hidden, residual = self.pre_feedforward_layernorm(hidden, residual)
         hidden, _ = self.post_feedforward_layernorm(self.mlp(hidden))
         return hidden, residual

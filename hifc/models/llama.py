@@ -66,8 +66,15 @@ class LlamaAttention(nn.Module):
         return q, k
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, attn: AttentionContext,
-                rotary: RotaryEmbedding) -> torch.Tensor:
-        return self.o_proj(self.attention(positions, self.qkv_proj(hidden), attn, rotary))
+                rotary: RotaryEmbedding, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """The output of every row, or of the rows ``keep`` lists, projected from their
+        attention alone (every row's K/V is written)."""
+        o = self.attention(positions, self.qkv_proj(hidden), attn, rotary)
+        if keep is not None:
+            o = o.index_select(0, keep)
+            if not keep.shape[0]:
+                return o.new_empty(0, self.o_proj.weight.shape[0])  # no row kept
+        return self.o_proj(o)
 
     def attention_normed(self, norm: RMSNorm, positions: torch.Tensor, hidden: torch.Tensor,
                          residual: torch.Tensor | None, attn: AttentionContext,
@@ -125,12 +132,18 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor,
                 residual: torch.Tensor | None, attn: AttentionContext,
-                rotary: RotaryEmbedding) -> tuple[torch.Tensor, torch.Tensor]:
-        """hidden: this layer's input minus ``residual`` ([T, H]); returns (mlp out, residual).
-        The input norm runs inside the QKV projection, and the residual add and norm after the
+                rotary: RotaryEmbedding,
+                keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden: this layer's input minus ``residual`` ([T, H]); returns (mlp out, residual)
+        of every row, or of the rows ``keep`` lists ([N, H]; every row's K/V is written). The
+        input norm runs inside the QKV projection, and the residual add and norm after the
         attention inside the output and gate-up projections, where they can take them."""
         o, residual = self.self_attn.attention_normed(self.input_layernorm, positions, hidden,
                                                       residual, attn, rotary)
+        if keep is not None:
+            o, residual = o.index_select(0, keep), residual.index_select(0, keep)
+            if not keep.shape[0]:
+                return residual, residual  # [0, H] each
         gate_up, residual = project_then_norm(self.self_attn.o_proj, o, residual,
                                               self.post_attention_layernorm,
                                               self.mlp.gate_up_proj)
@@ -158,13 +171,19 @@ class LlamaModel(nn.Module):
         return self.embed_tokens(input_ids)  # [T, H]
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                attn: AttentionContext) -> torch.Tensor:
+                attn: AttentionContext, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """Final-norm states of every token ([T, H]), or of the tokens ``keep`` lists ([N, H]):
+        the last layer's output projection and MLP then run on those alone."""
         hidden = self.embed(input_ids)  # [T, H]
         residual = None
-        for layer in self.layers:
+        *body, last = self.layers
+        for layer in body:
             hidden, residual = layer(positions, hidden, residual, attn, self.rotary_emb)
+        hidden, residual = last(positions, hidden, residual, attn, self.rotary_emb, keep)
+        if not hidden.shape[0]:
+            return hidden  # no token kept
         hidden, _ = self.norm(hidden, residual)
-        return hidden  # [T, H]
+        return hidden
 
 
 class LlamaForCausalLM(nn.Module):
@@ -199,9 +218,12 @@ class LlamaForCausalLM(nn.Module):
         return self.model.embed_tokens if self.lm_head is None else self.lm_head
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                attn: AttentionContext) -> torch.Tensor:
-        """input_ids, positions: [T] int64 (all new tokens of the step). Returns [T, H]."""
-        return self.model(input_ids, positions, attn)
+                attn: AttentionContext, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids, positions: [T] int64 (all new tokens of the step). Returns the final-norm
+        states [T, H], or [N, H] of the N tokens ``keep`` lists (int64 indices into the step's
+        tokens, on the device): only those tokens' outputs need the last layer's output
+        projection and MLP, as every token's K/V is written before them."""
+        return self.model(input_ids, positions, attn, keep)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [N, H] final-norm states -> [N, vocab] logits in the model's dtype (float32

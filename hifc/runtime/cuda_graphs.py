@@ -263,8 +263,9 @@ class DecodeGraphs:
         )
         ctx = AttentionContext(meta, self.kv_caches, self.backend, self.model.attention_layers,
                                self.kv_scales)
-        hidden = self.model(x.input_ids.long(), x.positions.long(), ctx)  # [T, H]
-        return self.model.compute_logits(hidden.index_select(0, x.logits_index.long()))
+        # [b + 1, H]: the last layer's output projection and MLP run on the sampled rows alone
+        hidden = self.model(x.input_ids.long(), x.positions.long(), ctx, x.logits_index.long())
+        return self.model.compute_logits(hidden)
 
     def _run_chunk(self, work: list[ScheduledSeq], batch: int,
                    pending: PendingInputs | None) -> torch.Tensor:

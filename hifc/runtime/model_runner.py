@@ -267,12 +267,15 @@ class ModelRunner:
         """Compute the step's K/V from unpadded inputs; returns the logits ([S, V]) of the last
         new token of each sequence that samples (S may be 0: prompt chunks only)."""
         hidden, query_start_loc = self.eager_forward(work)
-        return self._sampler_logits(work, hidden, query_start_loc)
+        return self._sampler_logits(work, hidden, query_start_loc, every_row=False)
 
-    def eager_forward(self, work: list[ScheduledSeq], pending: inputs.PendingInputs | None = None
-                      ) -> tuple[torch.Tensor, list[int]]:
-        """Hidden states ([T, H]) of every new token, and where each sequence's start ([B+1]);
-        ``pending``: input ids the previous step sampled, on the device."""
+    def eager_forward(self, work: list[ScheduledSeq], pending: inputs.PendingInputs | None = None,
+                      every_row: bool = False) -> tuple[torch.Tensor, list[int]]:
+        """Hidden states of the new tokens, and where each sequence's start ([B+1]): of every
+        one ([T, H]; ``every_row``, as prompt logprobs need), else of the last new token of
+        each sequence that samples ([S, H], in ``work`` order), the only rows the last layer's
+        output projection and MLP then run on. ``pending``: input ids the previous step
+        sampled, on the device."""
         meta = inputs.build_attention_metadata(work, self.block_size, self.device)
         ctx = AttentionContext(meta, self.kv_caches, self.backend, self.model.attention_layers,
                                self.kv_scales)
@@ -280,12 +283,19 @@ class ModelRunner:
         if pending is not None:
             input_ids.index_copy_(0, *pending.gather())
         positions = inputs.build_positions(work, self.device)
-        return self.model(input_ids, positions, ctx), meta.query_start_loc_cpu
+        qsl = meta.query_start_loc_cpu
+        keep = None  # every row: asked for, or every row samples (a decode-only step)
+        if not every_row and sum(w.samples for w in work) < qsl[-1]:
+            keep = inputs.build_logits_indices(work, qsl, self.device)
+        return self.model(input_ids, positions, ctx, keep), qsl
 
     def _sampler_logits(self, work: list[ScheduledSeq], hidden: torch.Tensor,
-                        query_start_loc: list[int]) -> torch.Tensor:
-        last = inputs.build_logits_indices(work, query_start_loc, self.device)
-        return self.model.compute_logits(hidden.index_select(0, last))  # [S, V]
+                        query_start_loc: list[int], every_row: bool) -> torch.Tensor:
+        """The samplers' logits ([S, V]) from ``eager_forward``'s hidden states."""
+        if every_row:
+            hidden = hidden.index_select(
+                0, inputs.build_logits_indices(work, query_start_loc, self.device))
+        return self.model.compute_logits(hidden)  # [S, V]
 
     def _padded_logits(self, work: list[ScheduledSeq], pending: inputs.PendingInputs | None,
                        spans: list[tuple[int, int, int]]) -> torch.Tensor | None:
@@ -329,8 +339,8 @@ class ModelRunner:
         hidden = query_start_loc = None
         logits = self._padded_logits(work, pending, spans)
         if logits is None:
-            hidden, query_start_loc = self.eager_forward(work, pending)
-            logits = self._sampler_logits(work, hidden, query_start_loc)  # [S, V]
+            hidden, query_start_loc = self.eager_forward(work, pending, every_row=bool(spans))
+            logits = self._sampler_logits(work, hidden, query_start_loc, bool(spans))  # [S, V]
         return QueuedForward(out, seqs, previous, logits, spans, hidden, query_start_loc)
 
     @torch.inference_mode()
@@ -363,8 +373,8 @@ class ModelRunner:
             return
         if self._padded_logits(work, None, spans) is not None:
             return
-        hidden, query_start_loc = self.eager_forward(work)
-        self._sampler_logits(work, hidden, query_start_loc)
+        hidden, query_start_loc = self.eager_forward(work, every_row=bool(spans))
+        self._sampler_logits(work, hidden, query_start_loc, bool(spans))
         for row, first, end in spans:
             offset = query_start_loc[row] - work[row].start_pos
             self.model.compute_logits(hidden[offset + first:offset + end])

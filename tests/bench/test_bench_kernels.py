@@ -56,8 +56,12 @@ def test_kernels_reports_decode_floor_and_prefill_fraction(hifc, tmp_path, prese
     assert p["clocks"] is None  # no GPU clock to sample on the CPU
     assert p["tokens"] == 96 and p["seconds"] > 0
     assert p["tokens_per_s"] == pytest.approx(96 / p["seconds"])
-    flops = 2 * body * 96 + 2 * head + 2 * arch.num_hidden_layers * arch.num_attention_heads \
-        * arch.head_dim * 96 ** 2
+    # the last layer's output projection, MLP and attention on the last token alone
+    tail = arch.hidden_size * (arch.num_attention_heads * arch.head_dim
+                               + 3 * arch.intermediate_size)
+    per_key = 4 * arch.num_attention_heads * arch.head_dim
+    flops = 2 * body * 96 - 2 * tail * 95 + 2 * head \
+        + per_key * ((arch.num_hidden_layers - 1) * 96 ** 2 / 2 + 96)
     assert p["tflops"] == pytest.approx(flops / p["seconds"] / 1e12)
     assert p["fraction_of_matmul"] == pytest.approx(p["tflops"] / result["matmul_tflops"])
     assert p["fraction_of_sustained"] == pytest.approx(

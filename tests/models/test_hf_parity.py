@@ -12,7 +12,7 @@ import torch
 from hifc import LLM, SamplingParams
 from hifc.loader import load_model
 from tests.fixtures import (TINY_ARCHS, TINY_SLIDING_WINDOW, greedy_decode_paged,
-                            make_tiny_hf_model)
+                            make_tiny_hf_model, paged_metadata)
 from tests.gguf_export import export_gguf
 
 PROMPTS = [[1, 5, 9, 13, 2, 7], [3, 3, 8], list(range(10, 50)), [42]]
@@ -62,6 +62,38 @@ def test_engine_greedy_matches_generate(tiny):
     params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
     outputs = llm.generate(PROMPTS, params, use_tqdm=False)
     assert [o.token_ids for o in outputs] == [g[:16] for g in greedy]
+
+
+def _prefill(model, keep):
+    """One batched prefill of PROMPTS into a fresh paged cache: (the model's output, the
+    cache)."""
+    from hifc.layers.attention import AttentionContext, TorchAttentionBackend
+    arch, block_size = model.arch, 4
+    tables, table, counts = [], 1, [len(p) for p in PROMPTS]
+    for n in counts:
+        tables.append(list(range(table, table + -(-n // block_size))))
+        table += len(tables[-1])
+    kv = torch.zeros(arch.num_hidden_layers, 2, table, block_size, arch.num_key_value_heads,
+                     arch.head_dim)
+    meta = paged_metadata(tables, [0] * len(PROMPTS), counts, block_size, "cpu")
+    ctx = AttentionContext(meta, list(kv.unbind(0)), TorchAttentionBackend(),
+                           model.attention_layers)
+    ids = torch.tensor([t for p in PROMPTS for t in p])
+    positions = torch.tensor([i for n in counts for i in range(n)])
+    with torch.no_grad():
+        return model(ids, positions, ctx, keep), kv
+
+
+@pytest.mark.parametrize("rows", [[5, 8, 48, 49], [49, 0, 20], []])
+def test_kept_rows_are_the_rows_of_the_whole_output(tiny, rows):
+    # The last layer's output projection and MLP run on the kept rows alone: their states are
+    # those of the whole forward, and every token's K/V is written as before.
+    _, ours, _, _ = tiny
+    whole, whole_kv = _prefill(ours.model, None)
+    kept, kept_kv = _prefill(ours.model, torch.tensor(rows, dtype=torch.long))
+    assert kept.shape == (len(rows), whole.shape[1])
+    torch.testing.assert_close(kept, whole[rows], atol=1e-5, rtol=1e-5)
+    assert torch.equal(kept_kv, whole_kv) and whole_kv.abs().sum() > 0
 
 
 def test_block_size_does_not_change_tokens(tiny):
