@@ -266,8 +266,7 @@ class ModelRunner:
     def eager_logits(self, work: list[ScheduledSeq]) -> torch.Tensor:
         """Compute the step's K/V from unpadded inputs; returns the logits ([S, V]) of the last
         new token of each sequence that samples (S may be 0: prompt chunks only)."""
-        hidden, query_start_loc = self.eager_forward(work)
-        return self._sampler_logits(work, hidden, query_start_loc, every_row=False)
+        return self._eager_step(work, None, [])[0]
 
     def eager_forward(self, work: list[ScheduledSeq], pending: inputs.PendingInputs | None = None,
                       every_row: bool = False) -> tuple[torch.Tensor, list[int]]:
@@ -289,13 +288,17 @@ class ModelRunner:
             keep = inputs.build_logits_indices(work, qsl, self.device)
         return self.model(input_ids, positions, ctx, keep), qsl
 
-    def _sampler_logits(self, work: list[ScheduledSeq], hidden: torch.Tensor,
-                        query_start_loc: list[int], every_row: bool) -> torch.Tensor:
-        """The samplers' logits ([S, V]) from ``eager_forward``'s hidden states."""
-        if every_row:
-            hidden = hidden.index_select(
+    def _eager_step(self, work: list[ScheduledSeq], pending: inputs.PendingInputs | None,
+                    spans: list[tuple[int, int, int]]
+                    ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """An eager forward: the samplers' logits ([S, V]), and ``eager_forward``'s hidden
+        states (every row's where ``spans`` ask for prompt logprobs) and query starts."""
+        hidden, query_start_loc = self.eager_forward(work, pending, every_row=bool(spans))
+        states = hidden
+        if spans:
+            states = hidden.index_select(
                 0, inputs.build_logits_indices(work, query_start_loc, self.device))
-        return self.model.compute_logits(hidden)  # [S, V]
+        return self.model.compute_logits(states), hidden, query_start_loc
 
     def _padded_logits(self, work: list[ScheduledSeq], pending: inputs.PendingInputs | None,
                        spans: list[tuple[int, int, int]]) -> torch.Tensor | None:
@@ -339,8 +342,7 @@ class ModelRunner:
         hidden = query_start_loc = None
         logits = self._padded_logits(work, pending, spans)
         if logits is None:
-            hidden, query_start_loc = self.eager_forward(work, pending, every_row=bool(spans))
-            logits = self._sampler_logits(work, hidden, query_start_loc, bool(spans))  # [S, V]
+            logits, hidden, query_start_loc = self._eager_step(work, pending, spans)
         return QueuedForward(out, seqs, previous, logits, spans, hidden, query_start_loc)
 
     @torch.inference_mode()
@@ -373,8 +375,7 @@ class ModelRunner:
             return
         if self._padded_logits(work, None, spans) is not None:
             return
-        hidden, query_start_loc = self.eager_forward(work, every_row=bool(spans))
-        self._sampler_logits(work, hidden, query_start_loc, bool(spans))
+        _, hidden, query_start_loc = self._eager_step(work, None, spans)
         for row, first, end in spans:
             offset = query_start_loc[row] - work[row].start_pos
             self.model.compute_logits(hidden[offset + first:offset + end])
