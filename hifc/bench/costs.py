@@ -41,10 +41,10 @@ def last_layer_tail(engine) -> int:
 
 
 def prefill_flops(engine, tokens: int) -> float:
-    """Matmul FLOPs of prefilling one prompt, the work its first token needs: the layers on
-    every token but the last layer's output projection and MLP on the last one only, as the
-    lm_head, and causal attention (QK^T and PV over half the T x T square) but the last
-    layer's, of the last token only."""
+    """Matmul FLOPs of prefilling one prompt, the work its first token needs: every layer on
+    every token with causal attention (QK^T and PV over half the T x T square), except that
+    the last layer's attention, output projection and MLP run for the last token only (its
+    QKV projection for all: their K/V), as the lm_head does."""
     body, head = parameter_counts(engine)
     arch = engine.arch
     per_key = 2 * 2 * arch.num_attention_heads * arch.head_dim  # a query against one key
