@@ -268,8 +268,8 @@ class ModelRunner:
         new token of each sequence that samples (S may be 0: prompt chunks only)."""
         return self._eager_step(work, None, [])[0]
 
-    def eager_forward(self, work: list[ScheduledSeq], pending: inputs.PendingInputs | None = None,
-                      every_row: bool = False) -> tuple[torch.Tensor, list[int]]:
+    def eager_forward(self, work: list[ScheduledSeq], pending: inputs.PendingInputs | None,
+                      every_row: bool) -> tuple[torch.Tensor, list[int]]:
         """Hidden states of the new tokens, and where each sequence's start ([B+1]): of every
         one ([T, H]; ``every_row``, as prompt logprobs need), else of the last new token of
         each sequence that samples ([S, H], in ``work`` order), the only rows the last layer's
