@@ -39,6 +39,7 @@ def test_the_sustained_matmul_rate_times_only_the_products_after_a_run_of_them(m
     # warm-up, the burst's products, at least one round of 10 before the sustained timing, its 10
     assert len(calls) >= 3 + 10 + 10 + 10
 
+
 def test_prefill_flops_are_the_products_a_prompt_runs():
     """One prompt's prefill on the CPU, its matrix products counted by torch: the ideal's
     FLOPs less its attention term (the CPU's attention runs no counted product), within the
