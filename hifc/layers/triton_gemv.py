@@ -270,6 +270,17 @@ def takes_rows(m: int) -> bool:
     return 2 <= m <= MAX_ROWS or FULL_TILE_ROWS <= m <= 32
 
 
+def row_variants(max_rows: int) -> list[int]:
+    """A row count for each variant of the small-M kernel that products of at most max_rows
+    rows compile: per row tile (``rows_block_m``), M a multiple of 16 or not (Triton
+    specializes an integer argument on that)."""
+    variants = {}
+    for m in range(2, min(max_rows, 32) + 1):
+        if takes_rows(m):
+            variants.setdefault((rows_block_m(m), m % 16 == 0), m)
+    return list(variants.values())
+
+
 def usable_rows(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """True for 16-bit rows x ([M, K], contiguous along K; M as ``takes_rows`` takes it) on
     CUDA against a weight ([N, K]) of its dtype, contiguous along K, with K a multiple of the

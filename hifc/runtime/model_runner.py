@@ -26,7 +26,7 @@ import torch
 
 from hifc.core.scheduler import ScheduledSeq, SchedulerOutput
 from hifc.core.sequence import Sequence
-from hifc.layers import sampling_ops, triton_host_io
+from hifc.layers import sampling_ops, triton_gemv, triton_host_io
 from hifc.layers.attention import AttentionBackend, AttentionContext
 from hifc.layers.gemm_tuning import Tuned, prompt_rows
 from hifc.layers.linear import tune_projections
@@ -114,22 +114,27 @@ class ModelRunner:
         variants they met compile side by side (in processes of their own, started at the first
         variant met) while this thread times the GEMMs (the CPU's work beside the GPU's); then
         the passes that met new variants run again for real and the graphs are captured (over
-        the tuned GEMMs)."""
+        the tuned GEMMs). The warm-up steps also keep each row count of ``triton_gemv
+        .row_variants(max_num_seqs)`` in steps of that many prompts: an eager step's last layer
+        projects the rows that sample, as many as its sequences that do."""
         tuning = (partial(self.tune_projections, max_num_seqs, max_num_batched_tokens)
                   if tune else None)
         if triton_host_io.usable(self.device):
             self.host_slots = HostSlots(max_num_seqs)
         self._run_passes(self._padded_decode_graphs(max_model_len, max_num_seqs, chunk_tokens),
-                         capture, self._warm_up_steps(max_model_len), tuning)
+                         capture, self._warm_up_steps(max_model_len), tuning,
+                         triton_gemv.row_variants(max_num_seqs))
 
     def _run_passes(self, graphs: DecodeGraphs | None, capture: bool,
-                    steps: list[tuple[int, int]], tuning: Callable[[], None] | None) -> None:
-        """``start_up``'s passes: ``graphs``' forwards and the warm-up ``steps`` meet their
-        kernels, which compile while ``tuning`` runs; then the capture (with ``capture``) and
-        the warm-up parts that met new variants, again."""
+                    steps: list[tuple[int, int]], tuning: Callable[[], None] | None,
+                    kept_rows: list[int]) -> None:
+        """``start_up``'s passes: ``graphs``' forwards and the warm-up parts (``steps`` and
+        ``kept_rows``) meet their kernels, which compile while ``tuning`` runs; then the
+        capture (with ``capture``) and the warm-up parts that met new variants, again."""
         started, compiled = time.perf_counter(), len(kernel_compiles())
         num_forwards = graphs.num_forwards if graphs is not None else 0  # parts before the steps
-        warm_parts = self._warm_up_parts(steps)
+        warm_parts = self._warm_up_parts(steps, kept_rows)
+        num_steps = max(len(warm_parts) - 1, 0)  # the parts before the sampler's passes
         again = meet_kernels(chain(graphs.forward_parts(capture) if graphs is not None else (),
                                    warm_parts),
                              every=self.model.tp.size > 1, meanwhile=tuning)
@@ -145,7 +150,7 @@ class ModelRunner:
         logger.info("started up in %.1f s: %d padded forwards (%d run again before their "
                     "capture) and %d warm-up prompt steps (%d run again) met their kernels "
                     "(%d compiled)", time.perf_counter() - started, num_forwards, split,
-                    len(steps), sum(index < num_forwards + len(steps) for index in again[split:]),
+                    num_steps, sum(index < num_forwards + num_steps for index in again[split:]),
                     len(kernel_compiles()) - compiled)
 
     def tune_projections(self, max_num_seqs: int, max_num_batched_tokens: int) -> None:
@@ -204,14 +209,18 @@ class ModelRunner:
         return warm_up_steps(self.backend.warm_up_shapes(), max_model_len,
                              self.kv_cache.shape[2] * self.block_size)
 
-    def _warm_up_parts(self, steps: list[tuple[int, int]]) -> list[Callable[[], None]]:
-        """``warm_up``'s passes: an eager step of one prompt chunk per (cached context, new
-        tokens) of ``steps``, then the sampler's passes on the latest step's logits and the
-        backend's warm-up (none without steps)."""
+    def _warm_up_parts(self, steps: list[tuple[int, int]],
+                       kept_rows: list[int]) -> list[Callable[[], None]]:
+        """``warm_up``'s passes: an eager step of M two-token prompts for each M of
+        ``kept_rows`` (their last layer's projections run on M rows), one of one prompt chunk
+        per (cached context, new tokens) of ``steps``, then the sampler's passes on the latest
+        step's logits and the backend's warm-up (none without steps)."""
         if not steps:
             return []
         greedy = SamplingParams(temperature=0.0)
-        work = []
+        num_blocks = self.kv_cache.shape[2]
+        work = [[ScheduledSeq("warm-up", [0, 0], 0, [i % num_blocks], greedy) for i in range(m)]
+                for m in kept_rows]
         for context, n in steps:
             if context % self.block_size:
                 raise ValueError(f"a warm-up context of {context} tokens is not whole blocks")
@@ -249,7 +258,7 @@ class ModelRunner:
         if steps is None:
             steps = self._warm_up_steps(max_model_len)
         if steps:
-            self._run_passes(None, False, steps, None)
+            self._run_passes(None, False, steps, None, [])
 
     @property
     def num_graph_decode_steps(self) -> int:

@@ -126,3 +126,41 @@ def test_requests_after_start_up_compile_no_kernel(tmp_path, mode):
                           env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+
+
+KEPT_ROWS = """
+import dataclasses, json, sys
+from types import MappingProxyType
+from hifc import LLMEngine, SamplingParams, loader
+from hifc.layers.triton_jit import kernel_compiles
+from hifc.models import presets
+# a Llama whose projections take the Triton GEMV and small-M kernel (K a multiple of 512)
+arch = dataclasses.replace(presets.PRESETS["tiny-llama"], hidden_size=512,
+                           intermediate_size=1536, num_hidden_layers=3, head_dim=128)
+presets.PRESETS = loader.PRESETS = MappingProxyType({**presets.PRESETS, "rows-llama": arch})
+engine = LLMEngine.from_options("random:rows-llama", device="cuda", dtype="bfloat16",
+                                max_num_seqs=32, num_gpu_blocks=1024, block_size=16,
+                                tune_gemms=False, enforce_eager=sys.argv[1] == "eager")
+started = len(kernel_compiles())
+greedy = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+for wave, count in enumerate((27, 32, 16, 5, 29)):
+    for i in range(count):
+        prompt = [3 + (7 * wave + 13 * i + j) % 500 for j in range(20 + i)]
+        engine.add_request(f"{wave}-{i}", prompt, greedy)
+    while engine.has_unfinished_requests():
+        engine.step()
+print(json.dumps([c.kernel for c in kernel_compiles()[started:]]))
+"""
+
+
+@pytest.mark.parametrize("mode", ["graphs", "eager"])
+def test_eager_steps_narrowed_rows_compile_no_kernel_after_start_up(tmp_path, mode):
+    """A prompt step's last layer projects one row per sequence that samples: waves of 27, 32,
+    16, 5 and 29 prompts, each admitted in one step, run the small-M kernel at row counts no
+    decode batch pads to (27, 29: the 32-row tile with M not a multiple of 16). With an empty
+    Triton cache the start-up compiles every variant they take."""
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton"))
+    done = subprocess.run([sys.executable, "-c", KEPT_ROWS, mode], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []

@@ -228,6 +228,15 @@ def test_usable_only_for_one_16_bit_row_on_cuda():
     assert not ok_fused(1024, gate_up_width=1024)  # gate_up is twice the weight's K
 
 
+def test_row_variants_name_one_row_count_per_compiled_variant():
+    # the 16-row tile for 2..16 rows, the 32-row tile for 25..32; M a multiple of 16 or not
+    assert triton_gemv.row_variants(256) == [2, 16, 25, 32]
+    assert triton_gemv.row_variants(31) == [2, 16, 25]
+    assert triton_gemv.row_variants(24) == triton_gemv.row_variants(16) == [2, 16]
+    assert triton_gemv.row_variants(15) == [2]
+    assert triton_gemv.row_variants(1) == []
+
+
 def test_row_linear_takes_the_gemv_for_one_row_and_the_rows_kernel_for_a_few(monkeypatch):
     # Linear layers route through linear(): a usable row goes to the GEMV, a few usable rows to
     # the small-M kernel, others to F.linear.

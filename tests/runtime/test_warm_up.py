@@ -44,6 +44,33 @@ def test_warm_up_writes_only_its_blocks_and_changes_no_later_output():
     assert generate(warmed) == generate(plain)
 
 
+def test_start_up_runs_the_last_layer_on_each_row_count_of_the_small_m_kernel(monkeypatch):
+    # An eager step's last layer projects the rows that sample, one per such sequence: the
+    # start-up's steps of 2, 16, 25 and 32 two-token prompts (at most max_num_seqs) meet each
+    # variant of the small-M kernel those rows take (row_variants), before the one-prompt steps.
+    plain, warmed = engine(), engine()
+    runner = warmed.runner
+    monkeypatch.setattr(runner, "_warm_up_steps", lambda max_model_len: [(0, 2)])
+    layers = runner.model.model.layers
+
+    def o_proj_rows(max_num_seqs):
+        rows = {"first": [], "last": []}
+        hooks = [layer.self_attn.o_proj.register_forward_hook(
+            lambda module, args, out, name=name: rows[name].append(args[0].shape[0]))
+            for name, layer in (("first", layers[0]), ("last", layers[-1]))]
+        try:
+            runner.start_up(warmed.limits.max_model_len, max_num_seqs, 64, tune=False,
+                            capture=False)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        return rows
+
+    assert o_proj_rows(32) == {"first": [4, 32, 50, 64, 2], "last": [2, 16, 25, 32, 1]}
+    assert o_proj_rows(20) == {"first": [4, 32, 2], "last": [2, 16, 1]}
+    assert generate(warmed) == generate(plain)
+
+
 def test_warm_up_steps_fit_the_model_length_and_the_cache():
     def triton_steps(max_model_len, num_slots):  # the Triton attention's shapes
         return warm_up_steps(warm_up_shapes(), max_model_len, num_slots)
@@ -133,7 +160,7 @@ def test_start_up_tunes_while_the_met_variants_compile_then_reruns_and_captures(
     import hifc.layers.triton_jit as triton_jit
     llm = engine()
     runner = llm.runner
-    variants = {"forward 0": ["a"], "forward 1": ["a"], "forward 2": ["b"],
+    variants = {"forward 0": ["a"], "forward 1": ["a"], "forward 2": ["b"], "rows 2": ["f"],
                 "step 2": ["a", "c"], "step 4": ["d"], "step 8": [], "passes": ["e"]}
     met, log, deferring = {}, [], []
 
@@ -155,19 +182,21 @@ def test_start_up_tunes_while_the_met_variants_compile_then_reruns_and_captures(
     monkeypatch.setattr(triton_jit, "deferred_compiles", deferral)
     monkeypatch.setattr(runner, "_padded_decode_graphs", lambda *args: graphs)
     monkeypatch.setattr(runner, "_warm_up_steps", lambda max_model_len: [(0, 2), (0, 4), (0, 8)])
-    monkeypatch.setattr(runner, "eager_logits",
-                        lambda step: meet(f"step {len(step[0].token_ids)}")
+    monkeypatch.setattr(runner, "eager_logits",  # first a step of 2 prompts (max_num_seqs 8)
+                        lambda step: meet(f"rows {len(step)}" if len(step) > 1
+                                          else f"step {len(step[0].token_ids)}")
                         or torch.zeros(1, llm.arch.vocab_size))
     monkeypatch.setattr(runner.sampler, "warm_up", lambda logits: meet("passes"))
     monkeypatch.setattr(runner, "tune_projections", lambda *args: log.append(("tune", args)))
     monkeypatch.setattr(runner.model, "tp", TPShard(size=tp_size))
     runner.start_up(llm.limits.max_model_len, 8, 64, tune=True, capture=capture)
     met_first = [(name, True) for name in
-                 ("forward 0", "forward 1", "forward 2", "step 2", "step 4", "step 8", "passes")]
+                 ("forward 0", "forward 1", "forward 2", "rows 2", "step 2", "step 4", "step 8",
+                  "passes")]
     if tp_size == 1:  # again: the passes that met a variant no pass before them met
-        forwards, reruns = [0, 2], ["step 2", "step 4", "passes"]
+        forwards, reruns = [0, 2], ["rows 2", "step 2", "step 4", "passes"]
     else:  # every pass again on every rank
-        forwards, reruns = [0, 1, 2], ["step 2", "step 4", "step 8", "passes"]
+        forwards, reruns = [0, 1, 2], ["rows 2", "step 2", "step 4", "step 8", "passes"]
     assert log == ([("parts", capture)] + met_first
                    + ["compiles start", ("tune", (8, 64)), "compiles joined"]
                    + ([("capture", forwards)] if capture else [])
