@@ -121,11 +121,17 @@ def test_requests_after_start_up_compile_no_kernel(tmp_path, mode):
     over their cached prefixes (of 40 tokens, or of 1-24 tokens over 5k-33k cached ones;
     greedy, with penalties, sampled with logprobs) then run: with CUDA graphs and with padded
     steps run eagerly (``enforce_eager``)."""
+    assert compiled_after_start_up(tmp_path, WARM_START, str(tmp_path / "model"), mode) == []
+
+
+def compiled_after_start_up(tmp_path, script: str, *args: str) -> list[str]:
+    """The kernels that ``script`` (run with ``args`` in a process of its own, with an empty
+    Triton cache) prints as compiled after its engine's start-up."""
     env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton"))
-    done = subprocess.run([sys.executable, "-c", WARM_START, str(tmp_path / "model"), mode],
-                          env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True,
+                          text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 KEPT_ROWS = """
@@ -159,8 +165,4 @@ def test_eager_steps_narrowed_rows_compile_no_kernel_after_start_up(tmp_path, mo
     16, 5 and 29 prompts, each admitted in one step, run the small-M kernel at row counts no
     decode batch pads to (27, 29: the 32-row tile with M not a multiple of 16). With an empty
     Triton cache the start-up compiles every variant they take."""
-    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton"))
-    done = subprocess.run([sys.executable, "-c", KEPT_ROWS, mode], env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+    assert compiled_after_start_up(tmp_path, KEPT_ROWS, mode) == []
