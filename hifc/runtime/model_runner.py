@@ -114,9 +114,9 @@ class ModelRunner:
         variants they met compile side by side (in processes of their own, started at the first
         variant met) while this thread times the GEMMs (the CPU's work beside the GPU's); then
         the passes that met new variants run again for real and the graphs are captured (over
-        the tuned GEMMs). The warm-up steps also keep each row count of ``triton_gemv
-        .row_variants(max_num_seqs)`` in steps of that many prompts: an eager step's last layer
-        projects the rows that sample, as many as its sequences that do."""
+        the tuned GEMMs). An eager step's last layer projects one row per sequence that
+        samples, so the warm-up first runs a step of M prompts for each M that
+        ``triton_gemv.row_variants`` gives for max_num_seqs."""
         tuning = (partial(self.tune_projections, max_num_seqs, max_num_batched_tokens)
                   if tune else None)
         if triton_host_io.usable(self.device):
