@@ -148,6 +148,11 @@ class DataParallelEngine:
         self._closed = False
         self._exited: set[int] = set()  # replicas known to have stopped
         self._stats: list[dict] = [{} for _ in range(n)]  # each replica's latest
+        # commands sent to each replica, and what its latest message said: commands applied,
+        # idle (its stats are final once it applied every command sent and is idle)
+        self._sent = [0] * n
+        self._applied = [0] * n
+        self._idle = [True] * n
         self._requests: dict[str, _Tracked] = {}
         # requests that advanced since step() last returned: (the request, finished, cached
         # prompt tokens, metrics' fields) as of the newest delta
@@ -202,7 +207,7 @@ class DataParallelEngine:
         # output alone if that is all this request asks for
         replica_params = (dataclasses.replace(params, output_kind=RequestOutputKind.DELTA)
                           if params.output_kind is RequestOutputKind.CUMULATIVE else params)
-        self._commands[replica].put(AddRequest(request_id, text, ids, replica_params))
+        self._send(replica, AddRequest(request_id, text, ids, replica_params))
         whole = params.output_kind is not RequestOutputKind.DELTA
         self._requests[request_id] = _Tracked(
             text, ids, params.output_kind,
@@ -222,11 +227,22 @@ class DataParallelEngine:
             by_replica.setdefault(self._balancer.replica_of(rid), []).append(rid)
             self._balancer.finished(rid)
         for replica, rids in by_replica.items():
-            self._commands[replica].put(AbortRequests(rids))
+            self._send(replica, AbortRequests(rids))
+
+    def _send(self, replica: int, command: AddRequest | AbortRequests) -> None:
+        self._commands[replica].put(command)
+        self._sent[replica] += 1
 
     def has_unfinished_requests(self) -> bool:
-        """True while a request is unfinished or has outputs ``step()`` has not returned."""
-        return bool(self._requests) or bool(self._pending)
+        """True while a request is unfinished, has outputs ``step()`` has not returned, or a
+        replica has not yet reported the state its last commands left it in (aborted requests'
+        I/O, say): ``step()`` then waits for that report, and ``stats()`` is final after."""
+        return bool(self._requests) or bool(self._pending) or self._unsettled()
+
+    def _unsettled(self) -> bool:
+        """A running replica has commands to apply or work left."""
+        return any(i not in self._exited and (self._applied[i] < self._sent[i] or not idle)
+                   for i, idle in enumerate(self._idle))
 
     def get_num_unfinished_requests(self) -> int:
         return len(self._requests)
@@ -237,7 +253,7 @@ class DataParallelEngine:
         ``LLMEngine.step`` gives them, by each request's ``output_kind``); waits for a message
         if none has arrived yet."""
         self._check_open()
-        if self._requests and not self._pending:
+        if not self._pending and (self._requests or self._unsettled()):
             self._handle(self._receive(block=True))
         outputs = [tracked.output(request_id, finished, cached, RequestMetrics(*metrics))
                    for request_id, (tracked, finished, cached, metrics) in self._pending.items()]
@@ -261,7 +277,10 @@ class DataParallelEngine:
     def _handle(self, messages: list) -> None:
         for message in messages:
             if isinstance(message, Outputs):
-                self._stats[message.replica] = message.stats
+                replica = message.replica
+                self._stats[replica] = message.stats
+                self._applied[replica], self._idle[replica] = message.commands_applied, \
+                    message.idle
                 for delta in message.deltas:
                     self._apply(delta)
             elif isinstance(message, Failed):

@@ -80,18 +80,27 @@ def run_replica(index: int, config: EngineConfig, device_share: DeviceShare | No
 
 def _serve(index: int, engine: LLMEngine, device_share: DeviceShare | None, commands,
            events) -> None:
+    applied = 0  # commands applied: every Outputs tells the front end how many
+
+    def send(deltas: list[OutputDelta]) -> None:
+        events.put(Outputs(index, deltas, _stats(engine, device_share), applied,
+                           not engine.has_unfinished_requests()))
+
     while True:
         received = _next_commands(commands, block=not engine.has_unfinished_requests())
         if received is None:
             return
         for command in received:
-            _apply(command, engine, events, index, device_share)
+            refusal = _apply(command, engine, index)
+            applied += 1
+            if refusal is not None:
+                send([refusal])
         if engine.has_unfinished_requests():
             deltas = [_delta(out) for out in engine.step()]
             if deltas or not engine.has_unfinished_requests():
-                events.put(Outputs(index, deltas, _stats(engine, device_share)))
-        elif received:  # aborts left it idle: say so
-            events.put(Outputs(index, [], _stats(engine, device_share)))
+                send(deltas)
+        elif received:  # commands (aborts, say) left it idle: say so
+            send([])
 
 
 def _next_commands(commands, block: bool) -> list | None:
@@ -112,11 +121,11 @@ def _next_commands(commands, block: bool) -> list | None:
             return received
 
 
-def _apply(command, engine: LLMEngine, events, index: int,
-           device_share: DeviceShare | None) -> None:
+def _apply(command, engine: LLMEngine, index: int) -> OutputDelta | None:
+    """Apply a command; the output that refuses its request, if the engine refused it."""
     if isinstance(command, AbortRequests):
         engine.abort_request(command.request_ids)
-        return
+        return None
     assert isinstance(command, AddRequest)
     try:
         engine.add_request(command.request_id, command.prompt or command.prompt_ids,
@@ -124,9 +133,9 @@ def _apply(command, engine: LLMEngine, events, index: int,
     except ValueError as exc:  # the front end checked the prompt; this should not happen
         logger.warning("replica %d refused request %s: %s", index, command.request_id, exc)
         aborted = [(i, [], None, "", None, "abort", None) for i in range(command.params.n)]
-        refusal = (command.request_id, aborted, True, None, None,
-                   metrics_fields(RequestMetrics(time.time())))
-        events.put(Outputs(index, [refusal], _stats(engine, device_share)))
+        return (command.request_id, aborted, True, None, None,
+                metrics_fields(RequestMetrics(time.time())))
+    return None
 
 
 def _stats(engine: LLMEngine, device_share: DeviceShare | None) -> dict:

@@ -66,17 +66,14 @@ def completions(llm, prompt_list, params) -> list:
             for out in llm.generate(prompt_list, params, use_tqdm=False)]
 
 
-def wait_settled(llm, timeout_s: float = 60.0) -> dict:
-    """The stats once every replica has freed its blocks (replicas finish aborted requests'
-    I/O after the front end has forgotten them)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        stats = llm.stats()
-        if (stats["gpu_blocks_free"] == stats["gpu_blocks_total"]
-                and stats["tier_blocks_used"] == 0 and stats["swap_jobs_pending"] == 0):
-            return stats
-        assert time.monotonic() < deadline, f"replicas did not settle: {stats}"
-        time.sleep(0.05)
+def settled(llm) -> dict:
+    """The stats once the engine has nothing unfinished: every replica has freed its blocks
+    (a replica reports the state aborts left it in before the front end has nothing left)."""
+    stats = llm.stats()
+    assert stats["gpu_blocks_free"] == stats["gpu_blocks_total"], stats
+    assert stats["tier_blocks_used"] == stats["swap_jobs_pending"] == 0, stats
+    assert stats["running"] == stats["waiting"] == stats["swapped"] == 0, stats
+    return stats
 
 
 def test_n_completions_logprobs_and_stop_reasons_equal_one_engine(dp2):
@@ -93,7 +90,7 @@ def test_n_completions_logprobs_and_stop_reasons_equal_one_engine(dp2):
 
 def test_outputs_equal_one_engine_with_flash_swapping(dp2, reference):
     assert token_ids(dp2, prompts(), mixed_params(10)) == reference
-    stats = wait_settled(dp2)
+    stats = settled(dp2)
     assert stats["data_parallel_size"] == 2 and len(stats["replicas"]) == 2
     per_replica = [r["generation_tokens"] for r in stats["replicas"]]
     assert stats["generation_tokens"] == sum(per_replica)
@@ -119,8 +116,9 @@ def test_bad_input_is_refused_before_anything_is_queued(dp2):
     with pytest.raises(ValueError, match="already in use"):
         engine.add_request("same", [5, 6, 7], GREEDY)
     engine.abort_request("same")
-    assert not engine.has_unfinished_requests()
-    wait_settled(dp2)
+    while engine.has_unfinished_requests():  # until its replica says the abort left it idle
+        assert engine.step() == []
+    settled(dp2)
 
 
 def test_abort_frees_every_replicas_blocks(dp2):
@@ -140,7 +138,7 @@ def test_abort_frees_every_replicas_blocks(dp2):
             assert out.request_id in {f"abort-{i}" for i in range(1, 6, 2)}
             finished.update([out.request_id] if out.finished else [])
     assert finished == {"abort-1", "abort-3", "abort-5"}
-    wait_settled(dp2)
+    settled(dp2)
 
 
 def test_a_replica_that_cannot_start_fails_the_engine_with_its_error():

@@ -32,7 +32,7 @@ def test_a_step_of_deltas_pickles_without_class_lookups():
     globals_ = [op.name for op, _, _ in pickletools.genops(pickled)
                 if op.name in ("GLOBAL", "STACK_GLOBAL", "REDUCE", "NEWOBJ", "BUILD")]
     assert globals_ == []
-    message = pickle.loads(pickle.dumps(Outputs(0, deltas, {"steps": 1})))
+    message = pickle.loads(pickle.dumps(Outputs(0, deltas, {"steps": 1}, 8, False)))
     assert message.deltas == deltas
 
 

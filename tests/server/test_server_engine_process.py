@@ -1,21 +1,25 @@
 """The engine in a process of its own (``hifc serve``'s default): the server answers as it does
 with the engine in the server's process (texts, token log-probabilities with their texts,
 streams, refusals), the engine's log records reach the server's loggers, /metrics reads as one
-engine's, and the process stops with the server, quietly on Ctrl-C; a killed engine process
-fails requests and /health."""
+engine's (idle once the request aborted last is gone), and the process stops with the server,
+quietly on Ctrl-C; a killed engine process fails requests and /health."""
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
 import signal
+import time
 
 import pytest
 
 from hifc.config import EngineConfig
 from hifc.engine.llm_engine import LLMEngine
 from hifc.parallel import data_parallel
+from hifc.entrypoints.server.async_engine import AsyncEngine, GenerateRequest
 from hifc.parallel.data_parallel import DataParallelEngine, build_engine
+from hifc.sampling_params import RequestOutputKind, SamplingParams
 from tests.server.helpers import app_client, metric_values, start_server, stop_server
 
 PROMPTS = ["Flash memory keeps the key value cache", "Pages move to the drive and back"]
@@ -131,3 +135,30 @@ def test_a_killed_engine_process_fails_requests_and_health(tiny_model_dir):
         assert resp.status_code == 503, resp.text
         assert "the engine process exited unexpectedly" in resp.json()["error"]["message"]
         assert client.get("/health").status_code == 503
+
+
+def test_the_stats_read_idle_once_the_request_aborted_last_is_gone(tiny_model_dir):
+    """The engine thread waits for the engine process to report the state an abort left it in
+    before it sleeps: the stats /metrics reads then show nothing running and every block free."""
+    config = EngineConfig.from_options(str(tiny_model_dir), device="cpu", block_size=16,
+                                       max_model_len=64, num_gpu_blocks=32)
+    async_engine = AsyncEngine(build_engine(config, engine_process=True))
+    async_engine.start()
+    params = SamplingParams(max_tokens=48, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+
+    async def leave_after_two_outputs() -> None:
+        [stream] = await async_engine.submit([GenerateRequest("left", PROMPTS[0], params)])
+        for _ in range(2):
+            assert not (await anext(stream)).finished
+        stream.abort()
+
+    try:
+        asyncio.run(leave_after_two_outputs())
+        deadline = time.monotonic() + 20
+        while (stats := async_engine.stats())["running"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert stats["running"] == stats["waiting"] == stats["swapped"] == 0, stats
+        assert stats["gpu_blocks_free"] == stats["gpu_blocks_total"], stats
+        assert 2 <= stats["generation_tokens"] < params.max_tokens
+    finally:
+        async_engine.shutdown()
