@@ -281,15 +281,15 @@ class DecodeGraphs:
         return self._logits[batch][:len(work)]
 
     @torch.inference_mode()
-    def run(self, work: list[ScheduledSeq], pending: PendingInputs | None = None,
-            chunk: bool = True) -> torch.Tensor | None:
+    def run(self, work: list[ScheduledSeq], pending: PendingInputs | None = None
+            ) -> torch.Tensor | None:
         """Logits ([n, V] in ``compute_logits``'s dtype, in ``work`` order) of a decode step or
-        (``chunk``) of a step of decodes plus one prompt chunk, or None if the step must run
-        eagerly. ``pending``: the rows whose input id is one the previous step sampled, on the
-        device. The result is a view of the graph's output: read it before the next step."""
+        of a step of decodes plus one prompt chunk, or None if the step must run eagerly.
+        ``pending``: the rows whose input id is one the previous step sampled, on the device.
+        The result is a view of the graph's output: read it before the next step."""
         batch = self.batch_size_for(work)
         if batch is None:
-            chunk_batch = self.chunk_batch_for(work) if chunk else None
+            chunk_batch = self.chunk_batch_for(work)
             return None if chunk_batch is None else self._run_chunk(work, chunk_batch, pending)
         if not self.graphs:
             seq_lens = self._load(work, batch, pending)

@@ -312,10 +312,13 @@ class ModelRunner:
     def _padded_logits(self, work: list[ScheduledSeq], pending: inputs.PendingInputs | None,
                        spans: list[tuple[int, int, int]]) -> torch.Tensor | None:
         """Logits ([S, V]) of the samplers of a decode-only step, or of decodes plus a prompt
-        chunk that needs no prompt logprobs (``spans``), run padded (None: the step runs
-        eagerly). A one-token prompt chunk before the last is such a row, not sampled."""
+        chunk, run padded (None: the step runs eagerly, as one whose ``spans`` ask for prompt
+        logprobs does: they need hidden states the padded path does not keep). A one-token
+        prompt chunk before the last is a decode-shaped row, not sampled."""
         graphs = self.decode_graphs
-        logits = graphs.run(work, pending, chunk=not spans) if graphs is not None else None
+        if graphs is None or spans:
+            return None
+        logits = graphs.run(work, pending)
         if logits is None:
             return None
         self.num_padded_decode_steps += len(work[-1].token_ids) == 1
@@ -373,7 +376,7 @@ class ModelRunner:
                 {w.request_id: row for row, w in enumerate(forward.out.sampling)})
         prompt_parts = (self._prompt_logprobs(work, seqs, forward.spans, forward.hidden,
                                               forward.query_start_loc)
-                        if forward.hidden is not None else [])
+                        if forward.spans else [])
         return LaunchedStep(self.device, sampled, prompt_parts, self.host_slots)
 
     @torch.inference_mode()

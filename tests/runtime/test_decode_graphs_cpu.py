@@ -93,3 +93,22 @@ def test_a_chunk_that_asks_for_prompt_logprobs_runs_eagerly():
     assert len(got[2].prompt_logprobs) == len(prompts[2])
     for mine, theirs in zip(got[2].prompt_logprobs[1:], ref[2].prompt_logprobs[1:]):
         assert mine.keys() == theirs.keys()
+
+
+def test_one_token_prompt_chunks_that_ask_for_prompt_logprobs_run_eagerly():
+    # chunks of one prompt token beside decodes: steps of one token per row, the decode path's
+    # shape, but the prompt logprobs need the hidden states the padded path does not keep
+    prompts = random_prompts(3, (6, 12), seed=5)
+    params = [SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)] * 2 + [
+        SamplingParams(max_tokens=3, temperature=0, prompt_logprobs=2, ignore_eos=True)]
+    options = dict(num_gpu_blocks=64, long_prefill_token_threshold=1)
+    ref = make_llm(False, **options).generate(prompts, params, use_tqdm=False)
+    llm = make_llm(True, **options)
+    got = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in ref]
+    assert len(got[2].prompt_logprobs) == len(prompts[2])
+    for mine, theirs in zip(got[2].prompt_logprobs[1:], ref[2].prompt_logprobs[1:]):
+        assert mine.keys() == theirs.keys()
+        assert [p.logprob for p in mine.values()] == pytest.approx(
+            [p.logprob for p in theirs.values()], abs=1e-4)
+    assert llm.engine.runner.num_padded_decode_steps > 0
