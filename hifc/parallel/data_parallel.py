@@ -52,6 +52,10 @@ from hifc.tiers.flash.arbiter import DeviceArbiter, DeviceShare
 logger = logging.getLogger(__name__)
 
 POLL_S = 1.0  # how often a waiting front end checks that its replicas are alive
+# how long step() waits for a replica that is only finishing work the front end no longer
+# tracks (aborted requests' swaps, prefix writes) before it returns, so that new requests are
+# not held up behind that I/O
+SETTLE_WAIT_S = 0.01
 STOP_TIMEOUT_S = 60.0  # for a replica to finish its I/O and exit after Stop
 DEFAULT_WINDOW_CHUNKS = 4  # the arbiter's default budget, in flash chunks
 
@@ -251,10 +255,15 @@ class DataParallelEngine:
     def step(self) -> list[RequestOutput]:
         """The outputs of every request that advanced or finished since the last call (as
         ``LLMEngine.step`` gives them, by each request's ``output_kind``); waits for a message
-        if none has arrived yet."""
+        if none has arrived yet (at most ``SETTLE_WAIT_S`` when no request is unfinished)."""
         self._check_open()
-        if not self._pending and (self._requests or self._unsettled()):
+        if not self._pending and self._requests:
             self._handle(self._receive(block=True))
+        elif not self._pending and self._unsettled():
+            messages = self._receive_until(time.monotonic() + SETTLE_WAIT_S)
+            if not messages:
+                self._check_alive()
+            self._handle(messages)
         outputs = [tracked.output(request_id, finished, cached, RequestMetrics(*metrics))
                    for request_id, (tracked, finished, cached, metrics) in self._pending.items()]
         self._pending.clear()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import multiprocessing
 import random
-import time
+import threading
 
 import pytest
 
@@ -139,6 +139,25 @@ def test_abort_frees_every_replicas_blocks(dp2):
             finished.update([out.request_id] if out.finished else [])
     assert finished == {"abort-1", "abort-3", "abort-5"}
     settled(dp2)
+
+
+def test_a_replica_finishing_untracked_work_holds_up_no_step(dp2):
+    """While a replica only finishes work the front end no longer tracks (an aborted request's
+    swap I/O, prefix writes), ``step()`` returns after a short wait: the server's engine thread
+    takes new requests meanwhile, and steps again until the replica reports itself idle."""
+    engine = dp2.engine
+    engine._idle[0] = False  # what such a replica's last message says
+    try:
+        assert engine.has_unfinished_requests()
+        returned: list = []
+        thread = threading.Thread(target=lambda: returned.append(engine.step()), daemon=True)
+        thread.start()
+        thread.join(10)
+        assert returned == [[]]
+        assert engine.has_unfinished_requests()
+    finally:
+        engine._idle[0] = True
+    assert not engine.has_unfinished_requests()
 
 
 def test_a_replica_that_cannot_start_fails_the_engine_with_its_error():
