@@ -1,6 +1,7 @@
-"""The server in front of two data-parallel replicas: concurrent and streamed requests get the
-texts one engine gives them, /metrics labels each replica and the shared flash device, and
-shutting down stops the replica processes."""
+"""The server in front of two data-parallel replicas: a batch of prompts (which makes both
+replicas swap), concurrent and streamed requests get the texts one engine gives them, /metrics
+labels each replica and the shared flash device, and shutting down stops the replica
+processes."""
 from __future__ import annotations
 
 import json
@@ -25,7 +26,7 @@ def test_two_replicas_serve_what_one_engine_gives(tiny_model_dir, tmp_path):
     with LLM(str(tiny_model_dir), num_gpu_blocks=64, **options) as one:
         expected = [o.text for o in one.generate(PROMPTS, SamplingParams(
             max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True), use_tqdm=False)]
-    # 5 blocks per replica for ~4 sequences of 2-3 blocks each: the replicas swap to flash
+    # 5 blocks per replica for 4 sequences of 2 blocks each: the replicas swap to flash
     config = EngineConfig.from_options(
         str(tiny_model_dir), num_gpu_blocks=5, kv_offload="flash", flash_size_gib=0.01,
         flash_path=str(tmp_path / "kv-{replica}.hifc"), data_parallel_size=2, **options)
@@ -38,6 +39,14 @@ def test_two_replicas_serve_what_one_engine_gives(tiny_model_dir, tmp_path):
             assert resp.status_code == 200, resp.text
             return resp.json()["choices"][0]["text"]
 
+        # one request of all the prompts: they reach the replicas together, four sequences on
+        # each, whose second blocks do not fit beside each other: both replicas swap
+        resp = client.post("/v1/completions", json={
+            "model": "m", "prompt": PROMPTS, "max_tokens": MAX_TOKENS, "temperature": 0,
+            "ignore_eos": True})
+        assert resp.status_code == 200, resp.text
+        assert [c["text"] for c in sorted(resp.json()["choices"], key=lambda c: c["index"])] \
+            == expected
         with ThreadPoolExecutor(len(PROMPTS)) as pool:
             assert list(pool.map(complete, PROMPTS)) == expected
         with client.stream("POST", "/v1/completions", json={
@@ -55,3 +64,4 @@ def test_two_replicas_serve_what_one_engine_gives(tiny_model_dir, tmp_path):
     assert values['vllm:generation_tokens_total{model_name=m}'] == sum(per_replica)
     written = [v for k, v in values.items() if k.startswith("hifc_flash_device_swap_out_bytes")]
     assert len(written) == 1 and written[0] > 0
+    assert all(values[f'hifc_replica_preemptions_total{{replica={i}}}'] > 0 for i in (0, 1))
