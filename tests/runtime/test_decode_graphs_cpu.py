@@ -81,29 +81,16 @@ def test_decodes_beside_a_prompt_chunk_run_padded_with_the_unpadded_outputs(thre
     assert llm.stats()["gpu_blocks_free"] == llm.stats()["gpu_blocks_total"]
 
 
-def test_a_chunk_that_asks_for_prompt_logprobs_runs_eagerly():
-    prompts = random_prompts(3, (40, 60), seed=4)
+@pytest.mark.parametrize("threshold, chunk_tokens, lengths", [(8, 8, (40, 60)), (1, 0, (6, 12))])
+def test_steps_that_ask_for_prompt_logprobs_run_eagerly(threshold, chunk_tokens, lengths):
+    # prompt chunks of 8 tokens beside decodes (the chunk path's shape), or of one token (the
+    # decode path's): the prompt logprobs need the hidden states the padded path does not keep
+    prompts = random_prompts(3, lengths, seed=4 + threshold)
     params = [SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)] * 2 + [
-        SamplingParams(max_tokens=3, temperature=0, prompt_logprobs=1, ignore_eos=True)]
-    options = dict(num_gpu_blocks=64, long_prefill_token_threshold=8)
-    ref = make_llm(False, **options).generate(prompts, params, use_tqdm=False)
-    llm = make_llm(True, chunk_tokens=8, **options)
-    got = llm.generate(prompts, params, use_tqdm=False)
-    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in ref]
-    assert len(got[2].prompt_logprobs) == len(prompts[2])
-    for mine, theirs in zip(got[2].prompt_logprobs[1:], ref[2].prompt_logprobs[1:]):
-        assert mine.keys() == theirs.keys()
-
-
-def test_one_token_prompt_chunks_that_ask_for_prompt_logprobs_run_eagerly():
-    # chunks of one prompt token beside decodes: steps of one token per row, the decode path's
-    # shape, but the prompt logprobs need the hidden states the padded path does not keep
-    prompts = random_prompts(3, (6, 12), seed=5)
-    params = [SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)] * 2 + [
         SamplingParams(max_tokens=3, temperature=0, prompt_logprobs=2, ignore_eos=True)]
-    options = dict(num_gpu_blocks=64, long_prefill_token_threshold=1)
+    options = dict(num_gpu_blocks=64, long_prefill_token_threshold=threshold)
     ref = make_llm(False, **options).generate(prompts, params, use_tqdm=False)
-    llm = make_llm(True, **options)
+    llm = make_llm(True, chunk_tokens=chunk_tokens, **options)
     got = llm.generate(prompts, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in ref]
     assert len(got[2].prompt_logprobs) == len(prompts[2])
