@@ -257,13 +257,14 @@ class DataParallelEngine:
         ``LLMEngine.step`` gives them, by each request's ``output_kind``); waits for a message
         if none has arrived yet (at most ``SETTLE_WAIT_S`` when no request is unfinished)."""
         self._check_open()
-        if not self._pending and self._requests:
-            self._handle(self._receive(block=True))
-        elif not self._pending and self._unsettled():
-            messages = self._receive_until(time.monotonic() + SETTLE_WAIT_S)
-            if not messages:
-                self._check_alive()
-            self._handle(messages)
+        if not self._pending:
+            if self._requests:
+                self._handle(self._receive(block=True))
+            elif self._unsettled():
+                messages = self._receive_until(time.monotonic() + SETTLE_WAIT_S)
+                if not messages:
+                    self._check_alive()
+                self._handle(messages)
         outputs = [tracked.output(request_id, finished, cached, RequestMetrics(*metrics))
                    for request_id, (tracked, finished, cached, metrics) in self._pending.items()]
         self._pending.clear()

@@ -26,7 +26,7 @@ from hifc import LLM, LLMEngine, SamplingParams
 from hifc.sampling_params import RequestOutputKind, StructuredOutputsParams
 from tests.engine.test_swap import assert_all_released
 from tests.fixtures import make_tiny_hf_model
-from tests.parallel.test_data_parallel import wait_settled
+from tests.parallel.test_data_parallel import settled
 
 VOCAB = 380  # the tiny tokenizer has 384 ids
 WORDS = ["the", "fox", "a", "dog", "and", "of", "in", "to"]
@@ -279,8 +279,6 @@ def test_random_configs_with_tensor_or_data_parallelism(mode, seed, models, tmp_
     if mode == "tp2":
         assert_all_released(llm)
     else:
-        stats = wait_settled(llm)
-        assert stats["gpu_blocks_free"] == stats["gpu_blocks_total"], stats
-        assert stats["running"] == 0 and stats["tier_blocks_used"] == 0, stats
+        settled(llm)  # every replica freed its blocks once the engine had nothing unfinished
     llm.close()
     assert_as_alone(outputs, work, aborted, reference, cfg.get("kv_cache_dtype") != "fp8")
