@@ -76,6 +76,22 @@ def test_swapping_on_gpu_keeps_outputs(kind, block_size, tmp_path):
     llm.engine.close()
 
 
+
+@pytest.mark.parametrize("model", ["random:tiny-llama", "random:tiny-gemma2"])
+def test_chunks_that_sample_nothing_keep_outputs_on_gpu(model):
+    """Steps of 32 tokens: a 90-token prompt's first chunks sample nothing, so the last layer
+    keeps no row after its attention (its output projection, MLP and norms run on none). The
+    outputs are those of steps that take whole prompts."""
+    ps = prompts(3, 90)
+
+    def generate(budget):
+        llm = LLM(model, device="cuda", dtype="float32", block_size=16, num_gpu_blocks=64,
+                  max_model_len=128, max_num_batched_tokens=budget, max_num_seqs=4)
+        return [o.token_ids for o in llm.generate(ps, GREEDY, use_tqdm=False)]
+
+    assert generate(32) == generate(512)
+
+
 WARM_START = """
 import json, random, sys
 from pathlib import Path

@@ -88,6 +88,30 @@ def test_chunk_graph_and_eager_engines_give_identical_greedy_outputs(dtype):
     assert stats["graph_chunk_steps"] > 0 and stats["graph_decode_steps"] > 0
 
 
+
+def test_steps_that_ask_for_prompt_logprobs_run_eagerly_on_gpu():
+    """A 60-token prompt that asks for prompt logprobs goes in chunks of 8 tokens beside two
+    short prompts' decodes: the chunk graphs' shape, but those steps run eagerly (the graphs
+    keep no prompt row's logits). Outputs and prompt logprobs are the unpadded torch
+    backend's; the decodes after the prompt replay graphs."""
+    prompts = random_prompts(2, (8, 12), seed=12) + random_prompts(1, (60, 60), seed=13)
+    params = [SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)] * 2 + [
+        SamplingParams(max_tokens=4, temperature=0, prompt_logprobs=2, ignore_eos=True)]
+    common = dict(device="cuda", dtype="float32", block_size=16, num_gpu_blocks=64,
+                  max_num_seqs=4, long_prefill_token_threshold=8)
+    ref = LLM(MODEL, attention_backend="torch", **common).generate(prompts, params,
+                                                                    use_tqdm=False)
+    graphed = LLM(MODEL, **common)
+    got = graphed.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in ref]
+    assert len(got[2].prompt_logprobs) == len(prompts[2])
+    for mine, theirs in zip(got[2].prompt_logprobs[1:], ref[2].prompt_logprobs[1:]):
+        assert mine.keys() == theirs.keys()
+        assert [p.logprob for p in mine.values()] == pytest.approx(
+            [p.logprob for p in theirs.values()], abs=1e-3)
+    assert graphed.stats()["graph_decode_steps"] > 0
+
+
 @torch.inference_mode()
 def test_steps_replay_the_graph_planned_for_their_longest_context(monkeypatch):
     # Balanced segments above 256 keys (4096 in the engine), so that a tiny model has two caps
