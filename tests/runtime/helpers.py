@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from hifc.core.scheduler import ScheduledSeq
 from hifc.layers.attention import (TorchAttentionBackend, reference_paged_attention,
                                    write_kv_cache)
@@ -67,3 +69,14 @@ def staggered(n: int, max_tokens: int = 8, step: int = 3, temperature: float = 0
 def output_tokens(llm, prompts, params) -> list[list[int]]:
     """The generated token ids of each prompt."""
     return [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+
+
+def assert_same_outputs_and_prompt_logprobs(got, ref, prompts, tol: float) -> None:
+    """``got`` and ``ref`` (RequestOutputs of ``prompts``) have the same tokens; the last
+    request's prompt logprobs cover its prompt and match ``ref``'s within ``tol``."""
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in ref]
+    assert len(got[-1].prompt_logprobs) == len(prompts[-1])
+    for mine, theirs in zip(got[-1].prompt_logprobs[1:], ref[-1].prompt_logprobs[1:]):
+        assert mine.keys() == theirs.keys()
+        assert [p.logprob for p in mine.values()] == pytest.approx(
+            [p.logprob for p in theirs.values()], abs=tol)

@@ -3,7 +3,8 @@ the unpadded path, with batches crossing the captured sizes, admissions, swaps, 
 import pytest
 
 from hifc import LLM, SamplingParams
-from tests.runtime.helpers import SkipPaddingReference, output_tokens, random_prompts, staggered
+from tests.runtime.helpers import (SkipPaddingReference, assert_same_outputs_and_prompt_logprobs,
+                                   output_tokens, random_prompts, staggered)
 
 MODEL = "random:tiny-llama"
 SIZES = [1, 2, 4]  # 5 or more sequences decode unpadded (eagerly)
@@ -92,10 +93,5 @@ def test_steps_that_ask_for_prompt_logprobs_run_eagerly(threshold, chunk_tokens,
     ref = make_llm(False, **options).generate(prompts, params, use_tqdm=False)
     llm = make_llm(True, chunk_tokens=chunk_tokens, **options)
     got = llm.generate(prompts, params, use_tqdm=False)
-    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in ref]
-    assert len(got[2].prompt_logprobs) == len(prompts[2])
-    for mine, theirs in zip(got[2].prompt_logprobs[1:], ref[2].prompt_logprobs[1:]):
-        assert mine.keys() == theirs.keys()
-        assert [p.logprob for p in mine.values()] == pytest.approx(
-            [p.logprob for p in theirs.values()], abs=1e-4)
+    assert_same_outputs_and_prompt_logprobs(got, ref, prompts, 1e-4)
     assert llm.engine.runner.num_padded_decode_steps > 0

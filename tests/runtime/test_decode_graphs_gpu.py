@@ -9,8 +9,8 @@ import torch
 
 from hifc import LLM, LLMEngine, SamplingParams
 from hifc.runtime.cuda_graphs import DecodeGraphs, capture_sizes
-from tests.runtime.helpers import (chunk_work, decode_work, output_tokens, random_prompts,
-                                   staggered)
+from tests.runtime.helpers import (assert_same_outputs_and_prompt_logprobs, chunk_work,
+                                   decode_work, output_tokens, random_prompts, staggered)
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
@@ -103,12 +103,7 @@ def test_steps_that_ask_for_prompt_logprobs_run_eagerly_on_gpu():
                                                                     use_tqdm=False)
     graphed = LLM(MODEL, **common)
     got = graphed.generate(prompts, params, use_tqdm=False)
-    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in ref]
-    assert len(got[2].prompt_logprobs) == len(prompts[2])
-    for mine, theirs in zip(got[2].prompt_logprobs[1:], ref[2].prompt_logprobs[1:]):
-        assert mine.keys() == theirs.keys()
-        assert [p.logprob for p in mine.values()] == pytest.approx(
-            [p.logprob for p in theirs.values()], abs=1e-3)
+    assert_same_outputs_and_prompt_logprobs(got, ref, prompts, 1e-3)
     assert graphed.stats()["graph_decode_steps"] > 0
 
 
