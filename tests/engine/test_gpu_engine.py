@@ -76,7 +76,6 @@ def test_swapping_on_gpu_keeps_outputs(kind, block_size, tmp_path):
     llm.engine.close()
 
 
-
 @pytest.mark.parametrize("model", ["random:tiny-llama", "random:tiny-gemma2"])
 def test_chunks_that_sample_nothing_keep_outputs_on_gpu(model):
     """Steps of 32 tokens: a 90-token prompt's first chunks sample nothing, so the last layer
@@ -121,12 +120,6 @@ waves = [  # then: each prompt and 40 more tokens over its cached prefix; the lo
      for i, p in enumerate(prompts)],
     [(p[:len(p) // 16 * 16] + [rng.randrange(3, 380) for _ in range(n)], params[n % 3])
      for p in prompts if len(p) > 4096 for n in (1, 3, 12, 24)]]
-for wave, requests in enumerate(waves):
-    for i, (prompt, sampling) in enumerate(requests):
-        engine.add_request(f"{wave}-{i}", prompt, sampling)
-    while engine.has_unfinished_requests():
-        engine.step()
-print(json.dumps([c.kernel for c in kernel_compiles()[started:]]))
 """
 
 
@@ -140,12 +133,24 @@ def test_requests_after_start_up_compile_no_kernel(tmp_path, mode):
     assert compiled_after_start_up(tmp_path, WARM_START, str(tmp_path / "model"), mode) == []
 
 
+RUN_WAVES = """
+for wave, requests in enumerate(waves):
+    for i, (prompt, sampling) in enumerate(requests):
+        engine.add_request(f"{wave}-{i}", prompt, sampling)
+    while engine.has_unfinished_requests():
+        engine.step()
+print(json.dumps([c.kernel for c in kernel_compiles()[started:]]))
+"""
+
+
 def compiled_after_start_up(tmp_path, script: str, *args: str) -> list[str]:
-    """The kernels that ``script`` (run with ``args`` in a process of its own, with an empty
-    Triton cache) prints as compiled after its engine's start-up."""
+    """The kernels compiled after its engine's start-up when ``script`` (run with ``args`` in a
+    process of its own, with an empty Triton cache) has built ``engine`` (counting
+    ``kernel_compiles()`` from ``started``) and ``waves`` of (prompt, params), each wave's
+    requests added together and run to the end before the next."""
     env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton"))
-    done = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True,
-                          text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-c", script + RUN_WAVES, *args], env=env,
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -165,13 +170,8 @@ engine = LLMEngine.from_options("random:rows-llama", device="cuda", dtype="bfloa
                                 tune_gemms=False, enforce_eager=sys.argv[1] == "eager")
 started = len(kernel_compiles())
 greedy = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
-for wave, count in enumerate((27, 32, 16, 5, 29)):
-    for i in range(count):
-        prompt = [3 + (7 * wave + 13 * i + j) % 500 for j in range(20 + i)]
-        engine.add_request(f"{wave}-{i}", prompt, greedy)
-    while engine.has_unfinished_requests():
-        engine.step()
-print(json.dumps([c.kernel for c in kernel_compiles()[started:]]))
+waves = [[([3 + (7 * wave + 13 * i + j) % 500 for j in range(20 + i)], greedy)
+          for i in range(count)] for wave, count in enumerate((27, 32, 16, 5, 29))]
 """
 
 
