@@ -55,8 +55,10 @@ def test_compare_all_variants_then_analysis_tools(hifc, tiers, tmp_path):
         assert by[name]["swap_in_blocks"] == by[name]["swap_out_blocks"]
         assert by[name]["tier_bytes_written"] == by[name]["swap_out_blocks"] * 8192
     assert by["recompute"]["recomputed_sequences"] > 0 and by["recompute"]["swap_out_blocks"] == 0
-    # flash swap-outs free their GPU blocks when staged; the DRAM copy ends its job at once
-    assert 0 < by["flash"]["swap_out_blocks_freed_staged"] <= by["flash"]["swap_out_blocks"]
+    # flash swap-outs free their GPU blocks when staged, if the engine looks before the write
+    # ends (a race here; tests/engine/test_swap_staged.py holds the writes to see it every
+    # time); the DRAM copy ends its job at once
+    assert 0 <= by["flash"]["swap_out_blocks_freed_staged"] <= by["flash"]["swap_out_blocks"]
     assert by["dram"]["swap_out_blocks_freed_staged"] == 0
     assert by["flash"]["tier_allocator"]["blocks_written"] == by["flash"]["swap_out_blocks"]
     assert by["flash"]["tier_backend"] == "posix"  # auto on a CPU cache
