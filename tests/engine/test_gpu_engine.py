@@ -10,6 +10,7 @@ import torch
 
 from hifc import LLM, SamplingParams
 from hifc.tiers.flash.kvikio_io import kvikio_available
+from tests.runtime.helpers import output_tokens
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
@@ -84,9 +85,9 @@ def test_chunks_that_sample_nothing_keep_outputs_on_gpu(model):
     ps = prompts(3, 90)
 
     def generate(budget):
-        llm = LLM(model, device="cuda", dtype="float32", block_size=16, num_gpu_blocks=64,
-                  max_model_len=128, max_num_batched_tokens=budget, max_num_seqs=4)
-        return [o.token_ids for o in llm.generate(ps, GREEDY, use_tqdm=False)]
+        return output_tokens(LLM(model, device="cuda", dtype="float32", block_size=16,
+                                 num_gpu_blocks=64, max_model_len=128,
+                                 max_num_batched_tokens=budget, max_num_seqs=4), ps, GREEDY)
 
     assert generate(32) == generate(512)
 

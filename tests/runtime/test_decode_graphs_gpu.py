@@ -88,7 +88,6 @@ def test_chunk_graph_and_eager_engines_give_identical_greedy_outputs(dtype):
     assert stats["graph_chunk_steps"] > 0 and stats["graph_decode_steps"] > 0
 
 
-
 def test_steps_that_ask_for_prompt_logprobs_run_eagerly_on_gpu():
     """A 60-token prompt that asks for prompt logprobs goes in chunks of 8 tokens beside two
     short prompts' decodes: the chunk graphs' shape, but those steps run eagerly (the graphs
