@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import queue
+import threading
 import time
 from dataclasses import dataclass
 from logging.handlers import QueueListener
@@ -42,8 +43,9 @@ from hifc.engine.prompts import check_sampling_params, resolve_max_tokens, token
 from hifc.parallel.balance import LeastOutstandingTokens
 from hifc.parallel.config import replica_config
 from hifc.parallel.devices import replica_devices, shared_flash_devices
-from hifc.parallel.messages import (AbortRequests, AddRequest, Closed, CompletionDelta, Failed,
-                                    OutputDelta, Outputs, Ready, ReplicaInfo, Stop)
+from hifc.parallel.messages import (LOGS_FLUSHED, AbortRequests, AddRequest, Closed,
+                                    CompletionDelta, Failed, OutputDelta, Outputs, Ready,
+                                    ReplicaInfo, Stop)
 from hifc.parallel.replica import run_replica
 from hifc.sampling_params import RequestOutputKind, SamplingParams
 from hifc.structured.grammar import check_grammar
@@ -140,7 +142,8 @@ class DataParallelEngine:
         self._events = ctx.Queue()
         # the replicas' log records, handled by this process's loggers
         self._logs = ctx.Queue()
-        self._log_listener = QueueListener(self._logs, _LocalLogging())
+        self._local_logging = _LocalLogging()
+        self._log_listener = QueueListener(self._logs, self._local_logging)
         self._log_listener.start()
         log_level = logging.getLogger().getEffectiveLevel()
         self._commands = [ctx.Queue() for _ in range(n)]
@@ -315,6 +318,8 @@ class DataParallelEngine:
 
     # ---- replicas -------------------------------------------------------------------------
     def _wait_ready(self) -> list[ReplicaInfo]:
+        """Each replica's ``Ready``, once this process's loggers have handled the records it
+        logged while it started (they travel on their own queue)."""
         ready: dict[int, ReplicaInfo] = {}
         while len(ready) < len(self._processes):
             for message in self._receive(block=True):
@@ -323,6 +328,8 @@ class DataParallelEngine:
                 if isinstance(message, Ready):
                     ready[message.replica] = message.info
                     self._stats[message.replica] = message.stats
+        while not self._local_logging.wait_flushed(len(self._processes), POLL_S):
+            self._check_alive()
         return [ready[i] for i in range(len(self._processes))]
 
     def _check_alive(self) -> None:
@@ -421,12 +428,30 @@ class DataParallelEngine:
 
 
 class _LocalLogging(logging.Handler):
-    """Hands a replica's log record to this process's logger of the same name."""
+    """Hands a replica's log record to this process's logger of the same name, and counts the
+    replicas whose start-up records it has handled (``messages.logs_flushed``)."""
+
+    def __init__(self):
+        super().__init__()
+        self._flushed: set[int] = set()
+        self._changed = threading.Condition()
 
     def emit(self, record: logging.LogRecord) -> None:
+        replica = getattr(record, LOGS_FLUSHED, None)
+        if replica is not None:
+            with self._changed:
+                self._flushed.add(replica)
+                self._changed.notify_all()
+            return
         logger = logging.getLogger(record.name)
         if logger.isEnabledFor(record.levelno):
             logger.handle(record)
+
+    def wait_flushed(self, num_replicas: int, timeout: float) -> bool:
+        """Whether every replica's start-up records have been handled, waiting up to timeout
+        seconds for them."""
+        with self._changed:
+            return self._changed.wait_for(lambda: len(self._flushed) == num_replicas, timeout)
 
 
 def _sum_known(values) -> float | None:

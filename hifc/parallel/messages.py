@@ -2,7 +2,8 @@
 ``multiprocessing`` queues).
 
 Front end -> replica: ``AddRequest``, ``AbortRequests``, ``Stop``. Replica -> front end:
-``Ready`` (or ``Failed``) once its engine is built, ``Outputs`` after each step that advanced a
+``Ready`` (or ``Failed``) once its engine is built (on the log queue, a record marking the
+end of its start-up logs goes before it: ``logs_flushed``), ``Outputs`` after each step that advanced a
 request or left the replica idle (and after commands that left it idle), ``Closed`` when it
 stopped, ``Failed`` if its loop failed. Each ``Outputs`` counts the commands applied so far and
 says whether the replica is idle: the front end knows a replica's stats are final once it has
@@ -17,6 +18,7 @@ lock with the engine's next step.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +62,18 @@ class Ready:
     replica: int
     info: ReplicaInfo
     stats: dict[str, Any]  # the replica engine's stats at start
+
+
+LOGS_FLUSHED = "hifc_logs_flushed"  # the attribute of the record that marks them
+
+
+def logs_flushed(replica: int) -> logging.LogRecord:
+    """The record a replica puts on the log queue before ``Ready``: once the front end has
+    handled it, it has handled every record the replica logged while it started."""
+    record = logging.LogRecord(__name__, logging.DEBUG, __file__, 0, "start-up logs sent", None,
+                               None)
+    setattr(record, LOGS_FLUSHED, replica)
+    return record
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,8 @@ from hifc.engine.gc_heap import frozen_heap
 from hifc.engine.llm_engine import LLMEngine
 from hifc.engine.outputs import RequestMetrics, RequestOutput
 from hifc.parallel.messages import (AbortRequests, AddRequest, Closed, Failed, OutputDelta,
-                                    Outputs, Ready, ReplicaInfo, Stop, metrics_fields)
+                                    Outputs, Ready, ReplicaInfo, Stop, logs_flushed,
+                                    metrics_fields)
 from hifc.tiers.flash.arbiter import DeviceShare
 
 logger = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ def run_replica(index: int, config: EngineConfig, device_share: DeviceShare | No
         events.put(_failed(index, exc))
         return
     tier = config.tier
+    logs.put(logs_flushed(index))  # after its start-up records on the same queue, in order
     events.put(Ready(index, ReplicaInfo(
         engine.model_name, engine.arch, engine.tokenizer, engine.limits, str(engine.device),
         tier.flash_path if tier.kv_offload == "flash" else None), _stats(engine, device_share)))

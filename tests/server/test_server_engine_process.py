@@ -56,12 +56,35 @@ def _answers(engine) -> tuple[list, tuple, dict[str, float]]:
     return choices, streamed, values
 
 
+class _SlowAt(logging.Handler):
+    """Sleeps when it handles a record whose message starts with ``prefix``."""
+
+    def __init__(self, prefix: str, seconds: float):
+        super().__init__()
+        self.prefix, self.seconds, self.held = prefix, seconds, False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith(self.prefix):
+            self.held = True
+            time.sleep(self.seconds)
+
+
 def test_engine_process_serves_what_the_engine_in_the_server_gives(tiny_model_dir, caplog):
     config = EngineConfig.from_options(str(tiny_model_dir), device="cpu", block_size=16,
                                        max_model_len=64, num_gpu_blocks=32)
     expected, expected_stream, expected_values = _answers(LLMEngine(config))
+    # this process handles the engine process's log records in a thread of their own: held at
+    # an earlier record, it has not reached the start-up line when the engine says it is ready
+    # unless start-up waits for it
+    runner_log = logging.getLogger("hifc.runtime.model_runner")
+    slow = _SlowAt("decode steps run unpadded", 1.0)
+    runner_log.addHandler(slow)
     with caplog.at_level(logging.INFO):
-        engine = build_engine(config, engine_process=True)
+        try:
+            engine = build_engine(config, engine_process=True)
+        finally:
+            runner_log.removeHandler(slow)
+        assert slow.held, "the engine process did not log the record the handler holds at"
         assert isinstance(engine, DataParallelEngine) and len(engine._processes) == 1
         started = [r for r in caplog.records if r.processName != "MainProcess"
                    and r.name == "hifc.runtime.model_runner"
