@@ -3,11 +3,11 @@
 
 Front end -> replica: ``AddRequest``, ``AbortRequests``, ``Stop``. Replica -> front end:
 ``Ready`` (or ``Failed``) once its engine is built (on the log queue, a record marking the
-end of its start-up logs goes before it: ``logs_flushed``), ``Outputs`` after each step that advanced a
-request or left the replica idle (and after commands that left it idle), ``Closed`` when it
-stopped, ``Failed`` if its loop failed. Each ``Outputs`` counts the commands applied so far and
-says whether the replica is idle: the front end knows a replica's stats are final once it has
-applied every command sent and is idle.
+end of its start-up logs goes before it: ``logs_flushed``), ``Outputs`` after each step that
+advanced a request or left the replica idle (and after commands that left it idle), ``Closed``
+when it stopped, ``Failed`` if its loop failed. Each ``Outputs`` counts the commands applied so
+far and says whether the replica is idle: the front end knows a replica's stats are final once
+it has applied every command sent and is idle.
 Outputs travel as deltas (the replica's engine runs each request as ``DELTA``, or
 ``FINAL_ONLY`` where the caller wants only that): per completion, the new token ids, logprobs
 and text since the last message, so a step costs the same to send at any sequence length.
