@@ -142,7 +142,7 @@ class DataParallelEngine:
         self._events = ctx.Queue()
         # the replicas' log records, handled by this process's loggers
         self._logs = ctx.Queue()
-        self._local_logging = _LocalLogging()
+        self._local_logging = _LocalLogging(n)
         self._log_listener = QueueListener(self._logs, self._local_logging)
         self._log_listener.start()
         log_level = logging.getLogger().getEffectiveLevel()
@@ -328,7 +328,7 @@ class DataParallelEngine:
                 if isinstance(message, Ready):
                     ready[message.replica] = message.info
                     self._stats[message.replica] = message.stats
-        while not self._local_logging.wait_flushed(len(self._processes), POLL_S):
+        while not self._local_logging.wait_flushed(POLL_S):
             self._check_alive()
         return [ready[i] for i in range(len(self._processes))]
 
@@ -428,11 +428,13 @@ class DataParallelEngine:
 
 
 class _LocalLogging(logging.Handler):
-    """Hands a replica's log record to this process's logger of the same name, and counts the
-    replicas whose start-up records it has handled (``messages.logs_flushed``)."""
+    """Hands a replica's log record to this process's logger of the same name, and notes which
+    of the ``num_replicas`` replicas' start-up records it has handled
+    (``messages.logs_flushed``)."""
 
-    def __init__(self):
+    def __init__(self, num_replicas: int):
         super().__init__()
+        self._num_replicas = num_replicas
         self._flushed: set[int] = set()
         self._changed = threading.Condition()
 
@@ -447,11 +449,12 @@ class _LocalLogging(logging.Handler):
         if logger.isEnabledFor(record.levelno):
             logger.handle(record)
 
-    def wait_flushed(self, num_replicas: int, timeout: float) -> bool:
+    def wait_flushed(self, timeout: float) -> bool:
         """Whether every replica's start-up records have been handled, waiting up to timeout
         seconds for them."""
         with self._changed:
-            return self._changed.wait_for(lambda: len(self._flushed) == num_replicas, timeout)
+            return self._changed.wait_for(lambda: len(self._flushed) == self._num_replicas,
+                                          timeout)
 
 
 def _sum_known(values) -> float | None:
