@@ -20,8 +20,9 @@ rounded to float8, and read back as ``float(fp8) * k_scale`` (the same for value
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, NamedTuple, Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -71,6 +72,44 @@ class AttentionMetadata:
     @property
     def num_seqs(self) -> int:
         return len(self.seq_lens_cpu)
+
+
+class KeptRows(NamedTuple):
+    """The rows of a step that its last layer attends (those whose outputs the step needs; the
+    K/V of every row is written): their indices among the step's tokens, and metadata that
+    attends each of them as a query of its own, in a decode's shape (one new token over its
+    position + 1 keys)."""
+    index: torch.Tensor  # [N] int64, on the step's device
+    meta: AttentionMetadata  # N single-token rows
+
+
+def kept_rows(meta: AttentionMetadata, rows: Sequence[int],
+              tensor: Callable[[list[int], torch.dtype], torch.Tensor] | None = None
+              ) -> KeptRows:
+    """The ``KeptRows`` of a step's ``rows`` (indices among its tokens, each at most once);
+    ``tensor`` makes a device tensor of host values (default: a plain copy)."""
+    device = meta.block_tables.device
+    if tensor is None:
+        def tensor(values: list[int], dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype, device=device)
+    qsl, rows = meta.query_start_loc_cpu, list(rows)
+    seqs, lens = [], []
+    for row in rows:
+        if not 0 <= row < qsl[-1]:
+            raise IndexError(f"row {row} is not one of the step's {qsl[-1]} tokens")
+        i = bisect.bisect_right(qsl, row) - 1
+        seqs.append(i)
+        lens.append(meta.seq_lens_cpu[i] - (qsl[i + 1] - 1 - row))  # its position + 1
+    index = tensor(rows, torch.long)
+    n = len(rows)
+    packed = tensor(seqs + lens + list(range(n + 1)), torch.int32)  # one copy
+    kept = AttentionMetadata(
+        slot_mapping=meta.slot_mapping.index_select(0, index),
+        query_start_loc=packed[2 * n:], seq_lens=packed[n:2 * n],
+        block_tables=meta.block_tables.index_select(0, packed[:n]),
+        query_start_loc_cpu=list(range(n + 1)), seq_lens_cpu=lens, max_query_len=1,
+        max_seq_len=max(lens, default=0), block_size=meta.block_size, num_leading_decodes=n)
+    return KeptRows(index, kept)
 
 
 def quantize_kv(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -380,6 +419,15 @@ class AttentionBackend(Protocol):
         and k are not rotated yet; the backend rotates them first."""
         ...
 
+    def forward_kept(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     kv_cache: torch.Tensor, meta: AttentionMetadata, kept: KeptRows,
+                     scale: float, sliding_window: int | None = None,
+                     logit_softcap: float | None = None, kv_scale: torch.Tensor | None = None,
+                     *, rope: Rope | None = None) -> torch.Tensor:
+        """As ``forward``, every row's k and v written, but only the attention of the rows
+        ``kept`` lists returned ([N, Hq, D]), computed for those rows alone."""
+        ...
+
     def graph_context_caps(self, max_model_len: int) -> list[int]:
         """The longest contexts a padded step of decodes beside a prompt chunk is planned for,
         ascending, the last max_model_len: a step runs planned for the smallest that holds its
@@ -433,40 +481,67 @@ class TorchAttentionBackend:
 
     def forward(self, q, k, v, kv_cache, meta, scale, sliding_window=None, logit_softcap=None,
                 kv_scale=None, *, rope=None):
+        q = self._write(q, k, v, kv_cache, meta, kv_scale, rope)
+        return reference_paged_attention(q, kv_cache, meta, scale, sliding_window, logit_softcap,
+                                         kv_scale, self._step_rows(meta, kv_cache))
+
+    def forward_kept(self, q, k, v, kv_cache, meta, kept, scale, sliding_window=None,
+                     logit_softcap=None, kv_scale=None, *, rope=None):
+        q = self._write(q, k, v, kv_cache, meta, kv_scale, rope).index_select(0, kept.index)
+        return reference_paged_attention(q, kv_cache, kept.meta, scale, sliding_window,
+                                         logit_softcap, kv_scale,
+                                         self._step_rows(kept.meta, kv_cache))
+
+    @staticmethod
+    def _write(q, k, v, kv_cache, meta, kv_scale, rope) -> torch.Tensor:
+        """Rotate q and k (with rope), write k and v into the cache; returns q as rotated."""
         if rope is not None:
             q, k = rope.rotary(rope.positions, q, k)
         check_kv_scale(kv_cache, kv_scale)
         write_kv_cache(k, v, kv_cache, meta.slot_mapping, kv_scale)
+        return q
+
+    def _step_rows(self, meta: AttentionMetadata, kv_cache: torch.Tensor) -> StepRows:
+        """``step_rows`` of meta, made at its first layer and kept for the others, in the
+        workspace of the metadata before."""
         row_floats = kv_cache.shape[-2] * kv_cache.shape[-1]
         if self._rows is None or self._rows[0] is not meta or self._rows[1] != row_floats:
             workspace = None if self._rows is None else self._rows[2].workspace
             self._rows = meta, row_floats, step_rows(meta, row_floats, workspace)
-        return reference_paged_attention(q, kv_cache, meta, scale, sliding_window, logit_softcap,
-                                         kv_scale, self._rows[2])
+        return self._rows[2]
 
 
 class AttentionContext:
     """What a model's attention layers see of the paged cache: call ``ctx(layer, q, k, v)``.
 
     layers: each layer's ``LayerAttention`` (the model's ``attention_layers``); kv_scales: each
-    layer's K and V scales ([2, Hkv] float32) of float8 caches, else None."""
+    layer's K and V scales ([2, Hkv] float32) of float8 caches, else None; kept: the
+    ``KeptRows`` of the rows the model keeps in its last layer (their index is the ``keep`` it
+    passes), which that layer then attends alone."""
 
     def __init__(self, meta: AttentionMetadata, kv_caches: list[torch.Tensor],
                  backend: AttentionBackend, layers: Sequence[LayerAttention],
-                 kv_scales: Sequence[torch.Tensor] | None = None):
+                 kv_scales: Sequence[torch.Tensor] | None = None, kept: KeptRows | None = None):
         self.meta = meta
         self.kv_caches = kv_caches
         self.backend = backend
         self.layers = layers
         self.kv_scales = kv_scales
+        self.kept = kept
 
     def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 rope: Rope | None = None) -> torch.Tensor:
+                 rope: Rope | None = None, keep: torch.Tensor | None = None) -> torch.Tensor:
         """Attention of layer_idx's q over the cache with k, v written into it (rotated first by
-        rope, if given, with q) -> [T, Hq, D]."""
+        rope, if given, with q) -> [T, Hq, D]; with ``keep`` (indices of rows, int64 on the
+        device), of those rows -> [N, Hq, D], every row's k and v still written: attended alone
+        where keep is ``kept``'s index, else among every row (a CUDA graph's rows)."""
         layer = self.layers[layer_idx]
         kv_scale = self.kv_scales[layer_idx] if self.kv_scales is not None else None
-        return self.backend.forward(q, k, v, self.kv_caches[layer_idx], self.meta, layer.scale,
-                                    sliding_window=layer.sliding_window,
-                                    logit_softcap=layer.logit_softcap, kv_scale=kv_scale,
-                                    rope=rope)
+        options = dict(sliding_window=layer.sliding_window, logit_softcap=layer.logit_softcap,
+                       kv_scale=kv_scale, rope=rope)
+        if keep is not None and self.kept is not None and keep is self.kept.index:
+            return self.backend.forward_kept(q, k, v, self.kv_caches[layer_idx], self.meta,
+                                             self.kept, layer.scale, **options)
+        out = self.backend.forward(q, k, v, self.kv_caches[layer_idx], self.meta, layer.scale,
+                                   **options)
+        return out if keep is None else out.index_select(0, keep)

@@ -58,8 +58,8 @@ from dataclasses import dataclass
 
 import torch
 
-from hifc.layers.attention import (FP8, AttentionMetadata, LayerAttention, Rope, check_kv_scale,
-                                   write_kv_cache)
+from hifc.layers.attention import (FP8, AttentionMetadata, KeptRows, LayerAttention, Rope,
+                                   check_kv_scale, write_kv_cache)
 from hifc.layers.dense_attention import (FusedShapes, chunk_call_shapes, dense_chunks_after,
                                          dense_prefill_attention, fresh_shape, fresh_suffix,
                                          padded)
@@ -935,6 +935,41 @@ class TritonAttentionBackend:
                             self.plan(q_rest, kv_cache, rest, sliding_window), rest_out,
                             sliding_window, logit_softcap, kv_scale)
         return out
+
+    def forward_kept(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     kv_cache: torch.Tensor, meta: AttentionMetadata, kept: KeptRows,
+                     scale: float, sliding_window: int | None = None,
+                     logit_softcap: float | None = None, kv_scale: torch.Tensor | None = None,
+                     *, rope: Rope | None = None) -> torch.Tensor:
+        """Write every row's k and v (rotated by rope), then attend the rows ``kept`` lists
+        as a step of that many decodes: planned as the decode graphs plan such a step, and where
+        that plan rotates in the attention's launch, rotated there again (the same bits written
+        to the same slots), so that it runs a kernel variant the graphs compiled."""
+        index = kept.index
+        if rope is not None and self.triton_kv_write:
+            from hifc.layers.triton_kv_write import rotary_write_kv_cache
+            rotary = rope.rotary
+            rotated, _ = rotary_write_kv_cache(rope.positions, q, k, v, rotary.cos_cache,
+                                               rotary.sin_cache, kv_cache, meta.slot_mapping,
+                                               kv_scale)
+        elif self.triton_kv_write:
+            from hifc.layers.triton_kv_write import triton_write_kv_cache
+            triton_write_kv_cache(k, v, kv_cache, meta.slot_mapping, kv_scale)
+            rotated = q
+        else:
+            rotated, k = (q, k) if rope is None else rope.rotary(rope.positions, q, k)
+            check_kv_scale(kv_cache, kv_scale)
+            write_kv_cache(k, v, kv_cache, meta.slot_mapping, kv_scale)
+        if not index.shape[0]:
+            return q.new_empty(0, *q.shape[1:])
+        plan = self._decodes_plan(q, kv_cache, kept.meta, sliding_window)
+        if rope is not None and self.triton_kv_write and rotates_in_launch(plan):
+            return paged_attention(q.index_select(0, index), kv_cache, kept.meta, scale, plan,
+                                   None, sliding_window, logit_softcap, kv_scale,
+                                   rope=Rope(rope.rotary, rope.positions.index_select(0, index)),
+                                   k=k.index_select(0, index), v=v.index_select(0, index))
+        return paged_attention(rotated.index_select(0, index), kv_cache, kept.meta, scale, plan,
+                               None, sliding_window, logit_softcap, kv_scale)
 
     def _dense_chunks_after(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             meta: AttentionMetadata) -> tuple[int | None, int | None]:

@@ -67,36 +67,36 @@ class LlamaAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, attn: AttentionContext,
                 rotary: RotaryEmbedding, keep: torch.Tensor | None = None) -> torch.Tensor:
-        """The output of every row, or of the rows ``keep`` lists, projected from their
-        attention alone (every row's K/V is written)."""
-        o = self.attention(positions, self.qkv_proj(hidden), attn, rotary)
-        if keep is not None:
-            o = o.index_select(0, keep)
-            if not keep.shape[0]:
-                return o.new_empty(0, self.o_proj.weight.shape[0])  # no row kept
+        """The output of every row, or of the rows ``keep`` lists, attended and projected alone
+        (every row's K/V is written)."""
+        o = self.attention(positions, self.qkv_proj(hidden), attn, rotary, keep)
+        if not o.shape[0]:
+            return o.new_empty(0, self.o_proj.weight.shape[0])  # no row kept
         return self.o_proj(o)
 
     def attention_normed(self, norm: RMSNorm, positions: torch.Tensor, hidden: torch.Tensor,
                          residual: torch.Tensor | None, attn: AttentionContext,
-                         rotary: RotaryEmbedding) -> tuple[torch.Tensor, torch.Tensor]:
-        """The attention output before the output projection ([T, Hq*D]) of
-        ``norm(hidden, residual)``'s normed states, and its residual sum (the norm runs inside
-        the QKV projection where it can)."""
+                         rotary: RotaryEmbedding, keep: torch.Tensor | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The attention output before the output projection ([T, Hq*D], or [N, Hq*D] of the
+        rows ``keep`` lists) of ``norm(hidden, residual)``'s normed states, and its residual
+        sum ([T, H] of every row; the norm runs inside the QKV projection where it can)."""
         qkv, residual = self.qkv_proj.forward_normed(norm, hidden, residual)
-        return self.attention(positions, qkv, attn, rotary), residual
+        return self.attention(positions, qkv, attn, rotary, keep), residual
 
     def attention(self, positions: torch.Tensor, qkv: tuple[torch.Tensor, ...],
-                  attn: AttentionContext, rotary: RotaryEmbedding) -> torch.Tensor:
-        """Attention of the projected (q, k, v) ([T, H*D] each) -> [T, Hq*D], before the output
-        projection."""
+                  attn: AttentionContext, rotary: RotaryEmbedding,
+                  keep: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention of the projected (q, k, v) ([T, H*D] each) -> [T, Hq*D], or [N, Hq*D] of
+        the rows ``keep`` lists (every row's K/V is written), before the output projection."""
         q, k, v = qkv
         num_tokens = q.shape[0]
         q = q.view(num_tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         q, k = self.normalize_qk(q, k)
-        o = attn(self.layer_idx, q, k, v, Rope(rotary, positions))  # [T, Hq, D], RoPE applied
-        return o.reshape(num_tokens, self.num_heads * self.head_dim)
+        o = attn(self.layer_idx, q, k, v, Rope(rotary, positions), keep)  # RoPE applied
+        return o.reshape(o.shape[0], self.num_heads * self.head_dim)
 
 
 class LlamaMLP(nn.Module):
@@ -139,9 +139,9 @@ class LlamaDecoderLayer(nn.Module):
         input norm runs inside the QKV projection, and the residual add and norm after the
         attention inside the output and gate-up projections, where they can take them."""
         o, residual = self.self_attn.attention_normed(self.input_layernorm, positions, hidden,
-                                                      residual, attn, rotary)
+                                                      residual, attn, rotary, keep)
         if keep is not None:
-            o, residual = o.index_select(0, keep), residual.index_select(0, keep)
+            residual = residual.index_select(0, keep)
             if not keep.shape[0]:
                 return residual, residual  # [0, H] each
         gate_up, residual = project_then_norm(self.self_attn.o_proj, o, residual,
@@ -173,7 +173,7 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 attn: AttentionContext, keep: torch.Tensor | None = None) -> torch.Tensor:
         """Final-norm states of every token ([T, H]), or of the tokens ``keep`` lists ([N, H]):
-        the last layer's output projection and MLP then run on those alone."""
+        the last layer's attention, output projection and MLP then run on those alone."""
         hidden = self.embed(input_ids)  # [T, H]
         residual = None
         *body, last = self.layers

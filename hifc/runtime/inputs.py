@@ -6,12 +6,13 @@ can prepare step N+1 while the device still runs step N (asynchronous scheduling
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
 
 from hifc.core.scheduler import PENDING_TOKEN, ScheduledSeq
-from hifc.layers.attention import AttentionMetadata
+from hifc.layers.attention import AttentionMetadata, KeptRows, kept_rows
 
 
 def to_device(values, dtype: torch.dtype, device) -> torch.Tensor:
@@ -90,10 +91,21 @@ def build_block_tables(work: list[ScheduledSeq], device) -> torch.Tensor:
     return to_device(rows, torch.int32, device)  # [B, max_blocks]
 
 
+def _logits_rows(work: list[ScheduledSeq], query_start_loc: list[int]) -> list[int]:
+    return [end - 1 for w, end in zip(work, query_start_loc[1:]) if w.samples]
+
+
 def build_logits_indices(work: list[ScheduledSeq], query_start_loc: list[int],
                          device) -> torch.Tensor:
-    return to_device([end - 1 for w, end in zip(work, query_start_loc[1:]) if w.samples],
-                     torch.long, device)  # [S]: last new token of each sampler
+    return to_device(_logits_rows(work, query_start_loc), torch.long,
+                     device)  # [S]: last new token of each sampler
+
+
+def build_kept_rows(work: list[ScheduledSeq], meta: AttentionMetadata, device) -> KeptRows:
+    """The rows whose outputs the step needs (``build_logits_indices``'s) as the last layer
+    attends them."""
+    return kept_rows(meta, _logits_rows(work, meta.query_start_loc_cpu),
+                     tensor=partial(to_device, device=device))
 
 
 def build_attention_metadata(work: list[ScheduledSeq], block_size: int,

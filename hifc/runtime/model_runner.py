@@ -281,21 +281,21 @@ class ModelRunner:
                       every_row: bool) -> tuple[torch.Tensor, list[int]]:
         """Hidden states of the new tokens, and where each sequence's start ([B+1]): of every
         one ([T, H]; ``every_row``, as prompt logprobs need), else of the last new token of
-        each sequence that samples ([S, H], in ``work`` order), the only rows the last layer's
-        output projection and MLP then run on. ``pending``: input ids the previous step
-        sampled, on the device."""
+        each sequence that samples ([S, H], in ``work`` order), the only rows the last layer
+        attends (every row's K/V written) and runs its output projection and MLP on.
+        ``pending``: input ids the previous step sampled, on the device."""
         meta = inputs.build_attention_metadata(work, self.block_size, self.device)
+        qsl = meta.query_start_loc_cpu
+        kept = None  # every row: asked for, or every row samples (a decode-only step)
+        if not every_row and sum(w.samples for w in work) < qsl[-1]:
+            kept = inputs.build_kept_rows(work, meta, self.device)
         ctx = AttentionContext(meta, self.kv_caches, self.backend, self.model.attention_layers,
-                               self.kv_scales)
+                               self.kv_scales, kept)
         input_ids = inputs.build_input_ids(work, self.device)
         if pending is not None:
             input_ids.index_copy_(0, *pending.gather())
         positions = inputs.build_positions(work, self.device)
-        qsl = meta.query_start_loc_cpu
-        keep = None  # every row: asked for, or every row samples (a decode-only step)
-        if not every_row and sum(w.samples for w in work) < qsl[-1]:
-            keep = inputs.build_logits_indices(work, qsl, self.device)
-        return self.model(input_ids, positions, ctx, keep), qsl
+        return self.model(input_ids, positions, ctx, None if kept is None else kept.index), qsl
 
     def _eager_step(self, work: list[ScheduledSeq], pending: inputs.PendingInputs | None,
                     spans: list[tuple[int, int, int]]

@@ -10,8 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from hifc.layers import attention
-from hifc.layers.attention import (FP8, AttentionMetadata, TorchAttentionBackend, quantize_kv,
-                                   reference_paged_attention, step_rows)
+from hifc.layers.attention import (FP8, AttentionMetadata, Rope, TorchAttentionBackend, kept_rows,
+                                   quantize_kv, reference_paged_attention, step_rows)
+from hifc.layers.rotary import RotaryEmbedding
 
 BLOCK = 4
 # (new tokens, cached tokens) per sequence, out of length order: decodes of several lengths,
@@ -191,3 +192,59 @@ def test_a_bfloat16_model_attends_in_bfloat16_on_the_cpu(monkeypatch, heads, win
         assert seen == []  # soft-capping: its own float32 path
     expected = reference_paged_attention(q.float(), cache.float(), meta, 0.25, window, softcap)
     torch.testing.assert_close(got.float(), expected, rtol=2e-2, atol=2e-2)
+
+
+def written_step(heads, dtype, seed):
+    """``step`` with each new token's slot in its sequence's blocks (its K/V to write)."""
+    q, cache, scales, meta = step(*heads, dtype, seed=seed)
+    meta.slot_mapping = torch.tensor(
+        [int(meta.block_tables[i, p // BLOCK]) * BLOCK + p % BLOCK
+         for i, (new, cached) in enumerate(ROWS) for p in range(cached, cached + new)])
+    return q, cache, scales, meta
+
+
+# rows of the step: the last of the 5-token prompt and one inside it, a decode, the last of the
+# 7-token chunk and one inside it (out of order, as a caller may list them)
+KEPT = [5, 3, 0, 15, 10]
+
+
+def test_kept_rows_attend_as_decodes_over_their_positions():
+    _, _, _, meta = written_step((4, 2), torch.float32, seed=8)
+    kept = kept_rows(meta, KEPT)
+    assert kept.index.tolist() == KEPT
+    # each row sees its position + 1 keys of its sequence (sequences 1, 1, 0, 5, 5)
+    assert kept.meta.seq_lens_cpu == kept.meta.seq_lens.tolist() == [5, 3, 38, 29, 24]
+    assert kept.meta.query_start_loc_cpu == kept.meta.query_start_loc.tolist() == [0, 1, 2, 3,
+                                                                                    4, 5]
+    assert torch.equal(kept.meta.block_tables, meta.block_tables[[1, 1, 0, 5, 5]])
+    assert torch.equal(kept.meta.slot_mapping, meta.slot_mapping[KEPT])
+    assert (kept.meta.max_query_len, kept.meta.max_seq_len, kept.meta.num_leading_decodes) == (
+        1, 38, 5)
+    none = kept_rows(meta, [])
+    assert none.index.shape == (0,) and none.meta.num_seqs == 0
+    with pytest.raises(IndexError, match="row 18 is not one of the step's 18 tokens"):
+        kept_rows(meta, [18])
+
+
+@pytest.mark.parametrize("window,softcap", [(None, None), (9, None), (None, 1.5)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, FP8], ids=str)
+def test_kept_rows_alone_match_those_rows_of_the_whole_step(window, softcap, dtype):
+    # forward_kept writes every row's K/V as forward does, bit for bit, and gives forward's
+    # attention at the kept rows, RoPE applied to both.
+    q, cache, scales, meta = written_step((6, 2), dtype, seed=9)
+    model_dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
+    q = q.to(model_dtype)
+    k, v = torch.randn(2, q.shape[0], 2, 16).to(model_dtype).unbind(0)
+    positions = torch.tensor([p for new, cached in ROWS for p in range(cached, cached + new)])
+    rope = Rope(RotaryEmbedding(16, 128, 10000.0, None, model_dtype, torch.device("cpu")),
+                positions)
+    whole_cache = cache.clone()
+    whole = TorchAttentionBackend().forward(q, k, v, whole_cache, meta, 0.25, window, softcap,
+                                            scales, rope=rope)
+    kept = kept_rows(meta, KEPT)
+    got = TorchAttentionBackend().forward_kept(q, k, v, cache, meta, kept, 0.25, window, softcap,
+                                               scales, rope=rope)
+    assert torch.equal(cache.view(torch.uint8), whole_cache.view(torch.uint8))
+    # a bfloat16 model's rows attended in other groupings: within a rounding of the output
+    tol = 8e-3 if model_dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(got, whole[KEPT], rtol=tol, atol=tol)

@@ -64,10 +64,11 @@ def test_engine_greedy_matches_generate(tiny):
     assert [o.token_ids for o in outputs] == [g[:16] for g in greedy]
 
 
-def _prefill(model, keep):
-    """One batched prefill of PROMPTS into a fresh paged cache: (the model's output, the
-    cache)."""
-    from hifc.layers.attention import AttentionContext, TorchAttentionBackend
+def _prefill(model, rows, narrowed=False):
+    """One batched prefill of PROMPTS into a fresh paged cache: (the model's output, of the
+    tokens ``rows`` lists if not None, the last layer attending those alone with ``narrowed``;
+    the cache)."""
+    from hifc.layers.attention import AttentionContext, TorchAttentionBackend, kept_rows
     arch, block_size = model.arch, 4
     tables, table, counts = [], 1, [len(p) for p in PROMPTS]
     for n in counts:
@@ -76,21 +77,26 @@ def _prefill(model, keep):
     kv = torch.zeros(arch.num_hidden_layers, 2, table, block_size, arch.num_key_value_heads,
                      arch.head_dim)
     meta = paged_metadata(tables, [0] * len(PROMPTS), counts, block_size, "cpu")
+    kept = kept_rows(meta, rows) if narrowed else None
+    keep = None if rows is None else (
+        kept.index if narrowed else torch.tensor(rows, dtype=torch.long))
     ctx = AttentionContext(meta, list(kv.unbind(0)), TorchAttentionBackend(),
-                           model.attention_layers)
+                           model.attention_layers, kept=kept)
     ids = torch.tensor([t for p in PROMPTS for t in p])
     positions = torch.tensor([i for n in counts for i in range(n)])
     with torch.no_grad():
         return model(ids, positions, ctx, keep), kv
 
 
+@pytest.mark.parametrize("narrowed", [False, True], ids=["attended-among-all", "attended-alone"])
 @pytest.mark.parametrize("rows", [[5, 8, 48, 49], [49, 0, 20], []])
-def test_kept_rows_are_the_rows_of_the_whole_output(tiny, rows):
-    # The last layer's output projection and MLP run on the kept rows alone: their states are
-    # those of the whole forward, and every token's K/V is written as before.
+def test_kept_rows_are_the_rows_of_the_whole_output(tiny, rows, narrowed):
+    # The last layer's output projection and MLP (and, narrowed, its attention) run on the kept
+    # rows alone: their states are those of the whole forward, and every token's K/V is
+    # written as before.
     _, ours, _, _ = tiny
     whole, whole_kv = _prefill(ours.model, None)
-    kept, kept_kv = _prefill(ours.model, torch.tensor(rows, dtype=torch.long))
+    kept, kept_kv = _prefill(ours.model, rows, narrowed)
     assert kept.shape == (len(rows), whole.shape[1])
     torch.testing.assert_close(kept, whole[rows], atol=1e-5, rtol=1e-5)
     assert torch.equal(kept_kv, whole_kv) and whole_kv.abs().sum() > 0
