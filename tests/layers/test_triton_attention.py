@@ -578,7 +578,8 @@ def test_leading_decodes_rotate_in_their_launch_as_the_decode_graphs():
 @pytest.mark.parametrize("fp8", [False, True], ids=["fp16-cache", "fp8-cache"])
 @pytest.mark.parametrize("graphs,split_kv", [(False, None), (True, None), (False, False)],
                          ids=["own-plan", "graph-plan", "unsplit"])
-def test_kept_rows_attend_alone_as_in_the_whole_step(fp8, graphs, split_kv):
+@pytest.mark.parametrize("window,softcap", [(None, None), (40, 3.0)])
+def test_kept_rows_attend_alone_as_in_the_whole_step(fp8, graphs, split_kv, window, softcap):
     # A last layer's step: decodes, then prompt chunks of which some rows are kept (a chunk's
     # last, one inside a chunk; none of the last chunk). forward_kept writes every row's K/V as
     # forward does, bit for bit, and gives forward's attention at the kept rows. Told the decode
@@ -595,27 +596,28 @@ def test_kept_rows_attend_alone_as_in_the_whole_step(fp8, graphs, split_kv):
     if graphs:
         backend.plan_decodes_as_graphs([1, 2, 4, 8], 1024, 8, kv_cache, torch.float16)
     whole_cache = kv_cache.clone()
-    whole = backend.forward(q, k, v, whole_cache, meta, 0.125, kv_scale=kv_scale, rope=rope)
+    options = dict(sliding_window=window, logit_softcap=softcap, kv_scale=kv_scale, rope=rope)
+    whole = backend.forward(q, k, v, whole_cache, meta, 0.125, **options)
     kept = kept_rows(meta, rows)
     with mock.patch.object(triton_kv_write, "rotary_write_kv_cache",
                            wraps=triton_kv_write.rotary_write_kv_cache) as rotary_write, \
             mock.patch.object(triton_attention, "paged_attention",
                               wraps=triton_attention.paged_attention) as attend:
-        out = backend.forward_kept(q, k, v, kv_cache, meta, kept, 0.125, kv_scale=kv_scale,
-                                   rope=rope)
+        out = backend.forward_kept(q, k, v, kv_cache, meta, kept, 0.125, **options)
     assert torch.equal(kv_cache.view(torch.uint8), whole_cache.view(torch.uint8))
     expected = whole[rows].float()
     assert ((out.float() - expected).norm() / expected.norm()).item() < 2e-3
     assert [c.args[1].shape[0] for c in rotary_write.call_args_list] == [q.shape[0]]
     (call,) = attend.call_args_list
     assert call.args[0].shape[0] == len(rows)
-    graph_plan = plan_launch(1, 1024, 8, 8, 2, 64, 2, 132)
-    assert (call.args[4] == graph_plan) == graphs
-    assert triton_attention.rotates_in_launch(graph_plan)
-    assert ("rope" in call.kwargs) == triton_attention.rotates_in_launch(call.args[4]) == (
-        split_kv is None)
+    assert ("rope" in call.kwargs) == triton_attention.rotates_in_launch(call.args[4])
+    if window is None:  # a window's keys plan otherwise (no split over them)
+        graph_plan = plan_launch(1, 1024, 8, 8, 2, 64, 2, 132)
+        assert (call.args[4] == graph_plan) == graphs
+        assert triton_attention.rotates_in_launch(graph_plan)
+        assert triton_attention.rotates_in_launch(call.args[4]) == (split_kv is None)
     empty = backend.forward_kept(q, k, v, kv_cache, meta, kept_rows(meta, []), 0.125,
-                                 kv_scale=kv_scale, rope=rope)
+                                 **options)
     assert empty.shape == (0, *q.shape[1:])
 
 
