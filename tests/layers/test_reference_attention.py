@@ -60,6 +60,15 @@ def step(num_q_heads: int, num_kv_heads: int, dtype: torch.dtype, seed: int):
     return q, cache, scales, meta
 
 
+def written_step(heads, dtype, seed):
+    """``step`` with each new token's slot in its sequence's blocks (its K/V to write)."""
+    q, cache, scales, meta = step(*heads, dtype, seed=seed)
+    meta.slot_mapping = torch.tensor(
+        [int(meta.block_tables[i, p // BLOCK]) * BLOCK + p % BLOCK
+         for i, (new, cached) in enumerate(ROWS) for p in range(cached, cached + new)])
+    return q, cache, scales, meta
+
+
 def one_at_a_time(q, cache, meta, scale, window, softcap, scales):
     """Every sequence attended alone, through _attend_sequence."""
     out = torch.empty_like(q)
@@ -117,12 +126,9 @@ def test_workspace_past_the_group_budget_grows_in_multiples_and_shrinks(monkeypa
 
 
 def test_backend_keeps_a_steps_groups_for_its_layers():
-    q, cache, _, meta = step(4, 2, torch.float32, seed=6)
+    q, cache, _, meta = written_step((4, 2), torch.float32, seed=6)
     backend = TorchAttentionBackend()
     k = torch.randn(q.shape[0], 2, 16)
-    meta.slot_mapping = torch.tensor(
-        [int(meta.block_tables[i, p // BLOCK]) * BLOCK + p % BLOCK
-         for i, (new, cached) in enumerate(ROWS) for p in range(cached, cached + new)])
     first = backend.forward(q, k, k, cache, meta, 0.25)
     kept = backend._rows
     second = backend.forward(q, k, k, cache.clone(), meta, 0.25)
@@ -192,15 +198,6 @@ def test_a_bfloat16_model_attends_in_bfloat16_on_the_cpu(monkeypatch, heads, win
         assert seen == []  # soft-capping: its own float32 path
     expected = reference_paged_attention(q.float(), cache.float(), meta, 0.25, window, softcap)
     torch.testing.assert_close(got.float(), expected, rtol=2e-2, atol=2e-2)
-
-
-def written_step(heads, dtype, seed):
-    """``step`` with each new token's slot in its sequence's blocks (its K/V to write)."""
-    q, cache, scales, meta = step(*heads, dtype, seed=seed)
-    meta.slot_mapping = torch.tensor(
-        [int(meta.block_tables[i, p // BLOCK]) * BLOCK + p % BLOCK
-         for i, (new, cached) in enumerate(ROWS) for p in range(cached, cached + new)])
-    return q, cache, scales, meta
 
 
 # rows of the step: the last of the 5-token prompt and one inside it, a decode, the last of the
