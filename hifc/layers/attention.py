@@ -402,6 +402,18 @@ def reference_paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: Att
     return out
 
 
+def rotate_and_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+                     slot_mapping: torch.Tensor, kv_scale: torch.Tensor | None,
+                     rope: Rope | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate q and k by rope (if given) in torch, then write k and v into their slots; returns
+    q and k as rotated."""
+    if rope is not None:
+        q, k = rope.rotary(rope.positions, q, k)
+    check_kv_scale(kv_cache, kv_scale)
+    write_kv_cache(k, v, kv_cache, slot_mapping, kv_scale)
+    return q, k
+
+
 class Rope(NamedTuple):
     """RoPE still to apply to q and k: ``rotary(positions, q, k)``. A backend applies it before
     it writes the cache, in the same launch where it can."""
@@ -481,25 +493,16 @@ class TorchAttentionBackend:
 
     def forward(self, q, k, v, kv_cache, meta, scale, sliding_window=None, logit_softcap=None,
                 kv_scale=None, *, rope=None):
-        q = self._write(q, k, v, kv_cache, meta, kv_scale, rope)
+        q, _ = rotate_and_write(q, k, v, kv_cache, meta.slot_mapping, kv_scale, rope)
         return reference_paged_attention(q, kv_cache, meta, scale, sliding_window, logit_softcap,
                                          kv_scale, self._step_rows(meta, kv_cache))
 
     def forward_kept(self, q, k, v, kv_cache, meta, kept, scale, sliding_window=None,
                      logit_softcap=None, kv_scale=None, *, rope=None):
-        q = self._write(q, k, v, kv_cache, meta, kv_scale, rope).index_select(0, kept.index)
-        return reference_paged_attention(q, kv_cache, kept.meta, scale, sliding_window,
-                                         logit_softcap, kv_scale,
+        q, _ = rotate_and_write(q, k, v, kv_cache, meta.slot_mapping, kv_scale, rope)
+        return reference_paged_attention(q.index_select(0, kept.index), kv_cache, kept.meta,
+                                         scale, sliding_window, logit_softcap, kv_scale,
                                          self._step_rows(kept.meta, kv_cache))
-
-    @staticmethod
-    def _write(q, k, v, kv_cache, meta, kv_scale, rope) -> torch.Tensor:
-        """Rotate q and k (with rope), write k and v into the cache; returns q as rotated."""
-        if rope is not None:
-            q, k = rope.rotary(rope.positions, q, k)
-        check_kv_scale(kv_cache, kv_scale)
-        write_kv_cache(k, v, kv_cache, meta.slot_mapping, kv_scale)
-        return q
 
     def _step_rows(self, meta: AttentionMetadata, kv_cache: torch.Tensor) -> StepRows:
         """``step_rows`` of meta, made at its first layer and kept for the others, in the

@@ -59,7 +59,7 @@ from dataclasses import dataclass
 import torch
 
 from hifc.layers.attention import (FP8, AttentionMetadata, KeptRows, LayerAttention, Rope,
-                                   check_kv_scale, write_kv_cache)
+                                   check_kv_scale, rotate_and_write)
 from hifc.layers.dense_attention import (FusedShapes, chunk_call_shapes, dense_chunks_after,
                                          dense_prefill_attention, fresh_shape, fresh_suffix,
                                          padded)
@@ -886,21 +886,10 @@ class TritonAttentionBackend:
         rotated_apart = (apart and rope is not None and self.triton_kv_write
                          and rotates_in_launch(first_plan))
         rows = slice(decodes if rotated_apart else 0, None)  # those the step writes here
-        q_rest, k_rest, v_rest = q[rows], k[rows], v[rows]
-        if rope is not None and self.triton_kv_write:
-            from hifc.layers.triton_kv_write import rotary_write_kv_cache
-            rotary = rope.rotary
-            q_rest, k_rest = rotary_write_kv_cache(rope.positions[rows], q_rest, k_rest, v_rest,
-                                                   rotary.cos_cache, rotary.sin_cache, kv_cache,
-                                                   meta.slot_mapping[rows], kv_scale)
-        elif self.triton_kv_write:
-            from hifc.layers.triton_kv_write import triton_write_kv_cache
-            triton_write_kv_cache(k, v, kv_cache, meta.slot_mapping, kv_scale)
-        else:
-            if rope is not None:
-                q_rest, k_rest = rope.rotary(rope.positions, q, k)
-            check_kv_scale(kv_cache, kv_scale)
-            write_kv_cache(k_rest, v, kv_cache, meta.slot_mapping, kv_scale)
+        v_rest = v[rows]
+        q_rest, k_rest = self._write_new_kv(
+            q[rows], k[rows], v_rest, kv_cache, meta.slot_mapping[rows], kv_scale,
+            None if rope is None else Rope(rope.rotary, rope.positions[rows]))
         if not apart and (dense is None or dense == 0):
             if dense is not None:
                 return dense_prefill_attention(q_rest, k_rest, v_rest, kv_cache, meta, scale, out)
@@ -946,20 +935,7 @@ class TritonAttentionBackend:
         that plan rotates in the attention's launch, rotated there again (the same bits written
         to the same slots), so that it runs a kernel variant the graphs compiled."""
         index = kept.index
-        if rope is not None and self.triton_kv_write:
-            from hifc.layers.triton_kv_write import rotary_write_kv_cache
-            rotary = rope.rotary
-            rotated, _ = rotary_write_kv_cache(rope.positions, q, k, v, rotary.cos_cache,
-                                               rotary.sin_cache, kv_cache, meta.slot_mapping,
-                                               kv_scale)
-        elif self.triton_kv_write:
-            from hifc.layers.triton_kv_write import triton_write_kv_cache
-            triton_write_kv_cache(k, v, kv_cache, meta.slot_mapping, kv_scale)
-            rotated = q
-        else:
-            rotated, k = (q, k) if rope is None else rope.rotary(rope.positions, q, k)
-            check_kv_scale(kv_cache, kv_scale)
-            write_kv_cache(k, v, kv_cache, meta.slot_mapping, kv_scale)
+        rotated, _ = self._write_new_kv(q, k, v, kv_cache, meta.slot_mapping, kv_scale, rope)
         if not index.shape[0]:
             return q.new_empty(0, *q.shape[1:])
         plan = self._decodes_plan(q, kv_cache, kept.meta, sliding_window)
@@ -970,6 +946,22 @@ class TritonAttentionBackend:
                                    k=k.index_select(0, index), v=v.index_select(0, index))
         return paged_attention(rotated.index_select(0, index), kv_cache, kept.meta, scale, plan,
                                None, sliding_window, logit_softcap, kv_scale)
+
+    def _write_new_kv(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                      kv_scale: torch.Tensor | None, rope: Rope | None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k and v ([T, Hkv, D]) into their slots, rotated first by rope with q (in one
+        Triton launch with the Triton KV write); returns q and k as rotated."""
+        if not self.triton_kv_write:
+            return rotate_and_write(q, k, v, kv_cache, slot_mapping, kv_scale, rope)
+        if rope is None:
+            from hifc.layers.triton_kv_write import triton_write_kv_cache
+            triton_write_kv_cache(k, v, kv_cache, slot_mapping, kv_scale)
+            return q, k
+        from hifc.layers.triton_kv_write import rotary_write_kv_cache
+        return rotary_write_kv_cache(rope.positions, q, k, v, rope.rotary.cos_cache,
+                                     rope.rotary.sin_cache, kv_cache, slot_mapping, kv_scale)
 
     def _dense_chunks_after(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             meta: AttentionMetadata) -> tuple[int | None, int | None]:
