@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 from hifc import dtypes
 from hifc.core.preemption import PREEMPTION_MODES
-from hifc.options import (add_config_args, build, check_choice, check_size_gib, flatten, option,
-                          options_from_args)
+from hifc.options import (add_config_args, build, canonical_json_object, check_choice,
+                          check_size_gib, flatten, option, options_from_args)
 from hifc.parallel.config import ParallelConfig, check_replicas
 from hifc.tiers.config import TierConfig
 
@@ -55,6 +55,11 @@ class EngineConfig:
     kv_cache_gib: float | None = option(None, "KV pool budget in GiB")
     gpu_memory_utilization: float = option(
         0.9, "fraction of GPU memory for weights, activations and KV")
+    hf_overrides: str | None = option(
+        None, "model config values to set before the model is built, as vLLM's "
+        "hf_overrides: a JSON object (or a dict) of ModelArchConfig fields, which are the "
+        "Hugging Face config keys, e.g. '{\"num_hidden_layers\": 2}' for the first 2 layers "
+        "(the checkpoint's later layers are not loaded)")
     seed: int = option(0, "seed of the random weights and of unseeded sampling")
     attention_backend: str = option(
         "auto", "auto: triton on CUDA, torch elsewhere", choices=ATTENTION_BACKENDS)
@@ -109,6 +114,8 @@ class EngineConfig:
         if not isinstance(self.device, str) or not (
                 self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        object.__setattr__(self, "hf_overrides",
+                           canonical_json_object("hf_overrides", self.hf_overrides))
         check_choice("dtype", self.dtype, DTYPES)
         object.__setattr__(self, "dtype", dtypes.canonical(self.dtype))  # half -> float16
         check_choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import typing
 from typing import Any, Iterator
@@ -34,6 +35,24 @@ def check_size_gib(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) \
             or not 0 < value <= MAX_GIB:  # also false for nan
         raise ValueError(f"{name} must be a number of GiB in (0, {MAX_GIB}], got {value!r}")
+
+
+def canonical_json_object(name: str, value: Any) -> str | None:
+    """``value`` (a dict, or a JSON object's text) as sorted JSON text; None for None or an
+    empty object. ValueError for anything else."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{name} is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be a JSON object (a dict), got {type(value).__name__}")
+    try:
+        return json.dumps(value, sort_keys=True) if value else None
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name}: {exc}") from None
 
 
 def check_choice(name: str, value: Any, choices: tuple) -> None:

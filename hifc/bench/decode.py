@@ -63,13 +63,15 @@ def run(args: argparse.Namespace) -> int:
         options["num_gpu_blocks"] = -(-need // config.block_size)
     engine = LLMEngine.from_options(**options)
     rows = [measure(engine, b, args.context, args.steps, config.seed) for b in batches]
-    print(f"model {engine.model_name}  dtype {engine.dtype}  device {engine.device}  "
+    overrides = f" (hf_overrides {config.hf_overrides})" if config.hf_overrides else ""
+    print(f"model {engine.model_name}{overrides}  dtype {engine.dtype}  device {engine.device}  "
           f"block {config.block_size}  context {args.context}")
     print(f"{'batch':>6} {'step ms':>9} {'tokens/s':>10}")
     for r in rows:
         print(f"{r['batch']:>6} {r['step_ms']:>9.2f} {r['tokens_per_s']:>10.1f}")
     if args.json_out:
         with open(args.json_out, "w") as f:
-            json.dump({"model": engine.model_name, "dtype": str(engine.dtype),
+            json.dump({"model": engine.model_name, "hf_overrides": config.hf_overrides,
+                       "dtype": str(engine.dtype),
                        "device": str(engine.device), "results": rows}, f, indent=2)
     return 0

@@ -275,7 +275,8 @@ def run(args: argparse.Namespace) -> int:
                 for b in batches]
         prefill = measure_prefill(engine, args.prefill_len, args.prefill_repeats, matmul_rate,
                                   sustained_rate, args.profile and engine.device.type == "cuda")
-    result = {"model": engine.model_name, "dtype": str(engine.dtype).removeprefix("torch."),
+    result = {"model": engine.model_name, "hf_overrides": config.hf_overrides,
+              "dtype": str(engine.dtype).removeprefix("torch."),
               "device": str(engine.device), "copy_gbps": copy_rate, "matmul_tflops": matmul_rate,
               "sustained_matmul_tflops": sustained_rate,
               "block_size": config.block_size, "weight_bytes_read": weight_bytes_read(engine),
@@ -316,7 +317,9 @@ def print_tuned(tuned: list[dict]) -> None:
 
 
 def print_result(result: dict) -> None:
-    print(f"model {result['model']}  dtype {result['dtype']}  device {result['device']}  "
+    overrides = result.get("hf_overrides")
+    print(f"model {result['model']}{f' (hf_overrides {overrides})' if overrides else ''}  "
+          f"dtype {result['dtype']}  device {result['device']}  "
           f"copy {result['copy_gbps']:.1f} GB/s (read+write)  matmul "
           f"{result['matmul_tflops']:.2f} TFLOP/s (sustained "
           f"{result['sustained_matmul_tflops']:.2f})  "

@@ -122,7 +122,7 @@ class LLMEngine:
     def _build(self, config: EngineConfig, device_share: DeviceShare | None) -> None:
         shard = self.tp.shard if self.tp is not None else SINGLE
         loaded: LoadedModel = load_model(config.model, self.dtype, self.device, config.seed,
-                                         shard)
+                                         shard, config.hf_overrides)
         self.model_name = loaded.name
         self.arch = loaded.arch
         self.tokenizer = loaded.tokenizer

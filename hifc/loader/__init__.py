@@ -15,6 +15,7 @@ from hifc.loader.random_weights import random_checkpoint
 from hifc.loader.tokenizer import Tokenizer, has_tokenizer
 from hifc.layers.tensor_parallel import SINGLE, TPShard
 from hifc.models.config import ModelArchConfig
+from hifc.models.overrides import apply_overrides, first_layers
 from hifc.models.presets import PRESETS, preset_arch
 from hifc.models.registry import spec_for
 
@@ -56,11 +57,11 @@ def _unknown_model(model: str) -> ValueError:
 
 
 def _load_random(preset: str, dtype: torch.dtype, device: torch.device, seed: int,
-                 tp: TPShard) -> LoadedModel:
+                 tp: TPShard, overrides: str | None) -> LoadedModel:
     if preset not in PRESETS:
         raise ValueError(f"unknown random preset {preset!r}; presets: "
                          f"{', '.join(RANDOM_PREFIX + name for name in PRESETS)}")
-    arch = preset_arch(preset)
+    arch = apply_overrides(preset_arch(preset), overrides)
     spec = spec_for(arch.architecture)
     model = spec.build(arch, dtype, device, tp=tp)
     spec.load_weights(model, random_checkpoint(spec, arch, dtype, device, seed))
@@ -68,13 +69,15 @@ def _load_random(preset: str, dtype: torch.dtype, device: torch.device, seed: in
 
 
 def _load_hf_dir(model_dir: Path, dtype: torch.dtype, device: torch.device,
-                 tp: TPShard) -> LoadedModel:
-    arch = read_hf_arch(model_dir)
+                 tp: TPShard, overrides: str | None) -> LoadedModel:
+    file_arch = read_hf_arch(model_dir)
+    arch = apply_overrides(file_arch, overrides)
     files = safetensors_files(model_dir)
     spec = spec_for(arch.architecture)
     model = spec.build(arch, dtype, device, tp=tp)
     kv_scales = KVScaleCollector()
-    spec.load_weights(model, kv_scales.split(iter_safetensors(files)))
+    weights = _cut(iter_safetensors(files), file_arch, arch)
+    spec.load_weights(model, kv_scales.split(weights))
     tokenizer = (Tokenizer.from_model_dir(model_dir, arch.eos_token_ids)
                  if has_tokenizer(model_dir) else None)
     return LoadedModel(model, arch, tokenizer, model_dir.name,
@@ -82,49 +85,65 @@ def _load_hf_dir(model_dir: Path, dtype: torch.dtype, device: torch.device,
 
 
 def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device, name: str,
-               tp: TPShard) -> LoadedModel:
+               tp: TPShard, overrides: str | None) -> LoadedModel:
     # Imported here so that HF directories and random presets load without the gguf package.
     from hifc.loader.gguf_file import gguf_arch, iter_gguf_weights, open_gguf
 
     reader = open_gguf(path)
-    arch = gguf_arch(reader, path)
+    file_arch = gguf_arch(reader, path)
+    arch = apply_overrides(file_arch, overrides)
     spec = spec_for(arch.architecture)
     model = spec.build(arch, dtype, device, tp=tp)
-    spec.load_weights(model, iter_gguf_weights(reader, arch, dtype))
+    # the file's own head counts undo llama.cpp's Q/K row order
+    spec.load_weights(model, _cut(iter_gguf_weights(reader, file_arch, dtype), file_arch, arch))
     has_tokenizer = "tokenizer.ggml.tokens" in reader.fields  # weights-only files have none
     tokenizer = Tokenizer.from_gguf(path, arch.eos_token_ids) if has_tokenizer else None
     return LoadedModel(model, arch, tokenizer, name)
 
 
+def _cut(weights, file_arch: ModelArchConfig, arch: ModelArchConfig):
+    """The checkpoint's tensors, less the layers an override of num_hidden_layers left out."""
+    if arch.num_hidden_layers < file_arch.num_hidden_layers:
+        return first_layers(weights, arch.num_hidden_layers)
+    return weights
+
+
 def load_model(model: str, dtype: torch.dtype, device: torch.device | str,
-               seed: int = 0, tp: TPShard = SINGLE) -> LoadedModel:
+               seed: int = 0, tp: TPShard = SINGLE, hf_overrides: str | None = None
+               ) -> LoadedModel:
     """Build the model on ``device`` in ``dtype`` (inference only: no parameter needs grad);
     with ``tp``, this tensor-parallel rank's part of it (every rank reads the checkpoint and
     keeps its part, tensor by tensor).
 
     model: a Hugging Face directory (config.json + safetensors + tokenizer), a ``.gguf`` file,
     an alias (``smollm2-135m``) or ``random:<preset>`` (seeded random weights, no tokenizer).
-    Directories and GGUF files without a tokenizer load with tokenizer None.
+    Directories and GGUF files without a tokenizer load with tokenizer None. ``hf_overrides``
+    (a JSON object's text, ``hifc.models.overrides``) changes the architecture first.
     Raises ValueError naming the problem for anything it cannot load.
     """
     device = torch.device(device)
     if model.startswith(RANDOM_PREFIX):
-        return _load_random(model[len(RANDOM_PREFIX):], dtype, device, seed, tp)
+        return _load_random(model[len(RANDOM_PREFIX):], dtype, device, seed, tp, hf_overrides)
     if model in ALIASES:
-        return _load_gguf(ALIASES[model](), dtype, device, model, tp)
+        return _load_gguf(ALIASES[model](), dtype, device, model, tp, hf_overrides)
     path = Path(model).expanduser()
     if path.is_dir():
-        return _load_hf_dir(path, dtype, device, tp)
+        return _load_hf_dir(path, dtype, device, tp, hf_overrides)
     if path.is_file() and path.suffix == ".gguf":
-        return _load_gguf(path, dtype, device, path.stem, tp)
+        return _load_gguf(path, dtype, device, path.stem, tp, hf_overrides)
     raise _unknown_model(model)
 
 
 __all__ = ["ALIASES", "LoadedModel", "Tokenizer", "load_model", "smollm2_gguf_path"]
 
 
-def model_arch(model: str) -> ModelArchConfig:
-    """The architecture ``model`` (as ``load_model`` names it) declares, without its weights."""
+def model_arch(model: str, hf_overrides: str | None = None) -> ModelArchConfig:
+    """The architecture ``model`` (as ``load_model`` names it) declares, with ``hf_overrides``
+    applied, without its weights."""
+    return apply_overrides(_declared_arch(model), hf_overrides)
+
+
+def _declared_arch(model: str) -> ModelArchConfig:
     if model.startswith(RANDOM_PREFIX):
         preset = model[len(RANDOM_PREFIX):]
         if preset not in PRESETS:

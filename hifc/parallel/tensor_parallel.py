@@ -25,7 +25,7 @@ def start_tensor_parallel(config: EngineConfig, device: torch.device) -> TPDrive
     size = config.parallel.tensor_parallel_size
     if size == 1:
         return None
-    check_divides(model_arch(config.model), size)
+    check_divides(model_arch(config.model, config.hf_overrides), size)
     rank = launched_rank(size)
     if rank:
         from hifc.parallel.tp_worker import run_worker

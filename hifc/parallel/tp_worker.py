@@ -41,7 +41,7 @@ def run_worker(config: EngineConfig, rank: int, rendezvous: Rendezvous,
     shard = join_group(rendezvous, rank, device)
     channel = ControlChannel(rank, shard.size, control_group())
     try:
-        loaded = load_model(config.model, dtype, device, config.seed, shard)
+        loaded = load_model(config.model, dtype, device, config.seed, shard, config.hf_overrides)
         setup = channel.receive()
         if not isinstance(setup, WorkerSetup):
             return  # rank 0 stopped before it was built (its error is reported there)

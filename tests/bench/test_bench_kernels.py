@@ -1,4 +1,5 @@
 """``hifc bench kernels`` end to end on the CPU with tiny random presets (no timing asserted)."""
+import dataclasses
 import json
 
 import pytest
@@ -33,7 +34,7 @@ def test_kernels_reports_decode_floor_and_prefill_fraction(hifc, tmp_path, prese
     assert (result["model"], result["dtype"], result["device"]) == (f"random:{preset}",
                                                                     "float32", "cpu")
     assert result["copy_gbps"] > 0 and result["matmul_tflops"] > 0
-    assert result["sustained_matmul_tflops"] > 0
+    assert result["sustained_matmul_tflops"] > 0 and result["hf_overrides"] is None
 
     arch = PRESETS[preset]
     body, head = matmul_params(arch)
@@ -236,3 +237,27 @@ def test_decode_returns_every_token_its_delta_outputs_gave():
     while fresh.has_unfinished_requests():
         done.update({o.request_id: o.outputs[0].token_ids for o in fresh.step() if o.finished})
     assert [done[str(i)] for i in range(3)] == tokens
+
+
+def test_kernels_of_a_preset_cut_by_hf_overrides_count_its_layers(hifc, tmp_path):
+    out = tmp_path / "kernels.json"
+    cut = '{"num_hidden_layers": 1}'
+    code, stdout, _ = hifc("bench", "kernels", "--model", "random:tiny-llama", *SMALL,
+                           "--batch-sizes", "1", "--hf-overrides", cut, "--json", out)
+    assert code == 0
+    result = json.loads(out.read_text())
+    assert result["model"] == "random:tiny-llama" and result["hf_overrides"] == cut
+    assert f"(hf_overrides {cut})" in stdout
+    arch = dataclasses.replace(PRESETS["tiny-llama"], num_hidden_layers=1)
+    assert result["weight_bytes_read"] == 4 * sum(matmul_params(arch))
+
+
+def test_bench_decode_names_the_overrides_it_ran_with(hifc, tmp_path):
+    out = tmp_path / "decode.json"
+    cut = '{"num_hidden_layers": 1}'
+    code, stdout, _ = hifc("bench", "decode", "--model", "random:tiny-llama", "--device", "cpu",
+                           "--dtype", "float32", "--batch-sizes", "1", "--context", "16",
+                           "--steps", "2", "--hf-overrides", cut, "--json", out)
+    assert code == 0 and f"(hf_overrides {cut})" in stdout
+    result = json.loads(out.read_text())
+    assert result["hf_overrides"] == cut and [r["batch"] for r in result["results"]] == [1]

@@ -33,7 +33,8 @@ def test_same_model_same_salt_and_it_roots_the_block_hashes():
 
 
 @pytest.mark.parametrize("options", [dict(seed=1), dict(dtype="bfloat16"), dict(block_size=32),
-                                     dict(model="random:tiny-qwen2")])
+                                     dict(model="random:tiny-qwen2"),
+                                     dict(hf_overrides={"num_hidden_layers": 1})])
 def test_a_different_model_dtype_or_geometry_changes_the_salt(options):
     base = dict(model=TINY, block_size=16, dtype="float32", seed=0)
     assert salt_of(**{**base, **options}) != salt_of(**base)
