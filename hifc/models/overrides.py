@@ -2,10 +2,11 @@
 before the model is built, e.g. ``{"num_hidden_layers": 2}`` for a model of its first 2 layers.
 
 Keys are ``ModelArchConfig`` field names, which are the Hugging Face config keys where one
-exists; the Hugging Face spellings of the others are taken too (``eos_token_id``,
-``attn_logit_softcapping``, ``final_logit_softcapping``). Overrides apply the same way to a
-Hugging Face directory, a GGUF file and a random preset. A smaller ``num_hidden_layers`` keeps
-the first layers (and their ``layer_types``); the checkpoint's later layers are not loaded.
+exists; the Hugging Face spellings of the others are taken too (``architectures``, a list of
+one name; ``eos_token_id``; ``attn_logit_softcapping``; ``final_logit_softcapping``).
+Overrides apply the same way to a Hugging Face directory, a GGUF file and a random preset. A
+smaller ``num_hidden_layers`` keeps the first layers (and their ``layer_types``); the
+checkpoint's later layers are not loaded.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import json
 import re
 import types
 import typing
+from types import MappingProxyType
 from typing import Any, Iterable, Iterator
 
 import torch
@@ -21,8 +23,10 @@ import torch
 from hifc.models.config import ModelArchConfig
 
 # Hugging Face config key -> the ModelArchConfig field it sets, where the names differ
-HF_ALIASES = {"eos_token_id": "eos_token_ids", "attn_logit_softcapping": "attn_logit_softcap",
-              "final_logit_softcapping": "final_logit_softcap"}
+HF_ALIASES = MappingProxyType({
+    "architectures": "architecture", "eos_token_id": "eos_token_ids",
+    "attn_logit_softcapping": "attn_logit_softcap",
+    "final_logit_softcapping": "final_logit_softcap"})
 _TUPLE_FIELDS = ("eos_token_ids", "layer_types")
 _LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.")
 
@@ -48,7 +52,12 @@ def apply_overrides(arch: ModelArchConfig, overrides: str | None) -> ModelArchCo
         name = HF_ALIASES.get(key, key)
         if name in changes:
             raise ValueError(f"hf_overrides sets {name} twice ({key!r} is another name for it)")
-        if name == "eos_token_ids" and isinstance(value, int):
+        if name == "architecture" and key == "architectures":
+            if not (isinstance(value, list) and len(value) == 1):
+                raise ValueError(f"hf_overrides: architectures must be a list of one name, got "
+                                 f"{value!r}")
+            value = value[0]
+        elif name == "eos_token_ids" and isinstance(value, int):
             value = (value,)
         elif name in _TUPLE_FIELDS and isinstance(value, list):
             value = tuple(value)

@@ -43,8 +43,8 @@ def test_the_command_line_flag_reaches_the_config():
 
 def test_keys_are_the_arch_fields_and_the_hugging_face_spellings_of_the_others():
     fields = set(ModelArchConfig.__dataclass_fields__)
-    assert set(override_keys()) == fields | {"eos_token_id", "attn_logit_softcapping",
-                                             "final_logit_softcapping"}
+    assert set(override_keys()) == fields | {"architectures", "eos_token_id",
+                                             "attn_logit_softcapping", "final_logit_softcapping"}
 
 
 def test_values_replace_the_arch_fields():
@@ -58,6 +58,8 @@ def test_values_replace_the_arch_fields():
     assert cut.layer_types == arch.layer_types[:1]  # the first layers keep their kinds
     assert apply_overrides(arch, None) is arch
     assert apply_overrides(arch, overrides({"eos_token_ids": [3, 4]})).eos_token_ids == (3, 4)
+    renamed = apply_overrides(arch, overrides({"architectures": ["Gemma2ForCausalLM"]}))
+    assert renamed == arch
 
 
 @pytest.mark.parametrize("value, message", [
@@ -69,6 +71,7 @@ def test_values_replace_the_arch_fields():
     ({"num_hidden_layers": 0}, "num_hidden_layers must be positive"),
     ({"num_key_value_heads": 3}, "must be a multiple of num_key_value_heads"),
     ({"eos_token_id": 1, "eos_token_ids": [2]}, "sets eos_token_ids twice"),
+    ({"architectures": "LlamaForCausalLM"}, "architectures must be a list of one name"),
 ])
 def test_bad_values_are_refused_by_name(value, message):
     with pytest.raises(ValueError, match=message):
@@ -98,7 +101,8 @@ def test_a_checkpoint_cut_to_its_first_layer_matches_transformers_cut_alike(tmp_
 def test_more_layers_than_the_checkpoint_holds_is_a_missing_weights_error(tmp_path):
     path = make_tiny_hf_model(tmp_path, "llama")
     with pytest.raises(ValueError, match="missing weights.*model.layers.2."):
-        load_model(str(path), torch.float32, "cpu", hf_overrides=overrides({"num_hidden_layers": 3}))
+        load_model(str(path), torch.float32, "cpu",
+                   hf_overrides=overrides({"num_hidden_layers": 3}))
 
 
 def test_a_gguf_cut_holds_the_files_first_layers():
