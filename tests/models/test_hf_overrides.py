@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hifc import LLM, SamplingParams
-from hifc.config import EngineConfig
+from hifc.config import EngineConfig, engine_config_from_args
 from hifc.entrypoints.cli import build_parser
 from hifc.loader import load_model, model_arch
 from hifc.models.config import ModelArchConfig
@@ -37,8 +37,8 @@ def test_the_config_refuses_what_is_no_json_object(value, message):
 
 def test_the_command_line_flag_reaches_the_config():
     args = build_parser().parse_args(
-        ["generate", "--prompt", "x", "--hf-overrides", '{"num_hidden_layers": 1}'])
-    assert args.hf_overrides == '{"num_hidden_layers": 1}'
+        ["generate", "--prompt", "x", "--hf-overrides", '{ "num_hidden_layers":1 }'])
+    assert engine_config_from_args(args).hf_overrides == '{"num_hidden_layers": 1}'
 
 
 def test_keys_are_the_arch_fields_and_the_hugging_face_spellings_of_the_others():
