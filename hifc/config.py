@@ -210,6 +210,11 @@ def add_engine_args(parser: argparse.ArgumentParser, **defaults) -> None:
     add_config_args(parser, EngineConfig, title="engine", defaults=defaults)
 
 
+def named_with_overrides(model: str, hf_overrides: str | None) -> str:
+    """``model`` as a report names it: with its ``hf_overrides``, if any."""
+    return f"{model} (hf_overrides {hf_overrides})" if hf_overrides else model
+
+
 def engine_config_from_args(args: argparse.Namespace, **fixed) -> EngineConfig:
     """The config of the engine flags in ``args``, with ``fixed`` options (the server's
     ``usage_context``) that have no flag."""

@@ -12,7 +12,7 @@ import random
 import time
 
 from hifc.bench.probes import sync
-from hifc.config import add_engine_args, engine_config_from_args
+from hifc.config import add_engine_args, engine_config_from_args, named_with_overrides
 
 
 def register(subparsers) -> None:
@@ -63,8 +63,8 @@ def run(args: argparse.Namespace) -> int:
         options["num_gpu_blocks"] = -(-need // config.block_size)
     engine = LLMEngine.from_options(**options)
     rows = [measure(engine, b, args.context, args.steps, config.seed) for b in batches]
-    overrides = f" (hf_overrides {config.hf_overrides})" if config.hf_overrides else ""
-    print(f"model {engine.model_name}{overrides}  dtype {engine.dtype}  device {engine.device}  "
+    print(f"model {named_with_overrides(engine.model_name, config.hf_overrides)}  "
+          f"dtype {engine.dtype}  device {engine.device}  "
           f"block {config.block_size}  context {args.context}")
     print(f"{'batch':>6} {'step ms':>9} {'tokens/s':>10}")
     for r in rows:

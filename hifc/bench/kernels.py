@@ -41,7 +41,7 @@ from hifc.bench.probes import (copy_gbps, free_device_memory, graph_capture_info
                                host_functions, matmul_rates, profile_kernels, replay_times,
                                step_timeline, sync)
 from hifc.bench.workloads import fixed_requests
-from hifc.config import add_engine_args, engine_config_from_args
+from hifc.config import add_engine_args, engine_config_from_args, named_with_overrides
 
 logger = logging.getLogger(__name__)
 
@@ -317,8 +317,7 @@ def print_tuned(tuned: list[dict]) -> None:
 
 
 def print_result(result: dict) -> None:
-    overrides = result.get("hf_overrides")
-    print(f"model {result['model']}{f' (hf_overrides {overrides})' if overrides else ''}  "
+    print(f"model {named_with_overrides(result['model'], result.get('hf_overrides'))}  "
           f"dtype {result['dtype']}  device {result['device']}  "
           f"copy {result['copy_gbps']:.1f} GB/s (read+write)  matmul "
           f"{result['matmul_tflops']:.2f} TFLOP/s (sustained "

@@ -29,6 +29,7 @@ HF_ALIASES = MappingProxyType({
     "final_logit_softcapping": "final_logit_softcap"})
 _TUPLE_FIELDS = ("eos_token_ids", "layer_types")
 _LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.")
+_FIELD_TYPES = typing.get_type_hints(ModelArchConfig)
 
 
 def override_keys() -> list[str]:
@@ -61,7 +62,7 @@ def apply_overrides(arch: ModelArchConfig, overrides: str | None) -> ModelArchCo
             value = (value,)
         elif name in _TUPLE_FIELDS and isinstance(value, list):
             value = tuple(value)
-        changes[name] = _typed(key, value, typing.get_type_hints(ModelArchConfig)[name])
+        changes[name] = _typed(key, value, _FIELD_TYPES[name])
     layers = changes.get("num_hidden_layers", arch.num_hidden_layers)
     if "layer_types" not in changes and arch.layer_types is not None \
             and layers < len(arch.layer_types):
