@@ -18,7 +18,9 @@ functions and, on CUDA, the device timeline of a few more steps run back to back
 copies inside and between the graphs, and where the device idled (:mod:`hifc.bench.probes`).
 Unless ``--num-gpu-blocks`` or ``--kv-cache-gib`` is given, the KV pool is sized for the largest
 batch; where that does not fit the device, the engine sizes it from its free memory instead. A
-batch the pool cannot hold is reported as skipped.
+batch the pool cannot hold is reported as skipped. Unless ``--max-num-batched-tokens`` is given,
+the batches are admitted in steps of up to 65,536 tokens, or of one prompt where a pool given on
+the command line leaves too little memory for such a step.
 
 Prefill: one prompt of ``--prefill-len`` random token ids in one ``step()`` (one warm-up, then
 ``--prefill-repeats`` timed, median). FLOPs: 2 x decoder-layer parameters x tokens, the lm_head
@@ -225,22 +227,31 @@ def measure_prefill(engine, tokens: int, repeats: int, matmul_rate_tflops: float
 
 
 # ---- the command ----------------------------------------------------------------------------
-def load_engine(options: dict, sized: bool, device):
-    """The run's engine. If the pool the benchmark ``sized`` for its largest batch does not fit
-    the device, the engine sizes it itself (``gpu_memory_utilization``), and the batches that
-    pool cannot hold are skipped."""
-    from hifc.engine.limits import KVPoolTooLarge
+def load_engine(options: dict, sized_pool: bool, sized_budget: bool, device):
+    """The run's engine. If the pool the benchmark sized (``sized_pool``) for its largest batch
+    does not fit the device, the engine sizes it itself (``gpu_memory_utilization``), and the
+    batches that pool cannot hold are skipped. If a pool given on the command line leaves too
+    little memory for a step of the benchmark's own admission budget (``sized_budget``), the
+    budget shrinks to one prompt (max_model_len, or max_num_seqs where larger): the batches are
+    admitted over more steps."""
+    from hifc.engine.limits import KVPoolTooLarge, StepTooLarge
     from hifc.engine.llm_engine import LLMEngine
     try:
         return LLMEngine.from_options(**options)
     except KVPoolTooLarge as e:
-        if not sized:
+        if sized_pool:
+            logger.warning("%s; the pool was sized for the largest batch: sizing it from "
+                           "--gpu-memory-utilization instead, and skipping the batches it "
+                           "cannot hold", e)
+            options = {k: v for k, v in options.items() if k != "num_gpu_blocks"}
+        elif sized_budget and isinstance(e, StepTooLarge):
+            budget = max(options["max_model_len"], options["max_num_seqs"])
+            logger.warning("%s; admitting with max_num_batched_tokens %d instead", e, budget)
+            options = dict(options, max_num_batched_tokens=budget)
+        else:
             raise
-        logger.warning("%s; the pool was sized for the largest batch: sizing it from "
-                       "--gpu-memory-utilization instead, and skipping the batches it cannot "
-                       "hold", e)
     free_device_memory(device)  # the failed engine's weights
-    return LLMEngine.from_options(**{k: v for k, v in options.items() if k != "num_gpu_blocks"})
+    return LLMEngine.from_options(**options)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -257,9 +268,10 @@ def run(args: argparse.Namespace) -> int:
                             args.prefill_len)
     copy_rate = copy_gbps(device)
     matmul_rate, sustained_rate = matmul_rates(device, dtype)
-    engine = load_engine(options, not config.kv_pool_given, device)
+    engine = load_engine(options, not config.kv_pool_given,
+                         config.max_num_batched_tokens is None, device)
     max_tokens = decode_max_tokens(batches, args.context, args.steps, args.warmup,
-                                   options["max_num_batched_tokens"])
+                                   engine.limits.max_num_batched_tokens)
     pool = engine.kv_manager.num_total_blocks
     needs = {b: kv_blocks(b, args.context + max_tokens, config.block_size) for b in batches}
     if all(need > pool for need in needs.values()):
@@ -279,7 +291,9 @@ def run(args: argparse.Namespace) -> int:
               "dtype": str(engine.dtype).removeprefix("torch."),
               "device": str(engine.device), "copy_gbps": copy_rate, "matmul_tflops": matmul_rate,
               "sustained_matmul_tflops": sustained_rate,
-              "block_size": config.block_size, "weight_bytes_read": weight_bytes_read(engine),
+              "block_size": config.block_size,
+              "max_num_batched_tokens": engine.limits.max_num_batched_tokens,
+              "weight_bytes_read": weight_bytes_read(engine),
               "captured_sizes": graph_capture_info(engine)["captured_sizes"],
               "decode": rows, "prefill": prefill,
               "tuned_projections": [dataclasses.asdict(t)

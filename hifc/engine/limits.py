@@ -29,6 +29,11 @@ class KVPoolTooLarge(ValueError):
     """An explicit KV pool that does not fit the device's free memory."""
 
 
+class StepTooLarge(KVPoolTooLarge):
+    """An explicit KV pool that fits, but leaves too little memory for one step of
+    max_num_batched_tokens tokens."""
+
+
 @dataclass(frozen=True)
 class ResolvedLimits:
     num_gpu_blocks: int
@@ -94,8 +99,6 @@ def resolve_limits(config: EngineConfig, arch: ModelArchConfig, dtype: torch.dty
     if num_blocks < 1:
         raise ValueError(f"the KV cache budget holds no block of {block_bytes} bytes; "
                          "raise kv_cache_gib / num_gpu_blocks / gpu_memory_utilization")
-    if device.type == "cuda" and config.kv_pool_given:
-        _check_pool_fits(num_blocks, block_bytes, device)
 
     capacity = num_blocks * config.block_size
     if model_len > capacity:
@@ -114,20 +117,33 @@ def resolve_limits(config: EngineConfig, arch: ModelArchConfig, dtype: torch.dty
         raise ValueError(f"prefill_attention_budget ({config.prefill_attention_budget}) must be 0 "
                          f"or at least max_model_len ({model_len}): one token at the end of the "
                          "longest sequence attends over that many keys")
+    if device.type == "cuda" and config.kv_pool_given:
+        reserve = _activation_reserve_bytes(size_estimate(arch, dtype), arch.vocab_size, batched,
+                                            config.max_num_seqs)
+        _check_pool_fits(num_blocks, block_bytes, reserve, batched, device)
     return ResolvedLimits(num_blocks, model_len, batched, block_bytes)
 
 
-def _check_pool_fits(num_blocks: int, block_bytes: int, device: torch.device) -> None:
+def _check_pool_fits(num_blocks: int, block_bytes: int, reserve: int, batched: int,
+                     device: torch.device) -> None:
     """An explicit KV pool (num_gpu_blocks / kv_cache_gib) must fit the device's free memory
-    (the model's weights are loaded by now): else a clear error instead of the allocator's.
-    Free: the device's, plus what torch's allocator holds unused (it serves the pool too)."""
+    (the model's weights are loaded by now) with room beside it for one step of ``batched``
+    tokens (``reserve``: the same activation estimate that sizes a pool from
+    gpu_memory_utilization): else a clear error instead of the allocator's, then or at the first
+    long step. Free: the device's, plus what torch's allocator holds unused (it serves the pool
+    too)."""
     free = (torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device)
             - torch.cuda.memory_allocated(device))
     need = num_blocks * block_bytes
+    pool = f"a KV cache of {num_blocks} blocks ({need / _GIB:.1f} GiB)"
     if need > free:
-        raise KVPoolTooLarge(f"a KV cache of {num_blocks} blocks ({need / _GIB:.1f} GiB) does not "
-                             f"fit the {free / _GIB:.1f} GiB free on {device} after the model's "
-                             "weights: lower num_gpu_blocks / kv_cache_gib")
+        raise KVPoolTooLarge(f"{pool} does not fit the {free / _GIB:.1f} GiB free on {device} "
+                             "after the model's weights: lower num_gpu_blocks / kv_cache_gib")
+    if need + reserve > free:
+        raise StepTooLarge(f"{pool} leaves {(free - need) / _GIB:.1f} GiB free on {device} "
+                           f"beside the model's weights, and a step of {batched} tokens may need "
+                           f"{reserve / _GIB:.1f} GiB for its activations: lower num_gpu_blocks / "
+                           "kv_cache_gib or max_num_batched_tokens")
 
 
 def _batched_tokens(config: EngineConfig, model_len: int, device: torch.device) -> int:

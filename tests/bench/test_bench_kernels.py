@@ -147,6 +147,38 @@ def test_a_sized_pool_past_the_device_gives_way_to_the_engines_sizing(hifc, monk
     assert code == 2 and "does not fit" in stderr and calls == [9]
 
 
+def test_a_given_pool_without_room_for_a_large_step_is_admitted_in_smaller_steps(
+        hifc, monkeypatch, tmp_path, caplog):
+    from hifc.engine.limits import StepTooLarge
+    from hifc.engine.llm_engine import LLMEngine
+
+    load = LLMEngine.from_options
+    calls = []
+
+    def step_limited(*args, **options):
+        # the given pool fits, but not beside a step of the benchmark's 65,536 tokens
+        calls.append(options["max_num_batched_tokens"])
+        if options["max_num_batched_tokens"] > options["max_model_len"]:
+            raise StepTooLarge("a KV cache of 40 blocks (0.0 GiB) leaves 0.1 GiB free")
+        return load(*args, **options)
+
+    monkeypatch.setattr(LLMEngine, "from_options", step_limited)
+    out = tmp_path / "kernels.json"
+    code, _, stderr = hifc("bench", "kernels", "--model", "random:tiny-llama", *SMALL,
+                           "--num-gpu-blocks", "40", "--json", out)
+    assert code == 0, stderr
+    result = json.loads(out.read_text())
+    model_len = 96 + 1  # --prefill-len 96 in one step is the longest sequence
+    assert calls == [65536, model_len] and result["max_num_batched_tokens"] == model_len
+    assert "admitting with max_num_batched_tokens 97 instead" in caplog.text
+    assert [r["batch"] for r in result["decode"] if "skipped" not in r] == [1, 3]
+    # a step budget given on the command line is not changed
+    calls.clear()
+    code, _, stderr = hifc("bench", "kernels", "--model", "random:tiny-llama", *SMALL,
+                           "--num-gpu-blocks", "40", "--max-num-batched-tokens", "300")
+    assert code == 2 and "leaves 0.1 GiB free" in stderr and calls == [300]
+
+
 def test_profile_lists_the_host_functions_of_decode_steps(hifc, tmp_path):
     out = tmp_path / "kernels.json"
     code, stdout, _ = hifc("bench", "kernels", "--model", "random:tiny-llama", *SMALL,

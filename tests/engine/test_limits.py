@@ -1,5 +1,6 @@
-"""An explicit KV pool that cannot fit the device: a clear error before the allocation (the
-device's free memory faked; no GPU needed)."""
+"""An explicit KV pool that cannot fit the device, or leaves too little room beside it for one
+step's activations: a clear error before the allocation (the device's free memory faked; no GPU
+needed)."""
 from types import SimpleNamespace
 from unittest import mock
 
@@ -7,8 +8,10 @@ import pytest
 import torch
 
 from hifc.config import EngineConfig
-from hifc.engine.limits import KVPoolTooLarge, resolve_limits
+from hifc.engine.limits import (KVPoolTooLarge, StepTooLarge, _activation_reserve_bytes,
+                                resolve_limits)
 from hifc.models.presets import preset_arch
+from hifc.models.registry import size_estimate
 from hifc.runtime.kv_cache import kv_bytes_per_block
 
 ARCH = preset_arch("ds-r1-llama-8b")
@@ -38,7 +41,32 @@ def test_an_explicit_pool_past_free_memory_is_refused(options):
         limits(6.0, **options)
 
 
+def reserve_gib(batched: int) -> float:
+    """The activation estimate for a step of ``batched`` tokens (default max_num_seqs, 256)."""
+    reserve = _activation_reserve_bytes(size_estimate(ARCH, torch.bfloat16), ARCH.vocab_size,
+                                        batched, 256)
+    return reserve / GIB
+
+
 def test_an_explicit_pool_within_free_memory_is_kept():
     assert kv_bytes_per_block(ARCH, 64, torch.bfloat16) == 8 << 20  # the 8B preset's
-    assert limits(8.5, num_gpu_blocks=1024).num_gpu_blocks == 1024  # 8 GiB
-    assert limits(8.5, kv_cache_gib=8.0).num_gpu_blocks == 1024
+    free = 8 + reserve_gib(16384)  # the H100's default step budget: 16,384 tokens
+    assert 12 < free < 12.5
+    assert limits(free, num_gpu_blocks=1024).num_gpu_blocks == 1024  # 8 GiB
+    assert limits(free, kv_cache_gib=8.0).num_gpu_blocks == 1024
+
+
+@pytest.mark.parametrize("options", [dict(num_gpu_blocks=1024), dict(kv_cache_gib=8.0)],
+                         ids=["num_gpu_blocks", "kv_cache_gib"])
+def test_an_explicit_pool_that_leaves_no_room_for_a_step_is_refused(options):
+    """The pool fits, but a step of max_num_batched_tokens tokens would not fit beside it."""
+    free = 8 + reserve_gib(16384) - 1 / 1024  # 1 MiB short
+    with pytest.raises(StepTooLarge, match=r"a KV cache of 1024 blocks \(8\.0 GiB\) leaves "
+                       r"4\.\d GiB free on cuda beside the model's weights, and a step of 16384 tokens may "
+                       r"need 4\.\d GiB for its activations: lower num_gpu_blocks / kv_cache_gib "
+                       "or max_num_batched_tokens"):
+        limits(free, **options)
+    # callers that catch the pool's error catch this one too
+    assert issubclass(StepTooLarge, KVPoolTooLarge)
+    # a smaller step fits beside the same pool
+    assert limits(free, max_num_batched_tokens=8192, **options).max_num_batched_tokens == 8192
