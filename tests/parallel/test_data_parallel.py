@@ -160,10 +160,14 @@ def test_a_replica_finishing_untracked_work_holds_up_no_step(dp2):
     assert not engine.has_unfinished_requests()
 
 
-def test_a_replica_that_cannot_start_fails_the_engine_with_its_error():
+@pytest.mark.parametrize("model, options, error", [
+    ("random:no-such-model", {}, "unknown random preset"),
+    ("random:tiny-llama", {"hf_overrides": {"num_layers": 1}},
+     "unknown key.*'num_layers'.*num_hidden_layers")], ids=["model", "hf_overrides"])
+def test_a_replica_that_cannot_start_fails_the_engine_with_its_error(model, options, error):
     before = set(multiprocessing.active_children())  # the module's dp2 replicas
-    with pytest.raises(ValueError, match="unknown random preset"):
-        LLM("random:no-such-model", device="cpu", data_parallel_size=2)
+    with pytest.raises(ValueError, match=error):
+        LLM(model, device="cpu", data_parallel_size=2, **options)
     assert set(multiprocessing.active_children()) <= before
 
 
