@@ -71,6 +71,20 @@ def test_tp2_gathers_bfloat16_logits_as_tp1_computes_them(llama_dir):
 
 
 @pytest.mark.slow  # starts a worker process (~3-5 s on the CPU VM)
+def test_tp2_builds_every_rank_with_the_hf_overrides(llama_dir, reference):
+    """Each rank loads the first layer only, as TP=1 does with the same overrides; the two
+    differ from the whole model's outputs."""
+    cut = {"num_hidden_layers": 1}
+    outputs = {}
+    for tp in (1, 2):
+        with LLM(llama_dir, device="cpu", num_gpu_blocks=32, block_size=16,
+                 tensor_parallel_size=tp, hf_overrides=cut) as llm:
+            assert llm.engine.arch.num_hidden_layers == 1
+            outputs[tp] = [o.token_ids for o in llm.generate(PROMPTS, PARAMS, use_tqdm=False)]
+    assert outputs[2] == outputs[1] != reference
+
+
+@pytest.mark.slow  # starts a worker process (~3-5 s on the CPU VM)
 def test_a_worker_that_died_is_named_and_the_engine_still_closes(llama_dir):
     from hifc.parallel.tp_driver import WorkerLost
 
