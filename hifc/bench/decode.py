@@ -1,8 +1,9 @@
 """``hifc bench decode``: decode throughput of the engine at several batch sizes.
 
-Each batch size runs B requests with prompts of ``--context`` random token ids: one prefill step,
-then ``--steps`` timed decode steps through ``LLMEngine.step()`` (scheduling, input building,
-model, sampling: everything a served token costs).
+Each batch size runs B requests with prompts of ``--context`` random token ids: their prefill
+(in steps of up to 65,536 tokens unless ``--max-num-batched-tokens`` says otherwise), one untimed
+decode step, then ``--steps`` timed decode steps through ``LLMEngine.step()`` (scheduling,
+input building, model, sampling: everything a served token costs).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import random
 import time
 
 from hifc.bench.probes import sync
+from hifc.bench.kernels import DEFAULT_BATCHED_TOKENS, kv_blocks
 from hifc.config import add_engine_args, engine_config_from_args, named_with_overrides
 
 
@@ -25,16 +27,28 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+def new_tokens(batch: int, context: int, steps: int, budget: int) -> int:
+    """Tokens each request asks for: the first prompts decode while later ones are still being
+    prefilled (chunked prefill, ``budget`` tokens a step), so enough that every sequence still
+    runs through the warm-up and timed steps."""
+    prefill_steps = -(-batch * context // max(1, budget - batch)) + 1
+    return steps + 3 + prefill_steps
+
+
 def measure(engine, batch: int, context: int, steps: int, seed: int = 0) -> dict:
     from hifc.sampling_params import SamplingParams
 
     rng = random.Random(seed)
     vocab = engine.arch.vocab_size
-    params = SamplingParams(max_tokens=steps + 2, temperature=0.0, ignore_eos=True)
-    for i in range(batch):
-        engine.add_request(f"b{batch}-{i}", [rng.randrange(vocab) for _ in range(context)], params)
-    while engine.scheduler.waiting:  # prefill (one or more steps)
-        engine.step()
+    params = SamplingParams(max_tokens=new_tokens(batch, context, steps,
+                                                  engine.limits.max_num_batched_tokens),
+                            temperature=0.0, ignore_eos=True)
+    ids = [f"b{batch}-{i}" for i in range(batch)]
+    for rid in ids:
+        engine.add_request(rid, [rng.randrange(vocab) for _ in range(context)], params)
+    first = set()
+    while len(first) < batch:  # prefill, in as many steps as the step budget takes
+        first.update(o.request_id for o in engine.step() if o.outputs[0].token_ids)
     engine.step()  # first decode: warm-up
     sync(engine.device)
     t0 = time.perf_counter()
@@ -42,6 +56,7 @@ def measure(engine, batch: int, context: int, steps: int, seed: int = 0) -> dict
         engine.step()
     sync(engine.device)
     elapsed = time.perf_counter() - t0
+    engine.abort_request(ids)
     while engine.has_unfinished_requests():
         engine.step()
     return {"batch": batch, "context": context, "steps": steps,
@@ -55,12 +70,14 @@ def run(args: argparse.Namespace) -> int:
     if min(batches) < 1 or args.context < 1 or args.steps < 1:
         raise ValueError("batch sizes, --context and --steps must be positive")
     config = engine_config_from_args(args)
-    need = max(batches) * (args.context + args.steps + 3)
-    options = dict(config.options(), max_num_seqs=max(config.max_num_seqs, max(batches)),
-                   max_num_batched_tokens=config.max_num_batched_tokens or
-                   max(8192, max(batches) * args.context))
+    batch = max(batches)
+    budget = config.max_num_batched_tokens or max(
+        8192, args.context, min(batch * args.context, DEFAULT_BATCHED_TOKENS))
+    options = dict(config.options(), max_num_seqs=max(config.max_num_seqs, batch),
+                   max_num_batched_tokens=budget)
     if not config.kv_pool_given:
-        options["num_gpu_blocks"] = -(-need // config.block_size)
+        tokens = args.context + new_tokens(batch, args.context, args.steps, budget)
+        options["num_gpu_blocks"] = kv_blocks(batch, tokens, config.block_size)
     engine = LLMEngine.from_options(**options)
     rows = [measure(engine, b, args.context, args.steps, config.seed) for b in batches]
     print(f"model {named_with_overrides(engine.model_name, config.hf_overrides)}  "

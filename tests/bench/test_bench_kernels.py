@@ -293,3 +293,31 @@ def test_bench_decode_names_the_overrides_it_ran_with(hifc, tmp_path):
     assert code == 0 and f"(hf_overrides {cut})" in stdout
     result = json.loads(out.read_text())
     assert result["hf_overrides"] == cut and [r["batch"] for r in result["results"]] == [1]
+
+
+def test_bench_decode_times_decode_steps_alone_when_prompts_take_several_steps(hifc,
+                                                                               monkeypatch):
+    """Prompts of 3 x 200 tokens against a 256-token step budget take three prefill steps;
+    timing starts once every sequence has its prompt in the cache, and every sequence still
+    runs when it ends (the first prompts decode while the later ones are prefilled)."""
+    from hifc.bench import decode
+    from hifc.engine.llm_engine import LLMEngine
+
+    engines, at_start = [], []
+    build = LLMEngine.from_options
+    monkeypatch.setattr(LLMEngine, "from_options",
+                        lambda *a, **o: engines.append(build(*a, **o)) or engines[-1])
+
+    def sync(device):  # before the timed steps, and after them
+        scheduler = engines[0].scheduler
+        at_start.append((len(scheduler.waiting),
+                         [s.num_computed_tokens >= 200 for s in scheduler.running]))
+
+    monkeypatch.setattr(decode, "sync", sync)
+    code, stdout, stderr = hifc("bench", "decode", "--model", "random:tiny-llama", "--device",
+                                "cpu", "--dtype", "float32", "--batch-sizes", "3", "--context",
+                                "200", "--steps", "2", "--max-num-batched-tokens", "256")
+    assert code == 0, stderr
+    assert at_start == [(0, [True, True, True])] * 2
+    assert engines[0].stats()["preemptions"] == 0
+    assert not engines[0].has_unfinished_requests()
