@@ -12,8 +12,8 @@ import json
 import random
 import time
 
-from hifc.bench.probes import sync
 from hifc.bench.kernels import DEFAULT_BATCHED_TOKENS, kv_blocks
+from hifc.bench.probes import sync
 from hifc.config import add_engine_args, engine_config_from_args, named_with_overrides
 
 
