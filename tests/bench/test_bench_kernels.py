@@ -303,14 +303,14 @@ def test_bench_decode_times_decode_steps_alone_when_prompts_take_several_steps(h
     from hifc.bench import decode
     from hifc.engine.llm_engine import LLMEngine
 
-    engines, at_start = [], []
+    engines, at_sync = [], []
     build = LLMEngine.from_options
     monkeypatch.setattr(LLMEngine, "from_options",
                         lambda *a, **o: engines.append(build(*a, **o)) or engines[-1])
 
     def sync(device):  # before the timed steps, and after them
         scheduler = engines[0].scheduler
-        at_start.append((len(scheduler.waiting),
+        at_sync.append((len(scheduler.waiting),
                          [s.num_computed_tokens >= 200 for s in scheduler.running]))
 
     monkeypatch.setattr(decode, "sync", sync)
@@ -318,6 +318,6 @@ def test_bench_decode_times_decode_steps_alone_when_prompts_take_several_steps(h
                                 "cpu", "--dtype", "float32", "--batch-sizes", "3", "--context",
                                 "200", "--steps", "2", "--max-num-batched-tokens", "256")
     assert code == 0, stderr
-    assert at_start == [(0, [True, True, True])] * 2
+    assert at_sync == [(0, [True, True, True])] * 2
     assert engines[0].stats()["preemptions"] == 0
     assert not engines[0].has_unfinished_requests()

@@ -62,9 +62,9 @@ def test_an_explicit_pool_that_leaves_no_room_for_a_step_is_refused(options):
     """The pool fits, but a step of max_num_batched_tokens tokens would not fit beside it."""
     free = 8 + reserve_gib(16384) - 1 / 1024  # 1 MiB short
     with pytest.raises(StepTooLarge, match=r"a KV cache of 1024 blocks \(8\.0 GiB\) leaves "
-                       r"4\.\d GiB free on cuda beside the model's weights, and a step of 16384 tokens may "
-                       r"need 4\.\d GiB for its activations: lower num_gpu_blocks / kv_cache_gib "
-                       "or max_num_batched_tokens"):
+                       r"4\.\d GiB free on cuda beside the model's weights, and a step of 16384 "
+                       r"tokens may need 4\.\d GiB for its activations: lower num_gpu_blocks / "
+                       "kv_cache_gib or max_num_batched_tokens"):
         limits(free, **options)
     # callers that catch the pool's error catch this one too
     assert issubclass(StepTooLarge, KVPoolTooLarge)
