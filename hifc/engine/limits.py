@@ -9,7 +9,7 @@ import torch
 from hifc.config import EngineConfig
 from hifc.dtypes import FP8_E4M3, torch_dtype
 from hifc.models.config import ModelArchConfig
-from hifc.models.registry import SizeEstimate, size_estimate
+from hifc.models.registry import activation_bytes_per_token, size_estimate
 from hifc.runtime.kv_cache import kv_bytes_per_block
 
 logger = logging.getLogger(__name__)
@@ -61,12 +61,12 @@ def resolve_kv_dtype(config: EngineConfig, dtype: torch.dtype) -> torch.dtype:
     return dtype if config.kv_cache_dtype == "auto" else torch_dtype(FP8_E4M3)
 
 
-def _activation_reserve_bytes(size: SizeEstimate, vocab_size: int, num_tokens: int,
+def _activation_reserve_bytes(per_token: int, vocab_size: int, num_tokens: int,
                               max_num_seqs: int) -> int:
     """Upper estimate of a step's activation memory: the widest live tensors per token (the
     registry's estimate for the architecture), float32 logits and their copies, and slack."""
     logits = max_num_seqs * vocab_size * 4 * 3
-    return int(1.5 * num_tokens * size.activation_bytes_per_token) + logits + 512 * (1 << 20)
+    return int(1.5 * num_tokens * per_token) + logits + 512 * (1 << 20)
 
 
 def resolve_limits(config: EngineConfig, arch: ModelArchConfig, dtype: torch.dtype,
@@ -88,8 +88,8 @@ def resolve_limits(config: EngineConfig, arch: ModelArchConfig, dtype: torch.dty
         free, total = torch.cuda.mem_get_info(device)
         batch_tokens = _batched_tokens(config, model_len, device)
         size = size_estimate(arch, dtype)
-        reserve = _activation_reserve_bytes(size, arch.vocab_size, batch_tokens,
-                                            config.max_num_seqs)
+        reserve = _activation_reserve_bytes(size.activation_bytes_per_token, arch.vocab_size,
+                                            batch_tokens, config.max_num_seqs)
         budget = total * config.gpu_memory_utilization - (total - free) - reserve
         num_blocks = int(budget // block_bytes)
         logger.info("KV budget: %.1f GiB (weights %.1f GiB, activation reserve %.1f GiB)",
@@ -118,8 +118,8 @@ def resolve_limits(config: EngineConfig, arch: ModelArchConfig, dtype: torch.dty
                          f"or at least max_model_len ({model_len}): one token at the end of the "
                          "longest sequence attends over that many keys")
     if device.type == "cuda" and config.kv_pool_given:
-        reserve = _activation_reserve_bytes(size_estimate(arch, dtype), arch.vocab_size, batched,
-                                            config.max_num_seqs)
+        reserve = _activation_reserve_bytes(activation_bytes_per_token(arch, dtype),
+                                            arch.vocab_size, batched, config.max_num_seqs)
         _check_pool_fits(num_blocks, block_bytes, reserve, batched, device)
     return ResolvedLimits(num_blocks, model_len, batched, block_bytes)
 

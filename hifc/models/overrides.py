@@ -44,10 +44,11 @@ def apply_overrides(arch: ModelArchConfig, overrides: str | None) -> ModelArchCo
     if overrides is None:
         return arch
     given = json.loads(overrides)
-    unknown = sorted(set(given) - set(override_keys()))
+    keys = override_keys()
+    unknown = sorted(set(given) - set(keys))
     if unknown:
         raise ValueError(f"hf_overrides: unknown key(s) {', '.join(map(repr, unknown))}; "
-                         f"keys: {', '.join(override_keys())}")
+                         f"keys: {', '.join(keys)}")
     changes = {}
     for key, value in given.items():
         name = HF_ALIASES.get(key, key)

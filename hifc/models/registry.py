@@ -158,14 +158,19 @@ class SizeEstimate:
     activation_bytes_per_token: int  # the widest tensors a step keeps alive, per token
 
 
-def size_estimate(arch: ModelArchConfig, dtype: torch.dtype) -> SizeEstimate:
-    """Weights counted exactly (the model built on the meta device, no memory); activations an
-    upper estimate of one decoder layer's live tensors per token: residual stream, normed input
-    and sub-layer output (4 x hidden), q/k/v and their rotated copies (2 x qkv width), gate/up
-    and the activated product (3 x intermediate)."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    model = build_model(arch, dtype, "meta")
-    num_params = sum(p.numel() for p in model.parameters())
+def activation_bytes_per_token(arch: ModelArchConfig, dtype: torch.dtype) -> int:
+    """An upper estimate of one decoder layer's live tensors per token: residual stream, normed
+    input and sub-layer output (4 x hidden), q/k/v and their rotated copies (2 x qkv width),
+    gate/up and the activated product (3 x intermediate)."""
     qkv = (arch.num_attention_heads + 2 * arch.num_key_value_heads) * arch.head_dim
     per_token = 4 * arch.hidden_size + 2 * qkv + 3 * arch.intermediate_size
-    return SizeEstimate(num_params * itemsize, per_token * itemsize)
+    return per_token * torch.empty((), dtype=dtype).element_size()
+
+
+def size_estimate(arch: ModelArchConfig, dtype: torch.dtype) -> SizeEstimate:
+    """Weights counted exactly (the model built on the meta device, no memory); activations as
+    ``activation_bytes_per_token``."""
+    model = build_model(arch, dtype, "meta")
+    num_params = sum(p.numel() for p in model.parameters())
+    return SizeEstimate(num_params * torch.empty((), dtype=dtype).element_size(),
+                        activation_bytes_per_token(arch, dtype))

@@ -11,7 +11,7 @@ from hifc.config import EngineConfig
 from hifc.engine.limits import (KVPoolTooLarge, StepTooLarge, _activation_reserve_bytes,
                                 resolve_limits)
 from hifc.models.presets import preset_arch
-from hifc.models.registry import size_estimate
+from hifc.models.registry import activation_bytes_per_token
 from hifc.runtime.kv_cache import kv_bytes_per_block
 
 ARCH = preset_arch("ds-r1-llama-8b")
@@ -43,8 +43,8 @@ def test_an_explicit_pool_past_free_memory_is_refused(options):
 
 def reserve_gib(batched: int) -> float:
     """The activation estimate for a step of ``batched`` tokens (default max_num_seqs, 256)."""
-    reserve = _activation_reserve_bytes(size_estimate(ARCH, torch.bfloat16), ARCH.vocab_size,
-                                        batched, 256)
+    reserve = _activation_reserve_bytes(activation_bytes_per_token(ARCH, torch.bfloat16),
+                                        ARCH.vocab_size, batched, 256)
     return reserve / GIB
 
 
